@@ -2,3 +2,4 @@
 //! kubernetes-csi/external-provisioner. See docs/design.md for the architecture.
 
 pub mod csi;
+pub mod controller;

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The project's test command (README "Tests"; .ci/run calls exactly this).
+# Builds or reuses everything the tests need, then runs, in order:
+#   formatting and lint gates, the control-plane build, every unit and integration test
+#   (the integration tests start a real etcd + kube-apiserver + kube-controller-manager),
+#   and csi-sanity against the reference driver (plain, then with 50 ms injected per call).
+# Ends with one summary line "N passed, N failed".
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+log_dir=$(mktemp -d "${TMPDIR:-/tmp}/csi-provisioner-test.XXXXXX")
+trap 'rm -rf "$log_dir"' EXIT
+stage() { printf '\n==== %s ====\n' "$*"; }
+started=$SECONDS
+
+stage "format and lint"
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -- -D warnings
+
+stage "local control plane binaries"
+bin_dir=$(bash hack/build-control-plane.sh | tail -n 1)
+export CSI_TESTBED_BIN_DIR="$bin_dir"
+
+stage "unit and integration tests"
+cargo test --workspace --no-fail-fast 2>&1 | tee "$log_dir/cargo-test.log"
+cargo_status=${PIPESTATUS[0]}
+
+stage "csi-sanity against the reference driver"
+set +e
+bash hack/csi-sanity.sh 2>&1 | tee "$log_dir/csi-sanity.log"
+sanity_status=${PIPESTATUS[0]}
+set -e
+
+# Totals over every cargo test binary and every csi-sanity run.
+passed=$(grep -Eo '[0-9]+ passed;' "$log_dir/cargo-test.log" | awk '{s+=$1} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$log_dir/cargo-test.log" | awk '{s+=$1} END {print s+0}')
+sanity_passed=$(grep -Eo '[0-9]+ Passed' "$log_dir/csi-sanity.log" | awk '{s+=$1} END {print s+0}')
+sanity_failed=$(grep -Eo '[0-9]+ Failed' "$log_dir/csi-sanity.log" | awk '{s+=$1} END {print s+0}')
+if [ "$cargo_status" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi          # a build error
+if [ "$sanity_status" -ne 0 ] && [ "$sanity_failed" -eq 0 ]; then sanity_failed=1; fi
+printf '\ncargo test: %s passed, %s failed; csi-sanity: %s passed, %s failed; %ss\n' \
+  "$passed" "$failed" "$sanity_passed" "$sanity_failed" "$((SECONDS - started))"
+echo "$((passed + sanity_passed)) passed, $((failed + sanity_failed)) failed"
+[ "$cargo_status" -eq 0 ] && [ "$sanity_status" -eq 0 ]

@@ -1,7 +1,203 @@
 //! The executors: watch PVCs, PVs and StorageClasses, and act on the decisions of
 //! `crate::provision` by calling the driver and the Kubernetes API.
+//!
+//! Two kube-runtime controllers run side by side, one over claims (provisioning) and one over
+//! volumes (deletion), plus the orphan reaper over operations in flight. The controllers never
+//! run two reconciles of the same object at once; the driver calls are bounded by
+//! [`limits::CallLimits`].
 
 pub mod backoff;
 pub mod cache;
+pub mod deleter;
 pub mod events;
+pub mod inflight;
 pub mod limits;
+pub mod orphans;
+pub mod provisioner;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::{StreamExt, future};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::Client;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use tracing::{debug, warn};
+
+use crate::csi_client::CsiController;
+use crate::metrics::Metrics;
+use crate::provision::{DriverCapabilities, ProvisionerConfig, claim_class_name};
+use backoff::{Backoff, InfeasibleSet};
+use events::EventRecorder;
+use inflight::InFlightRegistry;
+use limits::CallLimits;
+
+/// Periodic re-examination of every claim and volume, as upstream's 15-minute resync.
+const RESYNC_PERIOD: Duration = Duration::from_secs(15 * 60);
+
+/// What the reconcilers share.
+pub struct Context {
+    pub client: Client,
+    pub driver: Arc<dyn CsiController>,
+    pub caps: DriverCapabilities,
+    pub config: ProvisionerConfig,
+    pub claims: Store<PersistentVolumeClaim>,
+    pub volumes: Store<PersistentVolume>,
+    pub classes: Store<StorageClass>,
+    pub events: EventRecorder,
+    pub metrics: Arc<Metrics>,
+    pub limits: CallLimits,
+    pub inflight: InFlightRegistry,
+    pub retry_interval_start: Duration,
+    pub retry_interval_max: Duration,
+    claim_backoff: Mutex<Backoff<String>>,
+    volume_backoff: Mutex<Backoff<String>>,
+    infeasible: Mutex<InfeasibleSet>,
+}
+
+/// Settings of [`run`] that come from flags.
+pub struct Settings {
+    pub config: ProvisionerConfig,
+    pub caps: DriverCapabilities,
+    pub retry_interval_start: Duration,
+    pub retry_interval_max: Duration,
+    pub worker_threads: usize,
+    pub max_concurrent_per_class: usize,
+    /// Source component of events: `<driver>_<hostname>_<uuid>` as upstream's library writes.
+    pub event_component: String,
+    pub hostname: String,
+}
+
+impl Context {
+    fn claim_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
+        lock(&self.claim_backoff)
+    }
+
+    fn volume_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
+        lock(&self.volume_backoff)
+    }
+
+    fn infeasible(&self) -> MutexGuard<'_, InfeasibleSet> {
+        lock(&self.infeasible)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs the provisioning and deletion controllers until `drain` resolves, then lets the
+/// reconciles in flight finish (their driver calls included) and returns.
+pub async fn run(
+    client: Client,
+    driver: Arc<dyn CsiController>,
+    metrics: Arc<Metrics>,
+    settings: Settings,
+    drain: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let watches = cache::watch_all(&client);
+    let (claims, claim_stream) = watches.claims;
+    let (volumes, volume_stream) = watches.volumes;
+    let (classes, class_stream) = watches.classes;
+    let ctx = Arc::new(Context {
+        events: EventRecorder::new(client.clone(), settings.event_component, settings.hostname),
+        client,
+        driver,
+        caps: settings.caps,
+        config: settings.config,
+        claims: claims.clone(),
+        volumes: volumes.clone(),
+        classes,
+        metrics,
+        limits: CallLimits::new(settings.worker_threads, settings.max_concurrent_per_class),
+        inflight: InFlightRegistry::default(),
+        retry_interval_start: settings.retry_interval_start,
+        retry_interval_max: settings.retry_interval_max,
+        claim_backoff: Mutex::new(Backoff::new(
+            settings.retry_interval_start,
+            settings.retry_interval_max,
+        )),
+        volume_backoff: Mutex::new(Backoff::new(
+            settings.retry_interval_start,
+            settings.retry_interval_max,
+        )),
+        infeasible: Mutex::new(InfeasibleSet::new(settings.retry_interval_max)),
+    });
+
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        drain.await;
+        let _ = drain_tx.send(true);
+    });
+    let drained = move || {
+        let mut rx = drain_rx.clone();
+        async move {
+            let _ = rx.wait_for(|drained| *drained).await;
+        }
+    };
+
+    let claims_of_class = claims.clone();
+    let claim_controller = Controller::for_stream(claim_stream, claims)
+        .watches_stream(class_stream, move |class: StorageClass| {
+            let name = class.metadata.name.unwrap_or_default();
+            claims_of_class
+                .state()
+                .into_iter()
+                .filter(|claim| claim_class_name(claim) == name)
+                .map(|claim| ObjectRef::from_obj(claim.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .reconcile_all_on(resync_ticks())
+        .graceful_shutdown_on(drained())
+        .run(
+            provisioner::ClaimReconciler::reconcile,
+            never_fails,
+            Arc::clone(&ctx),
+        )
+        .for_each(log_result);
+    let volume_controller = Controller::for_stream(volume_stream, volumes)
+        .reconcile_all_on(resync_ticks())
+        .graceful_shutdown_on(drained())
+        .run(
+            deleter::VolumeReconciler::reconcile,
+            never_fails,
+            Arc::clone(&ctx),
+        )
+        .for_each(log_result);
+    let reaper = orphans::reap_orphans(Arc::clone(&ctx), drained());
+    tokio::join!(claim_controller, volume_controller, reaper);
+}
+
+fn resync_ticks() -> impl futures::Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold((), |()| async {
+        tokio::time::sleep(RESYNC_PERIOD).await;
+        Some(((), ()))
+    })
+}
+
+/// The reconcilers report and retry their own failures; see `provisioner` and `deleter`.
+fn never_fails<K>(
+    _: Arc<K>,
+    error: &std::convert::Infallible,
+    _: Arc<Context>,
+) -> controller::Action {
+    match *error {}
+}
+
+fn log_result<K: kube::Resource, E: std::fmt::Debug, Q: std::fmt::Debug>(
+    result: Result<(ObjectRef<K>, controller::Action), controller::Error<E, Q>>,
+) -> future::Ready<()> {
+    match result {
+        Ok((object, _)) => debug!(%object, "reconciled"),
+        Err(controller::Error::ObjectNotFound(object)) => {
+            debug!(%object, "object gone before its reconcile")
+        }
+        Err(error) => warn!(?error, "controller error"),
+    }
+    future::ready(())
+}

@@ -1,0 +1,138 @@
+//! The orphan reaper: operations in flight whose claim is gone (deleted, re-created with
+//! another UID, or being deleted) are finished the only way CSI allows: CreateVolume is
+//! replayed with the same name and inputs (idempotent) to learn the volume id, then the
+//! volume is deleted, then the operation is dropped.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::Context;
+use super::backoff::Backoff;
+use super::inflight::InFlight;
+use super::provisioner::{ClaimError, delete_backend_volume, read_provisioner_secret};
+use crate::csi_client::ErrorClass;
+
+/// How often the reaper looks for orphans when nothing is waiting on a backoff.
+const SCAN_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Runs until `stop` resolves.
+pub async fn reap_orphans(ctx: Arc<Context>, stop: impl std::future::Future<Output = ()>) {
+    tokio::pin!(stop);
+    let mut retries: Backoff<String> =
+        Backoff::new(ctx.retry_interval_start, ctx.retry_interval_max);
+    let mut not_before: HashMap<String, Instant> = HashMap::new();
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(SCAN_INTERVAL) => {}
+        }
+        let now = Instant::now();
+        for operation in ctx.inflight.idle() {
+            if not_before
+                .get(&operation.volume_name)
+                .is_some_and(|due| *due > now)
+            {
+                continue;
+            }
+            match reap(&ctx, &operation).await {
+                Ok(Reaped::NotAnOrphan) => {}
+                Ok(Reaped::Done) => {
+                    retries.forget(&operation.volume_name);
+                    not_before.remove(&operation.volume_name);
+                }
+                Err(error) => {
+                    let delay = retries.failure(operation.volume_name.clone());
+                    warn!(volume = operation.volume_name, claim_uid = operation.claim_uid, %error, retry_in = ?delay, "orphaned volume not cleaned up yet");
+                    not_before.insert(operation.volume_name.clone(), now + delay);
+                }
+            }
+        }
+        not_before.retain(|name, _| ctx.inflight.contains(name));
+    }
+}
+
+enum Reaped {
+    NotAnOrphan,
+    Done,
+}
+
+async fn reap(ctx: &Context, operation: &InFlight) -> Result<Reaped, ClaimError> {
+    if !claim_is_gone(ctx, operation).await? {
+        return Ok(Reaped::NotAnOrphan);
+    }
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    if volumes
+        .get_opt(&operation.volume_name)
+        .await
+        .map_err(|error| ClaimError::ClaimRead(operation.volume_name.clone(), error))?
+        .is_some()
+    {
+        // The PV holds the volume; the volume reconciler deletes it once it is Released.
+        ctx.inflight.complete(&operation.volume_name);
+        return Ok(Reaped::Done);
+    }
+    let secrets = read_provisioner_secret(ctx, operation.provisioner_secret.as_ref()).await?;
+    let request = crate::csi::CreateVolumeRequest {
+        secrets: secrets.clone(),
+        ..operation.request.clone()
+    };
+    let created = {
+        let _permit = ctx.limits.acquire(&operation.class_name).await;
+        ctx.driver.create_volume(request).await
+    };
+    let volume_id = match created {
+        Ok(response) => response
+            .volume
+            .map(|volume| volume.volume_id)
+            .unwrap_or_default(),
+        Err(error) if error.class() == ErrorClass::InProgress => {
+            return Err(ClaimError::Driver(error));
+        }
+        Err(_) => String::new(),
+    };
+    if !volume_id.is_empty() {
+        delete_backend_volume(ctx, &operation.class_name, &volume_id, secrets)
+            .await
+            .map_err(ClaimError::Driver)?;
+        info!(
+            volume = operation.volume_name,
+            volume_id,
+            claim_uid = operation.claim_uid,
+            "deleted the volume of a claim that is gone"
+        );
+    }
+    ctx.inflight.complete(&operation.volume_name);
+    Ok(Reaped::Done)
+}
+
+/// Whether the operation's claim no longer wants the volume. The cache answers "still there";
+/// only a quorum read may answer "gone", since that answer leads to DeleteVolume.
+async fn claim_is_gone(ctx: &Context, operation: &InFlight) -> Result<bool, ClaimError> {
+    let wants = |claim: &PersistentVolumeClaim| {
+        claim.uid().as_deref() == Some(operation.claim_uid.as_str())
+            && claim.metadata.deletion_timestamp.is_none()
+    };
+    let cached = ctx
+        .claims
+        .get(&ObjectRef::new(&operation.claim_name).within(&operation.claim_namespace));
+    if cached.as_deref().is_some_and(wants) {
+        return Ok(false);
+    }
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &operation.claim_namespace);
+    let fresh = api.get_opt(&operation.claim_name).await.map_err(|error| {
+        ClaimError::ClaimRead(
+            format!("{}/{}", operation.claim_namespace, operation.claim_name),
+            error,
+        )
+    })?;
+    Ok(!fresh.as_ref().is_some_and(wants))
+}

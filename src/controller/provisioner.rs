@@ -1,0 +1,400 @@
+//! The claim reconciler: turns a claim that names our driver into a backend volume and a
+//! pre-bound PV. Decisions come from `crate::provision`; this module only fetches what they
+//! need, calls the driver and the API server, and maps every failure to one event and one
+//! metric in [`ClaimReconciler::report_failure`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+use thiserror::Error;
+use tracing::{debug, info, warn};
+
+use super::Context;
+use super::events::EventType;
+use super::inflight::InFlight;
+use crate::csi;
+use crate::csi_client::{CallError, ErrorClass};
+use crate::provision::{
+    Decision, DecisionError, ProvisionError, ProvisionPlan, SecretError, SecretRef, VolumeError,
+    already_exists_is_ours, build_create_volume_request, build_persistent_volume, claim_class_name,
+    plan_provision, secret_data, should_provision,
+};
+
+/// Why one provisioning attempt failed. Each variant says what exists on the backend:
+/// variants before `Driver` are raised before CreateVolume.
+#[derive(Debug, Error)]
+pub enum ClaimError {
+    #[error(transparent)]
+    Decision(#[from] DecisionError),
+    #[error(transparent)]
+    Plan(#[from] ProvisionError),
+    #[error("error getting secret {name} in namespace {namespace}: {source}")]
+    SecretGet {
+        name: String,
+        namespace: String,
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    SecretData(#[from] SecretError),
+    #[error("failed to read claim {0}: {1}")]
+    ClaimRead(String, kube::Error),
+    #[error("{0}")]
+    Driver(CallError),
+    #[error("Volume provisioning failed with infeasible error. Retries will be delayed. {0}")]
+    Infeasible(CallError),
+    #[error(transparent)]
+    Volume(VolumeError),
+    #[error("{error}. Cleanup of volume {volume} failed, volume is orphaned: {cleanup}")]
+    CleanupFailed {
+        error: VolumeError,
+        volume: String,
+        cleanup: CallError,
+    },
+    #[error("failed to create PersistentVolume {name}: {source}")]
+    PvCreate { name: String, source: kube::Error },
+    #[error(
+        "PersistentVolume {name} already exists for another volume ({existing:?}); the new volume {created:?} was deleted"
+    )]
+    PvTaken {
+        name: String,
+        existing: String,
+        created: String,
+    },
+}
+
+const PROVISIONING: &str = "Provisioning";
+const PROVISIONING_FAILED: &str = "ProvisioningFailed";
+const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
+
+/// The claim reconciler of one sidecar process.
+pub struct ClaimReconciler;
+
+impl ClaimReconciler {
+    /// Entry point for the controller: never returns an error, because failures are reported
+    /// (event + metric) and retried with the per-claim backoff here, in one place.
+    pub async fn reconcile(
+        pvc: Arc<PersistentVolumeClaim>,
+        ctx: Arc<Context>,
+    ) -> Result<Action, std::convert::Infallible> {
+        let uid = pvc.uid().unwrap_or_default();
+        let started = Instant::now();
+        match provision(&pvc, &ctx).await {
+            Ok(outcome) => {
+                ctx.claim_backoff().forget(&uid);
+                if let Outcome::Provisioned { volume } = &outcome {
+                    ctx.metrics.provision_succeeded(
+                        claim_class_name(&pvc),
+                        data_source_kind(&pvc),
+                        started.elapsed(),
+                    );
+                    info!(claim = %claim_key(&pvc), volume, "provisioned");
+                }
+                Ok(match outcome {
+                    Outcome::RetryIn(delay) => Action::requeue(delay),
+                    Outcome::Provisioned { .. } | Outcome::Nothing => Action::await_change(),
+                })
+            }
+            Err(error) => Ok(Self::report_failure(&pvc, &ctx, error).await),
+        }
+    }
+
+    /// The single mapping of claim failures to events, metrics and retry timing.
+    async fn report_failure(
+        pvc: &PersistentVolumeClaim,
+        ctx: &Context,
+        error: ClaimError,
+    ) -> Action {
+        let class = claim_class_name(pvc);
+        ctx.metrics.provision_failed(class, data_source_kind(pvc));
+        let message = error.to_string();
+        let reference = pvc.object_ref(&());
+        match &error {
+            ClaimError::Plan(plan) if plan.is_ignored() => {
+                ctx.events
+                    .publish(
+                        &reference,
+                        EventType::Normal,
+                        PROVISIONING,
+                        "Assuming an external populator will provision the volume",
+                    )
+                    .await;
+                debug!(claim = %claim_key(pvc), %message, "left to an external populator");
+                return Action::await_change();
+            }
+            ClaimError::Decision(_) | ClaimError::ClaimRead(..) => {}
+            _ => {
+                ctx.events
+                    .publish(
+                        &reference,
+                        EventType::Warning,
+                        PROVISIONING_FAILED,
+                        &message,
+                    )
+                    .await
+            }
+        }
+        let delay = ctx.claim_backoff().failure(pvc.uid().unwrap_or_default());
+        warn!(claim = %claim_key(pvc), error = %message, retry_in = ?delay, "provisioning failed");
+        Action::requeue(delay)
+    }
+}
+
+enum Outcome {
+    /// Nothing to do for this claim now.
+    Nothing,
+    Provisioned {
+        volume: String,
+    },
+    RetryIn(Duration),
+}
+
+async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome, ClaimError> {
+    let class = ctx.classes.get(&ObjectRef::new(claim_class_name(pvc)));
+    match should_provision(pvc, class.as_deref(), &ctx.config.driver_name) {
+        Decision::Provision => {}
+        Decision::Skip(reason) => {
+            debug!(claim = %claim_key(pvc), %reason, "not provisioning");
+            return Ok(Outcome::Nothing);
+        }
+        Decision::Error(error) => return Err(error.into()),
+    }
+    let Some(class) = class else {
+        return Err(DecisionError::StorageClassNotFound(claim_class_name(pvc).to_owned()).into());
+    };
+    let uid = pvc.uid().unwrap_or_default();
+    let class_uid = class.uid().unwrap_or_default();
+    if let Some(left) = ctx.infeasible().remaining(&uid, &class_uid, Instant::now()) {
+        return Ok(Outcome::RetryIn(left));
+    }
+    let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps)?;
+    if ctx
+        .volumes
+        .get(&ObjectRef::new(&plan.volume_name))
+        .is_some()
+    {
+        return Ok(Outcome::Nothing);
+    }
+    // The cache may lag: a claim bound, deleted or re-created since must never get a new
+    // volume (upstream #1469). A quorum read decides.
+    if !claim_still_wants_a_volume(pvc, ctx).await? {
+        return Ok(Outcome::Nothing);
+    }
+
+    let secrets = read_provisioner_secret(ctx, plan.secrets.provisioner.as_ref()).await?;
+    let request = build_create_volume_request(&plan, secrets, None);
+    let _busy = ctx.inflight.record(in_flight(pvc, &plan, &request));
+    ctx.events
+        .publish(
+            &pvc.object_ref(&()),
+            EventType::Normal,
+            PROVISIONING,
+            &format!(
+                "External provisioner is provisioning volume for claim \"{}\"",
+                claim_key(pvc)
+            ),
+        )
+        .await;
+
+    let response = {
+        let _permit = ctx.limits.acquire(&plan.class_name).await;
+        ctx.driver.create_volume(request.clone()).await
+    };
+    let response = match response {
+        Ok(response) => response,
+        Err(error) => {
+            if error.class() != ErrorClass::InProgress {
+                // A final answer: the driver created nothing under this name.
+                ctx.inflight.complete(&plan.volume_name);
+            }
+            if error.is_infeasible() {
+                ctx.infeasible().insert(&uid, &class_uid, Instant::now());
+                return Err(ClaimError::Infeasible(error));
+            }
+            return Err(ClaimError::Driver(error));
+        }
+    };
+
+    let pv = match build_persistent_volume(&plan, &response) {
+        Ok(pv) => pv,
+        Err(error) => return Err(clean_up_unusable(ctx, &plan, &request, error).await),
+    };
+    save_volume(ctx, &plan, pv, &request).await?;
+    ctx.inflight.complete(&plan.volume_name);
+    ctx.events
+        .publish(
+            &pvc.object_ref(&()),
+            EventType::Normal,
+            PROVISIONING_SUCCEEDED,
+            &format!("Successfully provisioned volume {}", plan.volume_name),
+        )
+        .await;
+    Ok(Outcome::Provisioned {
+        volume: plan.volume_name,
+    })
+}
+
+/// A fresh read: the claim exists with the same UID, is not bound, and is not being deleted.
+async fn claim_still_wants_a_volume(
+    pvc: &PersistentVolumeClaim,
+    ctx: &Context,
+) -> Result<bool, ClaimError> {
+    let namespace = pvc.namespace().unwrap_or_default();
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
+    let fresh = api
+        .get_opt(&pvc.name_any())
+        .await
+        .map_err(|error| ClaimError::ClaimRead(claim_key(pvc), error))?;
+    Ok(fresh.is_some_and(|fresh| {
+        fresh.uid() == pvc.uid()
+            && fresh.metadata.deletion_timestamp.is_none()
+            && fresh
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.volume_name.as_deref())
+                .is_none_or(str::is_empty)
+    }))
+}
+
+pub(super) async fn read_provisioner_secret(
+    ctx: &Context,
+    reference: Option<&SecretRef>,
+) -> Result<HashMap<String, String>, ClaimError> {
+    let Some(SecretRef { name, namespace }) = reference else {
+        return Ok(HashMap::new());
+    };
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let secret = api
+        .get(name)
+        .await
+        .map_err(|source| ClaimError::SecretGet {
+            name: name.clone(),
+            namespace: namespace.clone(),
+            source,
+        })?;
+    Ok(secret_data(&secret)?)
+}
+
+/// A volume that cannot back a PV (too small) is deleted again, as upstream does; a response
+/// without a volume id leaves the operation in flight so the next attempt learns the id.
+async fn clean_up_unusable(
+    ctx: &Context,
+    plan: &ProvisionPlan,
+    request: &csi::CreateVolumeRequest,
+    error: VolumeError,
+) -> ClaimError {
+    let Some(volume_id) = error.volume_to_delete().map(str::to_owned) else {
+        return ClaimError::Volume(error);
+    };
+    match delete_backend_volume(ctx, &plan.class_name, &volume_id, request.secrets.clone()).await {
+        Ok(()) => {
+            ctx.inflight.complete(&plan.volume_name);
+            ClaimError::Volume(error)
+        }
+        Err(cleanup) => ClaimError::CleanupFailed {
+            error,
+            volume: plan.volume_name.clone(),
+            cleanup,
+        },
+    }
+}
+
+/// Creates the PV. AlreadyExists is success only when the existing PV holds this very volume;
+/// otherwise the volume just created is nobody's and is deleted (upstream #1469 leaks it).
+async fn save_volume(
+    ctx: &Context,
+    plan: &ProvisionPlan,
+    pv: PersistentVolume,
+    request: &csi::CreateVolumeRequest,
+) -> Result<(), ClaimError> {
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let handle = pv
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.csi.as_ref())
+        .map(|csi| csi.volume_handle.clone())
+        .unwrap_or_default();
+    let name = plan.volume_name.clone();
+    match api.create(&PostParams::default(), &pv).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            let existing = api
+                .get(&name)
+                .await
+                .map_err(|source| ClaimError::PvCreate {
+                    name: name.clone(),
+                    source,
+                })?;
+            if already_exists_is_ours(&existing, &pv) {
+                return Ok(());
+            }
+            let existing_handle = existing
+                .spec
+                .and_then(|spec| spec.csi)
+                .map(|csi| csi.volume_handle)
+                .unwrap_or_default();
+            delete_backend_volume(ctx, &plan.class_name, &handle, request.secrets.clone())
+                .await
+                .map_err(ClaimError::Driver)?;
+            ctx.inflight.complete(&name);
+            Err(ClaimError::PvTaken {
+                name,
+                existing: existing_handle,
+                created: handle,
+            })
+        }
+        Err(source) => Err(ClaimError::PvCreate { name, source }),
+    }
+}
+
+pub(super) async fn delete_backend_volume(
+    ctx: &Context,
+    class: &str,
+    volume_id: &str,
+    secrets: HashMap<String, String>,
+) -> Result<(), CallError> {
+    let _permit = ctx.limits.acquire(class).await;
+    ctx.driver
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: volume_id.to_owned(),
+            secrets,
+        })
+        .await
+        .map(|_| ())
+}
+
+fn in_flight(
+    pvc: &PersistentVolumeClaim,
+    plan: &ProvisionPlan,
+    request: &csi::CreateVolumeRequest,
+) -> InFlight {
+    InFlight {
+        volume_name: plan.volume_name.clone(),
+        claim_namespace: pvc.namespace().unwrap_or_default(),
+        claim_name: pvc.name_any(),
+        claim_uid: pvc.uid().unwrap_or_default(),
+        class_name: plan.class_name.clone(),
+        request: csi::CreateVolumeRequest {
+            secrets: HashMap::new(),
+            ..request.clone()
+        },
+        provisioner_secret: plan.secrets.provisioner.clone(),
+    }
+}
+
+pub(super) fn claim_key(pvc: &PersistentVolumeClaim) -> String {
+    format!("{}/{}", pvc.namespace().unwrap_or_default(), pvc.name_any())
+}
+
+/// The `source` label of the provisioning metrics: the claim's data source kind, or "".
+fn data_source_kind(pvc: &PersistentVolumeClaim) -> &str {
+    pvc.spec
+        .as_ref()
+        .and_then(|spec| spec.data_source.as_ref())
+        .map_or("", |source| source.kind.as_str())
+}

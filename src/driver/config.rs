@@ -1,0 +1,338 @@
+//! Command line of `csi-reference-driver` and the validated [`DriverConfig`] it produces.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use thiserror::Error;
+
+use super::faults::{DelayRule, FaultRule, FaultRules};
+use super::socket;
+use super::state::{Limits, Segments};
+
+pub const DEFAULT_DRIVER_NAME: &str = "reference.csi.example.com";
+pub const DEFAULT_NODE_ID: &str = "csi-reference-node";
+/// Default name of the control file inside the state directory.
+pub const CONTROL_FILE: &str = "faults.txt";
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ConfigError {
+    #[error("--max-volume-size must be positive")]
+    MaxVolumeSize,
+    #[error("--state-dir must not be empty")]
+    StateDir,
+}
+
+/// A CSI driver that keeps fake volumes in a JSON file, for testing CSI sidecars.
+#[derive(Debug, Parser)]
+#[command(name = "csi-reference-driver", version)]
+pub struct Cli {
+    /// Unix socket to serve on: a path or a unix:// URI.
+    #[arg(long, env = "CSI_ENDPOINT", value_parser = parse_endpoint)]
+    pub endpoint: PathBuf,
+
+    /// Name returned by GetPluginInfo (2-63 characters, starts and ends with a letter).
+    #[arg(long, default_value = DEFAULT_DRIVER_NAME, value_parser = parse_driver_name)]
+    pub driver_name: String,
+
+    /// Node id returned by NodeGetInfo.
+    #[arg(long, default_value = DEFAULT_NODE_ID, value_parser = parse_node_id)]
+    pub node_id: String,
+
+    /// Directory holding state.json (created if missing) and, by default, the control file.
+    #[arg(long)]
+    pub state_dir: PathBuf,
+
+    /// Accessible topology of every volume and of the node, as key=value,key=value. Enables
+    /// VOLUME_ACCESSIBILITY_CONSTRAINTS.
+    #[arg(long, value_parser = parse_topology)]
+    pub topology: Option<Segments>,
+
+    /// Total bytes all volumes together may use (e.g. 1Ti, 500Gi, 1073741824).
+    #[arg(long, default_value = "1Ti", value_parser = parse_quantity)]
+    pub capacity: i64,
+
+    /// Largest single volume in bytes (e.g. 1Ti).
+    #[arg(long, default_value = "1Ti", value_parser = parse_quantity)]
+    pub max_volume_size: i64,
+
+    /// METHOD=DURATION: delay matching RPCs (METHOD may be *). Repeatable.
+    #[arg(long = "delay", value_name = "METHOD=DURATION")]
+    pub delays: Vec<DelayRule>,
+
+    /// METHOD=PHASE:ACTION[:COUNT]: inject a fault (see docs/reference-driver.md). Repeatable.
+    #[arg(long = "fault", value_name = "METHOD=PHASE:ACTION[:COUNT]")]
+    pub faults: Vec<FaultRule>,
+
+    /// Fault control file, re-read whenever it changes [default: <state-dir>/faults.txt].
+    #[arg(long)]
+    pub control_file: Option<PathBuf>,
+}
+
+/// Everything the driver needs to run; tests build it directly with [`DriverConfig::new`].
+#[derive(Clone, Debug)]
+pub struct DriverConfig {
+    pub endpoint: PathBuf,
+    pub driver_name: String,
+    pub node_id: String,
+    pub state_dir: PathBuf,
+    /// Empty means no topology support.
+    pub topology: Segments,
+    pub limits: Limits,
+    pub faults: FaultRules,
+    pub control_file: PathBuf,
+}
+
+impl DriverConfig {
+    /// Defaults for everything but the socket and the state directory.
+    pub fn new(endpoint: PathBuf, state_dir: PathBuf) -> Self {
+        let control_file = state_dir.join(CONTROL_FILE);
+        Self {
+            endpoint,
+            driver_name: DEFAULT_DRIVER_NAME.to_string(),
+            node_id: DEFAULT_NODE_ID.to_string(),
+            state_dir,
+            topology: Segments::new(),
+            limits: Limits {
+                capacity_bytes: 1 << 40,
+                max_volume_size: 1 << 40,
+            },
+            faults: FaultRules::default(),
+            control_file,
+        }
+    }
+}
+
+impl TryFrom<Cli> for DriverConfig {
+    type Error = ConfigError;
+
+    fn try_from(cli: Cli) -> Result<Self, Self::Error> {
+        if cli.state_dir.as_os_str().is_empty() {
+            return Err(ConfigError::StateDir);
+        }
+        if cli.max_volume_size <= 0 {
+            return Err(ConfigError::MaxVolumeSize);
+        }
+        let control_file = cli
+            .control_file
+            .unwrap_or_else(|| cli.state_dir.join(CONTROL_FILE));
+        Ok(Self {
+            endpoint: cli.endpoint,
+            driver_name: cli.driver_name,
+            node_id: cli.node_id,
+            state_dir: cli.state_dir,
+            topology: cli.topology.unwrap_or_default(),
+            limits: Limits {
+                capacity_bytes: cli.capacity,
+                max_volume_size: cli.max_volume_size,
+            },
+            faults: FaultRules {
+                delays: cli.delays,
+                faults: cli.faults,
+            },
+            control_file,
+        })
+    }
+}
+
+fn parse_endpoint(s: &str) -> Result<PathBuf, String> {
+    socket::parse_endpoint(s).map_err(|e| e.to_string())
+}
+
+/// The CSI spec's domain-name rule, narrowed to what csi-sanity accepts (letters at both ends).
+fn parse_driver_name(s: &str) -> Result<String, String> {
+    let starts_and_ends_with_letter = s.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && s.chars().last().is_some_and(|c| c.is_ascii_alphabetic());
+    let valid = (2..=63).contains(&s.len())
+        && starts_and_ends_with_letter
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.');
+    if valid {
+        Ok(s.to_string())
+    } else {
+        Err("must be 2-63 characters of letters, digits, '-' and '.', starting and ending with a letter".into())
+    }
+}
+
+fn parse_node_id(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 256 {
+        Err("must be 1-256 bytes".into())
+    } else {
+        Ok(s.to_string())
+    }
+}
+
+/// `key=value,key=value` with non-empty, unique keys and values.
+pub fn parse_topology(s: &str) -> Result<Segments, String> {
+    let mut segments = Segments::new();
+    for pair in s.split(',') {
+        let (key, value) = pair
+            .split_once('=')
+            .map(|(k, v)| (k.trim(), v.trim()))
+            .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+            .ok_or_else(|| format!("expected key=value, got {pair:?}"))?;
+        if segments
+            .insert(key.to_string(), value.to_string())
+            .is_some()
+        {
+            return Err(format!("key {key:?} given twice"));
+        }
+    }
+    Ok(segments)
+}
+
+/// A byte count: digits with an optional k/M/G/T/P (powers of 1000) or Ki/Mi/Gi/Ti/Pi (powers
+/// of 1024) suffix, fitting in an int64 as CSI sizes must.
+pub fn parse_quantity(s: &str) -> Result<i64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, suffix) = s.split_at(split);
+    let bad = || format!("invalid size {s:?} (use e.g. 1073741824, 10Gi or 1Ti)");
+    let n: i64 = digits.parse().map_err(|_| bad())?;
+    let multiplier: i64 = match suffix {
+        "" => 1,
+        "k" | "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(multiplier)
+        .ok_or_else(|| format!("size {s:?} does not fit in 64 bits"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<DriverConfig, String> {
+        let cli = Cli::try_parse_from(
+            std::iter::once("csi-reference-driver").chain(args.iter().copied()),
+        )
+        .map_err(|e| e.to_string())?;
+        DriverConfig::try_from(cli).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn parses_a_full_command_line() {
+        let c = parse(&[
+            "--endpoint=unix:///tmp/x/csi.sock",
+            "--state-dir=/tmp/x/state",
+            "--driver-name=my.driver.example",
+            "--node-id=n1",
+            "--topology=zone=a, rack=r1",
+            "--capacity=100Gi",
+            "--max-volume-size=10G",
+            "--delay=*=50ms",
+            "--delay",
+            "CreateVolume=2s",
+            "--fault=CreateVolume=after:deadline-exceeded:3",
+        ])
+        .unwrap();
+        assert_eq!(c.endpoint, PathBuf::from("/tmp/x/csi.sock"));
+        assert_eq!(c.driver_name, "my.driver.example");
+        assert_eq!(c.topology.get("rack").map(String::as_str), Some("r1"));
+        assert_eq!(c.limits.capacity_bytes, 100 << 30);
+        assert_eq!(c.limits.max_volume_size, 10_000_000_000);
+        assert_eq!(c.faults.delay_for("CreateVolume"), Duration::from_secs(2));
+        assert_eq!(c.faults.delay_for("Probe"), Duration::from_millis(50));
+        assert_eq!(c.faults.faults.len(), 1);
+        assert_eq!(c.control_file, PathBuf::from("/tmp/x/state/faults.txt"));
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = parse(&["--endpoint=/tmp/s.sock", "--state-dir=/tmp/st"]).unwrap();
+        assert_eq!(c.driver_name, DEFAULT_DRIVER_NAME);
+        assert_eq!(c.node_id, DEFAULT_NODE_ID);
+        assert!(c.topology.is_empty());
+        assert_eq!(c.limits.capacity_bytes, 1 << 40);
+    }
+
+    #[test]
+    fn bad_flags_name_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--state-dir=/s"], "--endpoint"),
+            (&["--endpoint=/e"], "--state-dir"),
+            (&["--endpoint=tcp://h:1", "--state-dir=/s"], "--endpoint"),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--driver-name=csi.v1"],
+                "--driver-name",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--driver-name=x"],
+                "--driver-name",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--node-id="],
+                "--node-id",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--topology=zone"],
+                "--topology",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--topology=a=1,a=2"],
+                "--topology",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--capacity=lots"],
+                "--capacity",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--capacity=99999999Pi"],
+                "--capacity",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--max-volume-size=0"],
+                "--max-volume-size",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--delay=CreateVolume"],
+                "--delay",
+            ),
+            (
+                &[
+                    "--endpoint=/e",
+                    "--state-dir=/s",
+                    "--fault=CreateVolume=after:nope",
+                ],
+                "--fault",
+            ),
+            (
+                &[
+                    "--endpoint=/e",
+                    "--state-dir=/s",
+                    "--fault=Bogus=after:internal",
+                ],
+                "--fault",
+            ),
+        ];
+        for (args, flag) in cases {
+            let err = parse(args).expect_err("should be rejected");
+            assert!(
+                err.contains(flag),
+                "{args:?}: {err:?} should mention {flag}"
+            );
+        }
+    }
+
+    #[test]
+    fn quantities() {
+        assert_eq!(parse_quantity("0"), Ok(0));
+        assert_eq!(parse_quantity("1Ki"), Ok(1024));
+        assert_eq!(parse_quantity("2k"), Ok(2000));
+        assert_eq!(parse_quantity("1Pi"), Ok(1 << 50));
+        assert!(parse_quantity("").is_err());
+        assert!(parse_quantity("1.5Gi").is_err());
+        assert!(parse_quantity("-1").is_err());
+        assert!(parse_quantity("1Gb").is_err());
+    }
+}

@@ -1,0 +1,186 @@
+//! A small reference CSI driver for testing the provisioner: fake volumes and snapshots kept in a
+//! JSON file, plus fault injection. It serves Identity, Controller and Node on one unix socket.
+//! docs/reference-driver.md is the user-facing description; this comment is the design summary.
+//!
+//! # What it implements
+//! - Identity: GetPluginInfo, GetPluginCapabilities (CONTROLLER_SERVICE, and
+//!   VOLUME_ACCESSIBILITY_CONSTRAINTS when `--topology` is set), Probe.
+//! - Controller: CreateVolume (from nothing, a snapshot or a volume), DeleteVolume, ListVolumes,
+//!   GetCapacity, ValidateVolumeCapabilities, ControllerGetCapabilities, CreateSnapshot,
+//!   DeleteSnapshot, ListSnapshots. Advertised: CREATE_DELETE_VOLUME, LIST_VOLUMES, GET_CAPACITY,
+//!   CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, CLONE_VOLUME.
+//! - Node: NodePublishVolume creates the target (a directory for mount access, an empty file for
+//!   block access; nothing is mounted, no privileges needed) and NodeUnpublishVolume removes it;
+//!   NodeGetInfo, NodeGetCapabilities (none).
+//! - Every other RPC answers UNIMPLEMENTED.
+//!
+//! Errors follow the spec exactly: arguments are validated before any lookup; unknown ids are
+//! NOT_FOUND (or OK for deletes), never INVALID_ARGUMENT; a reused name with incompatible
+//! arguments is ALREADY_EXISTS; `--capacity` and `--max-volume-size` make RESOURCE_EXHAUSTED and
+//! OUT_OF_RANGE reachable; a call that names a volume, volume name or snapshot another call is
+//! still working on is ABORTED (per-object in-flight keys, never a global lock).
+//!
+//! # State
+//! `<state-dir>/state.json` holds every volume, snapshot and node publication. It is replaced
+//! atomically (temp file, fsync, rename, directory fsync) before a change is acknowledged, and
+//! loaded at start, so volumes survive restarts and tests can count them after chaos.
+//!
+//! # Fault injection
+//! Modelled as pre/post hooks around every RPC:
+//! 1. before-faults fire first, before validation or any change;
+//! 2. then the RPC validates its arguments and takes its in-flight keys;
+//! 3. then the delay for the method is slept (so a delayed call keeps its volume busy, which is
+//!    how ABORTED is provoked);
+//! 4. then the real work happens and is persisted;
+//! 5. after-faults fire only if the work succeeded, replacing the reply: e.g. the volume exists but
+//!    the caller sees DEADLINE_EXCEEDED.
+//!
+//! Rules: `--delay METHOD=DURATION` (`CreateVolume=2s`, `*=50ms`; durations `0`, `Nms`, `Ns`,
+//! `Nm`, `Nh`; an exact method beats `*`) and `--fault METHOD=PHASE:ACTION[:COUNT]` where PHASE is
+//! `before` or `after`, ACTION is a gRPC code name (`deadline-exceeded`, `UNAVAILABLE`, ...) or
+//! `hang` (never answer; ends when the caller cancels or its deadline passes), and COUNT is how
+//! many calls it fires for (default `always`). Several faults for one method fire in the order
+//! given, each until its count is used up.
+//!
+//! While running, the control file (`--control-file`, default `<state-dir>/faults.txt`) is checked
+//! at the start of every RPC; whenever it appears or changes (mtime, size or inode) its rules
+//! replace the whole rule set with fresh counts, and when it is deleted no rule remains. One rule
+//! per line: `delay SPEC` or `fault SPEC` with the flag syntax; `#` starts a comment. Write it
+//! atomically (temp file + rename) so a half-written file is never read; an unparsable file is
+//! logged and ignored.
+
+mod config;
+mod faults;
+mod guard;
+mod service;
+mod socket;
+mod state;
+mod store;
+mod validate;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use thiserror::Error;
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+
+pub use config::{
+    CONTROL_FILE, Cli, ConfigError, DEFAULT_DRIVER_NAME, DEFAULT_NODE_ID, DriverConfig,
+};
+pub use faults::{
+    Action, DelayRule, FaultParseError, FaultRule, FaultRules, MethodPattern, Phase, Times,
+};
+pub use service::Driver;
+pub use socket::SocketError;
+pub use state::{
+    AccessKind, ContentSource, Limits, Publication, SnapshotRecord, State, VolumeRecord,
+};
+pub use store::{STATE_FILE, StoreError, load_state};
+
+/// How long in-flight calls may run on after a shutdown request before the server stops anyway
+/// (a call hung by a fault would otherwise block shutdown forever).
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Error)]
+pub enum DriverError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("state: {0}")]
+    Store(#[from] StoreError),
+    #[error("endpoint: {0}")]
+    Socket(#[from] SocketError),
+    #[error("cannot install signal handler: {0}")]
+    Signal(std::io::Error),
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// A driver whose socket exists and accepts connections; [`BoundDriver::serve`] answers them.
+pub struct BoundDriver {
+    driver: Driver,
+    listener: UnixListener,
+    endpoint: PathBuf,
+    socket: socket::SocketId,
+}
+
+/// Loads the state and creates the socket (mode 0600). Once this returns, clients may connect.
+pub fn bind(config: &DriverConfig) -> Result<BoundDriver, DriverError> {
+    let driver = Driver::open(config)?;
+    let (listener, socket) = socket::bind_private(&config.endpoint)?;
+    tracing::info!(
+        endpoint = %config.endpoint.display(),
+        driver = %config.driver_name,
+        node = %config.node_id,
+        "CSI reference driver listening"
+    );
+    Ok(BoundDriver {
+        driver,
+        listener,
+        endpoint: config.endpoint.clone(),
+        socket,
+    })
+}
+
+impl BoundDriver {
+    /// Serves until `shutdown` completes, then removes the socket and lets running calls finish
+    /// for a short grace period.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), DriverError> {
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopped = stop.clone();
+        let server = tonic::transport::Server::builder()
+            .add_service(crate::csi::identity_server::IdentityServer::new(
+                self.driver.clone(),
+            ))
+            .add_service(crate::csi::controller_server::ControllerServer::new(
+                self.driver.clone(),
+            ))
+            .add_service(crate::csi::node_server::NodeServer::new(self.driver))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(self.listener), async move {
+                stopped.notified().await;
+            });
+        tokio::pin!(server);
+        tokio::pin!(shutdown);
+        let result = tokio::select! {
+            result = &mut server => result,
+            () = &mut shutdown => {
+                tracing::info!("shutting down");
+                socket::remove_if_ours(&self.endpoint, self.socket);
+                stop.notify_one();
+                match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        tracing::warn!(grace = ?SHUTDOWN_GRACE, "calls still running after the grace period; stopping anyway");
+                        Ok(())
+                    }
+                }
+            }
+        };
+        socket::remove_if_ours(&self.endpoint, self.socket);
+        result.map_err(DriverError::from)
+    }
+}
+
+/// Binds and serves until `shutdown` completes.
+pub async fn run(
+    config: &DriverConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DriverError> {
+    bind(config)?.serve(shutdown).await
+}
+
+/// Completes on the first SIGTERM or SIGINT. Installs the handlers immediately, so a signal that
+/// arrives before the future is first polled is not lost.
+pub fn termination_signal() -> Result<impl Future<Output = ()>, DriverError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(DriverError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(DriverError::Signal)?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+    })
+}

@@ -1,0 +1,767 @@
+//! The driver's durable model (volumes, snapshots, node publications) and the pure decisions that
+//! map a validated request onto it. Nothing here does IO; `store` persists a [`State`] and
+//! `service` wires decisions to RPCs.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tonic::Code;
+
+use crate::csi;
+
+/// An RPC failure with its CSI error code; the message is returned to the caller verbatim.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum CsiError {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    #[error("{0}")]
+    ResourceExhausted(String),
+    #[error("{0}")]
+    OutOfRange(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    #[error("{0}")]
+    Aborted(String),
+    #[error("{0}")]
+    Internal(String),
+    #[error("{0}")]
+    Unimplemented(String),
+    /// A code chosen by a fault rule.
+    #[error("{1}")]
+    Injected(Code, String),
+}
+
+impl CsiError {
+    pub fn code(&self) -> Code {
+        match self {
+            Self::InvalidArgument(_) => Code::InvalidArgument,
+            Self::NotFound(_) => Code::NotFound,
+            Self::AlreadyExists(_) => Code::AlreadyExists,
+            Self::ResourceExhausted(_) => Code::ResourceExhausted,
+            Self::OutOfRange(_) => Code::OutOfRange,
+            Self::FailedPrecondition(_) => Code::FailedPrecondition,
+            Self::Aborted(_) => Code::Aborted,
+            Self::Internal(_) => Code::Internal,
+            Self::Unimplemented(_) => Code::Unimplemented,
+            Self::Injected(code, _) => *code,
+        }
+    }
+}
+
+impl From<CsiError> for tonic::Status {
+    fn from(e: CsiError) -> Self {
+        tonic::Status::new(e.code(), e.to_string())
+    }
+}
+
+/// Topology segments; ordered so the state file and comparisons are deterministic.
+pub type Segments = BTreeMap<String, String>;
+
+/// How a volume is consumed. A volume serves exactly one kind for its whole life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessKind {
+    Mount,
+    Block,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ContentSource {
+    Snapshot(String),
+    Volume(String),
+}
+
+impl ContentSource {
+    pub fn to_csi(&self) -> csi::VolumeContentSource {
+        use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+        let source = match self {
+            Self::Snapshot(id) => Type::Snapshot(SnapshotSource {
+                snapshot_id: id.clone(),
+            }),
+            Self::Volume(id) => Type::Volume(VolumeSource {
+                volume_id: id.clone(),
+            }),
+        };
+        csi::VolumeContentSource {
+            r#type: Some(source),
+        }
+    }
+}
+
+/// One NodePublishVolume target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Publication {
+    pub access: AccessKind,
+    pub readonly: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    pub id: String,
+    pub name: String,
+    pub capacity_bytes: i64,
+    pub access: AccessKind,
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+    #[serde(default)]
+    pub source: Option<ContentSource>,
+    /// Empty when the driver runs without `--topology`.
+    #[serde(default)]
+    pub topology: Segments,
+    /// Keyed by target path.
+    #[serde(default)]
+    pub publications: BTreeMap<String, Publication>,
+}
+
+impl VolumeRecord {
+    pub fn to_csi(&self) -> csi::Volume {
+        csi::Volume {
+            capacity_bytes: self.capacity_bytes,
+            volume_id: self.id.clone(),
+            volume_context: to_hash_map(&self.parameters),
+            content_source: self.source.as_ref().map(ContentSource::to_csi),
+            accessible_topology: if self.topology.is_empty() {
+                Vec::new()
+            } else {
+                vec![to_csi_topology(&self.topology)]
+            },
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub id: String,
+    pub name: String,
+    pub source_volume_id: String,
+    pub size_bytes: i64,
+    pub created_secs: i64,
+    pub created_nanos: i32,
+}
+
+impl SnapshotRecord {
+    pub fn to_csi(&self) -> csi::Snapshot {
+        csi::Snapshot {
+            size_bytes: self.size_bytes,
+            snapshot_id: self.id.clone(),
+            source_volume_id: self.source_volume_id.clone(),
+            creation_time: Some(prost_types::Timestamp {
+                seconds: self.created_secs,
+                nanos: self.created_nanos,
+            }),
+            ready_to_use: true,
+            group_snapshot_id: String::new(),
+        }
+    }
+}
+
+/// Everything the driver remembers; this is what `state.json` holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    #[serde(default)]
+    pub volumes: BTreeMap<String, VolumeRecord>,
+    #[serde(default)]
+    pub snapshots: BTreeMap<String, SnapshotRecord>,
+}
+
+impl State {
+    pub fn volume_by_name(&self, name: &str) -> Option<&VolumeRecord> {
+        self.volumes.values().find(|v| v.name == name)
+    }
+
+    pub fn snapshot_by_name(&self, name: &str) -> Option<&SnapshotRecord> {
+        self.snapshots.values().find(|s| s.name == name)
+    }
+
+    pub fn used_bytes(&self) -> i64 {
+        self.volumes
+            .values()
+            .fold(0i64, |sum, v| sum.saturating_add(v.capacity_bytes))
+    }
+}
+
+/// Size limits from the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub capacity_bytes: i64,
+    pub max_volume_size: i64,
+}
+
+/// Size of a volume created without any capacity range or source.
+pub const DEFAULT_VOLUME_SIZE: i64 = 1 << 30;
+
+/// A CreateVolume request that passed argument validation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateVolumeArgs {
+    pub name: String,
+    pub required_bytes: i64,
+    pub limit_bytes: i64,
+    pub access: AccessKind,
+    pub parameters: BTreeMap<String, String>,
+    pub source: Option<ContentSource>,
+    pub requisite: Vec<Segments>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CreateVolumeDecision {
+    /// The name already exists with compatible arguments: reply with it unchanged.
+    Existing(VolumeRecord),
+    /// Add this record.
+    Create(VolumeRecord),
+}
+
+/// Decides CreateVolume. The order of checks matters for the CSI error contract: an existing name
+/// is judged only on compatibility (so a retry succeeds even when capacity has run out since), and
+/// a missing source is NOT_FOUND before any size check.
+pub fn decide_create_volume(
+    state: &State,
+    args: &CreateVolumeArgs,
+    limits: Limits,
+    topology: &Segments,
+    new_id: String,
+) -> Result<CreateVolumeDecision, CsiError> {
+    if let Some(existing) = state.volume_by_name(&args.name) {
+        return check_compatible(existing, args)
+            .map(|()| CreateVolumeDecision::Existing(existing.clone()));
+    }
+    if !topology_allowed(topology, &args.requisite) {
+        return Err(CsiError::ResourceExhausted(format!(
+            "cannot provision in the requisite topology: this driver only serves {topology:?}"
+        )));
+    }
+    let source_size = match &args.source {
+        None => 0,
+        Some(ContentSource::Snapshot(id)) => state
+            .snapshots
+            .get(id)
+            .map(|s| s.size_bytes)
+            .ok_or_else(|| CsiError::NotFound(format!("source snapshot {id} does not exist")))?,
+        Some(ContentSource::Volume(id)) => {
+            let source = state
+                .volumes
+                .get(id)
+                .ok_or_else(|| CsiError::NotFound(format!("source volume {id} does not exist")))?;
+            if source.access != args.access {
+                return Err(CsiError::InvalidArgument(format!(
+                    "source volume {id} has {:?} access, the clone asks for {:?}",
+                    source.access, args.access
+                )));
+            }
+            source.capacity_bytes
+        }
+    };
+    let wanted = args.required_bytes.max(source_size);
+    let size = match (wanted, args.limit_bytes) {
+        (0, 0) => DEFAULT_VOLUME_SIZE.min(limits.max_volume_size),
+        (0, limit) => DEFAULT_VOLUME_SIZE.min(limit),
+        (wanted, _) => wanted,
+    };
+    if args.limit_bytes > 0 && size > args.limit_bytes {
+        return Err(CsiError::OutOfRange(format!(
+            "the source holds {source_size} bytes, more than limit_bytes {}",
+            args.limit_bytes
+        )));
+    }
+    if size > limits.max_volume_size {
+        return Err(CsiError::OutOfRange(format!(
+            "{size} bytes exceeds the maximum volume size of {} bytes",
+            limits.max_volume_size
+        )));
+    }
+    let available = limits.capacity_bytes.saturating_sub(state.used_bytes());
+    if size > available {
+        return Err(CsiError::ResourceExhausted(format!(
+            "{size} bytes requested, only {available} bytes of capacity left"
+        )));
+    }
+    Ok(CreateVolumeDecision::Create(VolumeRecord {
+        id: new_id,
+        name: args.name.clone(),
+        capacity_bytes: size,
+        access: args.access,
+        parameters: args.parameters.clone(),
+        source: args.source.clone(),
+        topology: topology.clone(),
+        publications: BTreeMap::new(),
+    }))
+}
+
+fn check_compatible(existing: &VolumeRecord, args: &CreateVolumeArgs) -> Result<(), CsiError> {
+    let conflict = |what: String| {
+        Err(CsiError::AlreadyExists(format!(
+            "volume {:?} already exists as {} with a different {what}",
+            args.name, existing.id
+        )))
+    };
+    if existing.capacity_bytes < args.required_bytes
+        || (args.limit_bytes > 0 && existing.capacity_bytes > args.limit_bytes)
+    {
+        return conflict(format!(
+            "size ({} bytes, requested {}..{})",
+            existing.capacity_bytes, args.required_bytes, args.limit_bytes
+        ));
+    }
+    if existing.access != args.access {
+        return conflict("access type".into());
+    }
+    if existing.parameters != args.parameters {
+        return conflict("parameter set".into());
+    }
+    if existing.source != args.source {
+        return conflict("content source".into());
+    }
+    if !topology_allowed(&existing.topology, &args.requisite) {
+        return conflict("accessible topology".into());
+    }
+    Ok(())
+}
+
+/// True when `segments` satisfies at least one requisite topology (a requisite term matches when
+/// all its segments are among ours). No requisite, or a driver without topology, allows anything.
+pub fn topology_allowed(segments: &Segments, requisite: &[Segments]) -> bool {
+    segments.is_empty()
+        || requisite.is_empty()
+        || requisite
+            .iter()
+            .any(|term| term.iter().all(|(k, v)| segments.get(k) == Some(v)))
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CreateSnapshotDecision {
+    Existing(SnapshotRecord),
+    Create(SnapshotRecord),
+}
+
+pub fn decide_create_snapshot(
+    state: &State,
+    name: &str,
+    source_volume_id: &str,
+    new_id: String,
+    now: (i64, i32),
+) -> Result<CreateSnapshotDecision, CsiError> {
+    if let Some(existing) = state.snapshot_by_name(name) {
+        if existing.source_volume_id == source_volume_id {
+            return Ok(CreateSnapshotDecision::Existing(existing.clone()));
+        }
+        return Err(CsiError::AlreadyExists(format!(
+            "snapshot {name:?} already exists as {} of volume {}",
+            existing.id, existing.source_volume_id
+        )));
+    }
+    let source = state.volumes.get(source_volume_id).ok_or_else(|| {
+        CsiError::NotFound(format!("source volume {source_volume_id} does not exist"))
+    })?;
+    Ok(CreateSnapshotDecision::Create(SnapshotRecord {
+        id: new_id,
+        name: name.to_string(),
+        source_volume_id: source_volume_id.to_string(),
+        size_bytes: source.capacity_bytes,
+        created_secs: now.0,
+        created_nanos: now.1,
+    }))
+}
+
+/// DeleteVolume: `Ok(None)` means "already gone, nothing to do".
+pub fn decide_delete_volume(state: &State, id: &str) -> Result<Option<VolumeRecord>, CsiError> {
+    let Some(volume) = state.volumes.get(id) else {
+        return Ok(None);
+    };
+    if let Some(target) = volume.publications.keys().next() {
+        return Err(CsiError::FailedPrecondition(format!(
+            "volume {id} is still published at {target}"
+        )));
+    }
+    Ok(Some(volume.clone()))
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PublishDecision {
+    AlreadyPublished,
+    Publish,
+}
+
+pub fn decide_node_publish(
+    state: &State,
+    volume_id: &str,
+    target: &str,
+    wanted: &Publication,
+) -> Result<PublishDecision, CsiError> {
+    let volume = state
+        .volumes
+        .get(volume_id)
+        .ok_or_else(|| CsiError::NotFound(format!("volume {volume_id} does not exist")))?;
+    if volume.access != wanted.access {
+        return Err(CsiError::InvalidArgument(format!(
+            "volume {volume_id} was created for {:?} access, not {:?}",
+            volume.access, wanted.access
+        )));
+    }
+    match volume.publications.get(target) {
+        Some(existing) if existing == wanted => Ok(PublishDecision::AlreadyPublished),
+        Some(_) => Err(CsiError::AlreadyExists(format!(
+            "volume {volume_id} is already published at {target} with a different capability or readonly flag"
+        ))),
+        None => Ok(PublishDecision::Publish),
+    }
+}
+
+/// NodeUnpublishVolume: the publication to undo, or `None` when the target is not ours.
+pub fn decide_node_unpublish(
+    state: &State,
+    volume_id: &str,
+    target: &str,
+) -> Result<Option<Publication>, CsiError> {
+    let volume = state
+        .volumes
+        .get(volume_id)
+        .ok_or_else(|| CsiError::NotFound(format!("volume {volume_id} does not exist")))?;
+    Ok(volume.publications.get(target).cloned())
+}
+
+/// One page of a listing. Tokens are decimal offsets into the id-ordered list; anything else,
+/// or an offset past the end, is ABORTED as the spec requires for an invalid starting_token.
+pub fn page<T: Clone>(
+    items: &[T],
+    max_entries: i32,
+    starting_token: &str,
+) -> Result<(Vec<T>, String), CsiError> {
+    let max = usize::try_from(max_entries).map_err(|_| {
+        CsiError::InvalidArgument(format!(
+            "max_entries must not be negative, got {max_entries}"
+        ))
+    })?;
+    let start = if starting_token.is_empty() {
+        0
+    } else {
+        match starting_token.parse::<usize>() {
+            Ok(n) if n <= items.len() => n,
+            _ => {
+                return Err(CsiError::Aborted(format!(
+                    "invalid starting_token {starting_token:?}"
+                )));
+            }
+        }
+    };
+    let end = if max == 0 {
+        items.len()
+    } else {
+        start.saturating_add(max).min(items.len())
+    };
+    let next = if end < items.len() {
+        end.to_string()
+    } else {
+        String::new()
+    };
+    Ok((items[start..end].to_vec(), next))
+}
+
+pub fn to_hash_map(map: &BTreeMap<String, String>) -> HashMap<String, String> {
+    map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+pub fn to_csi_topology(segments: &Segments) -> csi::Topology {
+    csi::Topology {
+        segments: to_hash_map(segments),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GI: i64 = 1 << 30;
+    const LIMITS: Limits = Limits {
+        capacity_bytes: 100 * GI,
+        max_volume_size: 50 * GI,
+    };
+
+    fn args(name: &str, required: i64, limit: i64) -> CreateVolumeArgs {
+        CreateVolumeArgs {
+            name: name.into(),
+            required_bytes: required,
+            limit_bytes: limit,
+            access: AccessKind::Mount,
+            parameters: BTreeMap::new(),
+            source: None,
+            requisite: vec![],
+        }
+    }
+
+    fn segments(pairs: &[(&str, &str)]) -> Segments {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn create(state: &mut State, a: &CreateVolumeArgs, id: &str) -> Result<VolumeRecord, CsiError> {
+        match decide_create_volume(state, a, LIMITS, &Segments::new(), id.into())? {
+            CreateVolumeDecision::Existing(v) => Ok(v),
+            CreateVolumeDecision::Create(v) => {
+                state.volumes.insert(v.id.clone(), v.clone());
+                Ok(v)
+            }
+        }
+    }
+
+    #[test]
+    fn create_is_idempotent_by_name() {
+        let mut state = State::default();
+        let first = create(&mut state, &args("a", 10 * GI, 0), "vol-1").unwrap();
+        let again = create(&mut state, &args("a", 10 * GI, 0), "vol-2").unwrap();
+        assert_eq!(first, again);
+        assert_eq!(state.volumes.len(), 1);
+        // A smaller request is still satisfied by the existing volume.
+        let smaller = create(&mut state, &args("a", GI, 0), "vol-3").unwrap();
+        assert_eq!(smaller.id, "vol-1");
+    }
+
+    #[test]
+    fn incompatible_reuse_is_already_exists() {
+        let mut state = State::default();
+        create(&mut state, &args("a", 10 * GI, 10 * GI), "vol-1").unwrap();
+        let bigger = create(&mut state, &args("a", 20 * GI, 20 * GI), "vol-2");
+        assert!(
+            matches!(bigger, Err(CsiError::AlreadyExists(_))),
+            "{bigger:?}"
+        );
+        let mut block = args("a", 10 * GI, 0);
+        block.access = AccessKind::Block;
+        assert!(matches!(
+            create(&mut state, &block, "x"),
+            Err(CsiError::AlreadyExists(_))
+        ));
+        let mut params = args("a", 10 * GI, 0);
+        params.parameters.insert("type".into(), "fast".into());
+        assert!(matches!(
+            create(&mut state, &params, "x"),
+            Err(CsiError::AlreadyExists(_))
+        ));
+        let mut sourced = args("a", 10 * GI, 0);
+        sourced.source = Some(ContentSource::Volume("vol-1".into()));
+        assert!(matches!(
+            create(&mut state, &sourced, "x"),
+            Err(CsiError::AlreadyExists(_))
+        ));
+    }
+
+    #[test]
+    fn sizes_follow_the_capacity_range() {
+        let mut state = State::default();
+        assert_eq!(
+            create(&mut state, &args("exact", 5 * GI, 5 * GI), "1")
+                .unwrap()
+                .capacity_bytes,
+            5 * GI
+        );
+        assert_eq!(
+            create(&mut state, &args("none", 0, 0), "2")
+                .unwrap()
+                .capacity_bytes,
+            DEFAULT_VOLUME_SIZE
+        );
+        assert_eq!(
+            create(&mut state, &args("lim", 0, GI / 2), "3")
+                .unwrap()
+                .capacity_bytes,
+            GI / 2
+        );
+        let too_big = create(&mut state, &args("big", 51 * GI, 0), "4");
+        assert!(
+            matches!(too_big, Err(CsiError::OutOfRange(_))),
+            "{too_big:?}"
+        );
+    }
+
+    #[test]
+    fn capacity_runs_out() {
+        let mut state = State::default();
+        create(&mut state, &args("a", 50 * GI, 0), "1").unwrap();
+        create(&mut state, &args("b", 40 * GI, 0), "2").unwrap();
+        let full = create(&mut state, &args("c", 20 * GI, 0), "3");
+        assert!(
+            matches!(full, Err(CsiError::ResourceExhausted(_))),
+            "{full:?}"
+        );
+        // Retrying an existing name still succeeds although the pool is full.
+        assert_eq!(
+            create(&mut state, &args("b", 40 * GI, 0), "4").unwrap().id,
+            "2"
+        );
+        assert_eq!(state.used_bytes(), 90 * GI);
+    }
+
+    #[test]
+    fn sources_must_exist_and_fit() {
+        let mut state = State::default();
+        create(&mut state, &args("src", 10 * GI, 0), "vol-src").unwrap();
+        let mut clone = args("clone", 0, 0);
+        clone.source = Some(ContentSource::Volume("vol-src".into()));
+        let v = create(&mut state, &clone, "vol-clone").unwrap();
+        assert_eq!(
+            v.capacity_bytes,
+            10 * GI,
+            "a clone inherits the source size"
+        );
+        assert_eq!(v.source, Some(ContentSource::Volume("vol-src".into())));
+
+        let mut missing = args("m", 0, 0);
+        missing.source = Some(ContentSource::Snapshot("non-existing-snapshot-id".into()));
+        assert!(matches!(
+            create(&mut state, &missing, "x"),
+            Err(CsiError::NotFound(_))
+        ));
+
+        let mut small = args("small", 0, GI);
+        small.source = Some(ContentSource::Volume("vol-src".into()));
+        assert!(matches!(
+            create(&mut state, &small, "x"),
+            Err(CsiError::OutOfRange(_))
+        ));
+
+        let snap = match decide_create_snapshot(&state, "s", "vol-src", "snap-1".into(), (7, 8))
+            .unwrap()
+        {
+            CreateSnapshotDecision::Create(s) => s,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(snap.size_bytes, 10 * GI);
+        state.snapshots.insert(snap.id.clone(), snap);
+        let mut restore = args("restore", 12 * GI, 0);
+        restore.source = Some(ContentSource::Snapshot("snap-1".into()));
+        assert_eq!(
+            create(&mut state, &restore, "vol-r")
+                .unwrap()
+                .capacity_bytes,
+            12 * GI
+        );
+    }
+
+    #[test]
+    fn snapshot_names_are_idempotent_per_source() {
+        let mut state = State::default();
+        create(&mut state, &args("a", GI, 0), "vol-a").unwrap();
+        create(&mut state, &args("b", GI, 0), "vol-b").unwrap();
+        let CreateSnapshotDecision::Create(s) =
+            decide_create_snapshot(&state, "s", "vol-a", "snap-1".into(), (1, 0)).unwrap()
+        else {
+            panic!("expected a new snapshot")
+        };
+        state.snapshots.insert(s.id.clone(), s.clone());
+        assert_eq!(
+            decide_create_snapshot(&state, "s", "vol-a", "snap-2".into(), (2, 0)),
+            Ok(CreateSnapshotDecision::Existing(s))
+        );
+        assert!(matches!(
+            decide_create_snapshot(&state, "s", "vol-b", "snap-3".into(), (3, 0)),
+            Err(CsiError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            decide_create_snapshot(&state, "t", "fake-vol-id", "snap-4".into(), (3, 0)),
+            Err(CsiError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn topology_requisite_is_honoured() {
+        let ours = segments(&[("zone", "a"), ("rack", "1")]);
+        assert!(topology_allowed(&ours, &[]));
+        assert!(topology_allowed(&ours, &[segments(&[("zone", "a")])]));
+        assert!(topology_allowed(
+            &ours,
+            &[segments(&[("zone", "b")]), ours.clone()]
+        ));
+        assert!(!topology_allowed(&ours, &[segments(&[("zone", "b")])]));
+        assert!(!topology_allowed(
+            &ours,
+            &[segments(&[("zone", "a"), ("host", "x")])]
+        ));
+        assert!(topology_allowed(
+            &Segments::new(),
+            &[segments(&[("zone", "b")])]
+        ));
+
+        let state = State::default();
+        let mut a = args("t", GI, 0);
+        a.requisite = vec![segments(&[("zone", "b")])];
+        let r = decide_create_volume(&state, &a, LIMITS, &ours, "x".into());
+        assert!(matches!(r, Err(CsiError::ResourceExhausted(_))), "{r:?}");
+        a.requisite = vec![segments(&[("zone", "a")])];
+        let Ok(CreateVolumeDecision::Create(v)) =
+            decide_create_volume(&state, &a, LIMITS, &ours, "x".into())
+        else {
+            panic!("expected a new volume")
+        };
+        assert_eq!(v.to_csi().accessible_topology, vec![to_csi_topology(&ours)]);
+    }
+
+    #[test]
+    fn delete_refuses_published_volumes_and_ignores_unknown_ones() {
+        let mut state = State::default();
+        create(&mut state, &args("a", GI, 0), "vol-a").unwrap();
+        assert_eq!(decide_delete_volume(&state, "fake-vol-id"), Ok(None));
+        assert!(decide_delete_volume(&state, "vol-a").unwrap().is_some());
+        let publication = Publication {
+            access: AccessKind::Mount,
+            readonly: false,
+        };
+        assert_eq!(
+            decide_node_publish(&state, "vol-a", "/t", &publication),
+            Ok(PublishDecision::Publish)
+        );
+        if let Some(v) = state.volumes.get_mut("vol-a") {
+            v.publications.insert("/t".into(), publication.clone());
+        }
+        assert_eq!(
+            decide_node_publish(&state, "vol-a", "/t", &publication),
+            Ok(PublishDecision::AlreadyPublished)
+        );
+        let readonly = Publication {
+            readonly: true,
+            ..publication.clone()
+        };
+        assert!(matches!(
+            decide_node_publish(&state, "vol-a", "/t", &readonly),
+            Err(CsiError::AlreadyExists(_))
+        ));
+        assert!(matches!(
+            decide_delete_volume(&state, "vol-a"),
+            Err(CsiError::FailedPrecondition(_))
+        ));
+        assert_eq!(
+            decide_node_unpublish(&state, "vol-a", "/t"),
+            Ok(Some(publication))
+        );
+        assert_eq!(decide_node_unpublish(&state, "vol-a", "/other"), Ok(None));
+        assert!(matches!(
+            decide_node_unpublish(&state, "fake-vol-id", "/t"),
+            Err(CsiError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn paging_uses_offset_tokens() {
+        let items: Vec<u32> = (0..5).collect();
+        assert_eq!(page(&items, 0, ""), Ok((items.clone(), String::new())));
+        assert_eq!(page(&items, 2, ""), Ok((vec![0, 1], "2".into())));
+        assert_eq!(page(&items, 2, "2"), Ok((vec![2, 3], "4".into())));
+        assert_eq!(page(&items, 0, "2"), Ok((vec![2, 3, 4], String::new())));
+        assert_eq!(page(&items, 9, "4"), Ok((vec![4], String::new())));
+        assert_eq!(page(&items, 0, "5"), Ok((vec![], String::new())));
+        assert!(matches!(
+            page(&items, 0, "invalid-token"),
+            Err(CsiError::Aborted(_))
+        ));
+        assert!(matches!(page(&items, 0, "6"), Err(CsiError::Aborted(_))));
+        assert!(matches!(
+            page(&items, -1, ""),
+            Err(CsiError::InvalidArgument(_))
+        ));
+    }
+}

@@ -1,0 +1,542 @@
+//! The Kubernetes client: configuration from `--kubeconfig` / `--master` / env KUBECONFIG /
+//! in-cluster (as upstream), and a client-side token bucket (`--kube-api-qps`,
+//! `--kube-api-burst`) applied as a tower layer to every API request the client sends,
+//! events and watches included (a watch counts as one request).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use kube::Client;
+use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::time::{Instant, Sleep, sleep_until};
+use tower::{Layer, Service};
+
+use crate::config::Args;
+
+/// client-go's defaults for a zero `--kube-api-qps` / `--kube-api-burst`.
+const DEFAULT_QPS: f64 = 5.0;
+const DEFAULT_BURST: u32 = 10;
+/// Upper bound of a single throttling wait, so an absurdly small QPS cannot overflow timers.
+const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeClientError {
+    #[error("cannot load kubeconfig {path:?}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error("invalid --master URL {url:?}: {source}")]
+    Master {
+        url: String,
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    #[error(
+        "not running in a cluster and neither --kubeconfig, --master nor KUBECONFIG is set: {0}"
+    )]
+    InCluster(#[source] kube::config::InClusterError),
+    #[error("cannot build the Kubernetes client: {0}")]
+    Build(#[source] kube::Error),
+}
+
+/// Where the client configuration comes from (decided from flags and env, then loaded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigSource {
+    InCluster,
+    /// Out of cluster: a kubeconfig file and/or an API server URL overriding its server.
+    Explicit {
+        kubeconfig: Option<PathBuf>,
+        master: Option<String>,
+    },
+}
+
+impl ConfigSource {
+    /// Upstream's rule: env KUBECONFIG (non-empty) replaces `--kubeconfig`; with either a
+    /// kubeconfig or `--master` the config is built from them, otherwise in-cluster.
+    pub fn decide(kubeconfig_flag: &str, master: &str, kubeconfig_env: Option<&str>) -> Self {
+        let kubeconfig = kubeconfig_env
+            .filter(|e| !e.is_empty())
+            .unwrap_or(kubeconfig_flag);
+        if kubeconfig.is_empty() && master.is_empty() {
+            return ConfigSource::InCluster;
+        }
+        ConfigSource::Explicit {
+            kubeconfig: (!kubeconfig.is_empty()).then(|| PathBuf::from(kubeconfig)),
+            master: (!master.is_empty()).then(|| master.to_owned()),
+        }
+    }
+
+    pub async fn load(&self) -> Result<kube::Config, KubeClientError> {
+        match self {
+            ConfigSource::InCluster => {
+                kube::Config::incluster().map_err(KubeClientError::InCluster)
+            }
+            ConfigSource::Explicit { kubeconfig, master } => {
+                let master = master
+                    .as_deref()
+                    .map(|url| {
+                        url.parse::<http::Uri>()
+                            .map_err(|source| KubeClientError::Master {
+                                url: url.to_owned(),
+                                source,
+                            })
+                    })
+                    .transpose()?;
+                let mut config = match (kubeconfig, &master) {
+                    (Some(path), _) => {
+                        let err = |source| KubeClientError::Kubeconfig {
+                            path: path.clone(),
+                            source,
+                        };
+                        let file = Kubeconfig::read_from(path).map_err(err)?;
+                        kube::Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+                            .await
+                            .map_err(err)?
+                    }
+                    // Only a URL: no credentials, as with client-go's BuildConfigFromFlags.
+                    (None, Some(url)) => kube::Config::new(url.clone()),
+                    (None, None) => {
+                        return kube::Config::incluster().map_err(KubeClientError::InCluster);
+                    }
+                };
+                if let Some(url) = master {
+                    config.cluster_url = url;
+                }
+                Ok(config)
+            }
+        }
+    }
+}
+
+/// Builds the client for the flags in `args` (all API traffic goes through the limiter).
+pub async fn client_from_args(args: &Args) -> Result<Client, KubeClientError> {
+    let env = std::env::var("KUBECONFIG").ok();
+    let source = ConfigSource::decide(&args.kubeconfig, &args.master, env.as_deref());
+    let config = source.load().await?;
+    build_client(
+        config,
+        RateLimitLayer::from_flags(args.kube_api_qps, args.kube_api_burst),
+    )
+}
+
+/// kube's default stack (auth, retries on 429/503/504, tracing) wrapped in `limit`.
+pub fn build_client(
+    config: kube::Config,
+    limit: RateLimitLayer,
+) -> Result<Client, KubeClientError> {
+    let builder = ClientBuilder::try_from(config).map_err(KubeClientError::Build)?;
+    Ok(builder.with_layer(&limit).build())
+}
+
+/// A token bucket like golang.org/x/time/rate as client-go uses it: starts full with
+/// `burst` tokens, refills at `qps` per second; a request that finds it empty reserves a
+/// token and waits until it would be available.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    qps: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    /// `qps` must be positive and finite (see `RateLimitLayer::from_flags`), `burst` ≥ 1.
+    pub fn new(qps: f64, burst: u32, now: Instant) -> Self {
+        let burst = f64::from(burst.max(1));
+        Self {
+            qps,
+            burst,
+            tokens: burst,
+            last: now,
+        }
+    }
+
+    /// Takes one token at `now`: `None` = go ahead, `Some(wait)` = a token is reserved,
+    /// send the request after `wait`.
+    pub fn take(&mut self, now: Instant) -> Option<Duration> {
+        if now > self.last {
+            let refill = now.duration_since(self.last).as_secs_f64() * self.qps;
+            self.tokens = (self.tokens + refill).min(self.burst);
+            self.last = now;
+        }
+        self.tokens -= 1.0;
+        if self.tokens >= 0.0 {
+            return None;
+        }
+        let wait = Duration::try_from_secs_f64(-self.tokens / self.qps).unwrap_or(MAX_WAIT);
+        Some(wait.min(MAX_WAIT))
+    }
+}
+
+/// Tower layer throttling requests with a shared `TokenBucket`; services made from one layer
+/// share one bucket. Throttling happens in `poll_ready`, like tower's own rate limiter,
+/// so a caller (kube's buffer) only sends once the token is there.
+#[derive(Debug, Clone)]
+pub struct RateLimitLayer {
+    bucket: Option<Arc<Mutex<TokenBucket>>>,
+}
+
+impl RateLimitLayer {
+    /// client-go semantics: qps 0 → 5, burst 0 → 10, negative (or non-finite) qps → no limit.
+    pub fn from_flags(qps: f64, burst: i32) -> Self {
+        let qps = if qps == 0.0 { DEFAULT_QPS } else { qps };
+        if qps < 0.0 || !qps.is_finite() {
+            return Self::unlimited();
+        }
+        let burst = u32::try_from(burst)
+            .ok()
+            .filter(|b| *b > 0)
+            .unwrap_or(DEFAULT_BURST);
+        Self {
+            bucket: Some(Arc::new(Mutex::new(TokenBucket::new(
+                qps,
+                burst,
+                Instant::now(),
+            )))),
+        }
+    }
+
+    pub fn unlimited() -> Self {
+        Self { bucket: None }
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> RateLimit<S> {
+        RateLimit {
+            inner,
+            bucket: self.bucket.clone(),
+            state: State::Idle,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum State {
+    /// No token held.
+    Idle,
+    /// A token is reserved and becomes usable when the sleep ends.
+    Waiting(Pin<Box<Sleep>>),
+    /// A token is held for the next `call`.
+    Ready,
+}
+
+/// The service made by `RateLimitLayer`.
+#[derive(Debug)]
+pub struct RateLimit<S> {
+    inner: S,
+    bucket: Option<Arc<Mutex<TokenBucket>>>,
+    state: State,
+}
+
+impl<S: Clone> Clone for RateLimit<S> {
+    fn clone(&self) -> Self {
+        // A held token belongs to the original, not to the clone.
+        Self {
+            inner: self.inner.clone(),
+            bucket: self.bucket.clone(),
+            state: State::Idle,
+        }
+    }
+}
+
+impl<S, R> Service<R> for RateLimit<S>
+where
+    S: Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        loop {
+            match &mut self.state {
+                State::Ready => return self.inner.poll_ready(cx),
+                State::Waiting(sleep) => {
+                    ready!(sleep.as_mut().poll(cx));
+                    self.state = State::Ready;
+                }
+                State::Idle => {
+                    let Some(bucket) = &self.bucket else {
+                        self.state = State::Ready;
+                        continue;
+                    };
+                    let now = Instant::now();
+                    // The bucket holds plain numbers, so a poisoned lock is still consistent.
+                    let wait = bucket
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take(now);
+                    self.state = match wait {
+                        None => State::Ready,
+                        Some(wait) => {
+                            if wait >= Duration::from_secs(1) {
+                                tracing::info!(?wait, "client-side throttling of API requests");
+                            } else {
+                                tracing::debug!(?wait, "client-side throttling of API requests");
+                            }
+                            State::Waiting(Box::pin(sleep_until(now + wait)))
+                        }
+                    };
+                }
+            }
+        }
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        self.state = State::Idle;
+        self.inner.call(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::Api;
+    use tower::ServiceExt;
+    use tower_test::mock;
+
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn bucket_starts_full_then_refills_at_qps() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(2.0, 3, t0);
+        assert_eq!(b.take(t0), None);
+        assert_eq!(b.take(t0), None);
+        assert_eq!(b.take(t0), None);
+        // Empty: the 4th waits one refill interval (1/qps), the 5th (reserved behind it) two.
+        assert_eq!(b.take(t0), Some(ms(500)));
+        assert_eq!(b.take(t0), Some(ms(1000)));
+        // After 1 s both reservations are paid off and the bucket is at 0.
+        assert_eq!(b.take(t0 + ms(1000)), Some(ms(500)));
+        // Long idle: refills, capped at burst.
+        let later = t0 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(b.take(later), None);
+        }
+        assert_eq!(b.take(later), Some(ms(500)));
+    }
+
+    #[test]
+    fn bucket_ignores_time_going_backwards_and_caps_waits() {
+        let t0 = Instant::now() + Duration::from_secs(10);
+        let mut b = TokenBucket::new(1.0, 1, t0);
+        assert_eq!(b.take(t0), None);
+        assert_eq!(b.take(t0 - ms(5000)), Some(ms(1000)));
+        let mut slow = TokenBucket::new(1e-12, 1, t0);
+        assert_eq!(slow.take(t0), None);
+        assert_eq!(slow.take(t0), Some(MAX_WAIT));
+    }
+
+    #[test]
+    fn flag_defaults_follow_client_go() {
+        assert!(RateLimitLayer::from_flags(-1.0, 10).bucket.is_none());
+        assert!(RateLimitLayer::from_flags(f64::NAN, 10).bucket.is_none());
+        let qps_and_burst = |l: RateLimitLayer| {
+            let b = l.bucket.expect("limited");
+            let b = b.lock().expect("not poisoned");
+            (b.qps, b.burst)
+        };
+        assert_eq!(
+            qps_and_burst(RateLimitLayer::from_flags(0.0, 0)),
+            (5.0, 10.0)
+        );
+        assert_eq!(
+            qps_and_burst(RateLimitLayer::from_flags(20.0, 40)),
+            (20.0, 40.0)
+        );
+    }
+
+    #[test]
+    fn config_source_rules() {
+        use ConfigSource::*;
+        assert_eq!(ConfigSource::decide("", "", None), InCluster);
+        assert_eq!(ConfigSource::decide("", "", Some("")), InCluster);
+        assert_eq!(
+            ConfigSource::decide("/flag", "", Some("/env")),
+            Explicit {
+                kubeconfig: Some("/env".into()),
+                master: None
+            }
+        );
+        assert_eq!(
+            ConfigSource::decide("/flag", "https://m", None),
+            Explicit {
+                kubeconfig: Some("/flag".into()),
+                master: Some("https://m".into())
+            }
+        );
+        assert_eq!(
+            ConfigSource::decide("", "http://m:8080", None),
+            Explicit {
+                kubeconfig: None,
+                master: Some("http://m:8080".into())
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn master_only_config_and_bad_inputs() {
+        let src = ConfigSource::decide("", "http://127.0.0.1:8080", None);
+        let config = src.load().await.expect("loads");
+        assert_eq!(config.cluster_url.to_string(), "http://127.0.0.1:8080/");
+        let bad = ConfigSource::decide("", "http://bad url", None)
+            .load()
+            .await;
+        assert!(matches!(bad, Err(KubeClientError::Master { .. })));
+        let missing = ConfigSource::decide("/nonexistent/kubeconfig", "", None)
+            .load()
+            .await;
+        assert!(matches!(missing, Err(KubeClientError::Kubeconfig { .. })));
+    }
+
+    #[tokio::test]
+    async fn kubeconfig_with_master_override() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("kubeconfig");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+             clusters: [{name: k, cluster: {server: 'https://from-file:6443'}}]\n\
+             users: [{name: u, user: {token: t}}]\n\
+             contexts: [{name: c, context: {cluster: k, user: u}}]\n",
+        )
+        .expect("write");
+        let path = path.to_str().expect("utf-8 path");
+        let file_only = ConfigSource::decide(path, "", None)
+            .load()
+            .await
+            .expect("loads");
+        assert_eq!(file_only.cluster_url.to_string(), "https://from-file:6443/");
+        let overridden = ConfigSource::decide(path, "https://flag:6443", None)
+            .load()
+            .await
+            .expect("loads");
+        assert_eq!(overridden.cluster_url.to_string(), "https://flag:6443/");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn layer_delays_requests_beyond_the_burst() {
+        let (mock, mut handle) = mock::pair::<u32, u32>();
+        let mut svc = RateLimitLayer::from_flags(2.0, 3).layer(mock);
+        let responder = tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                send.send_response(req);
+            }
+        });
+        let start = Instant::now();
+        let mut sent_at = Vec::new();
+        for i in 0..5 {
+            let resp = svc
+                .ready()
+                .await
+                .expect("ready")
+                .call(i)
+                .await
+                .expect("response");
+            assert_eq!(resp, i);
+            sent_at.push(start.elapsed());
+        }
+        assert_eq!(sent_at, vec![ms(0), ms(0), ms(0), ms(500), ms(1000)]);
+        drop(svc);
+        responder.await.expect("responder");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clones_share_one_bucket() {
+        let (mock, mut handle) = mock::pair::<u32, u32>();
+        let layer = RateLimitLayer::from_flags(1.0, 1);
+        let mut a = layer.layer(mock.clone());
+        let mut b = layer.layer(mock);
+        tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                send.send_response(req);
+            }
+        });
+        let start = Instant::now();
+        a.ready()
+            .await
+            .expect("ready")
+            .call(1)
+            .await
+            .expect("response");
+        b.ready()
+            .await
+            .expect("ready")
+            .call(2)
+            .await
+            .expect("response");
+        assert_eq!(start.elapsed(), ms(1000));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unlimited_layer_never_waits() {
+        let (mock, mut handle) = mock::pair::<u32, u32>();
+        let mut svc = RateLimitLayer::unlimited().layer(mock);
+        tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                send.send_response(req);
+            }
+        });
+        let start = Instant::now();
+        for i in 0..50 {
+            svc.ready()
+                .await
+                .expect("ready")
+                .call(i)
+                .await
+                .expect("response");
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    /// The layer sits under a real `kube::Client`: every API call is throttled.
+    #[tokio::test(start_paused = true)]
+    async fn kube_client_requests_are_throttled() {
+        let (mock, mut handle) =
+            mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let client = ClientBuilder::new(mock, "default")
+            .with_layer(&RateLimitLayer::from_flags(1.0, 1))
+            .build();
+        let apiserver = tokio::spawn(async move {
+            let mut paths = Vec::new();
+            while let Some((req, send)) = handle.next_request().await {
+                paths.push(req.uri().path().to_owned());
+                let cm = serde_json::json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "x", "namespace": "default"}
+                });
+                let body = serde_json::to_vec(&cm).expect("json");
+                send.send_response(
+                    http::Response::builder()
+                        .body(kube::client::Body::from(body))
+                        .expect("response"),
+                );
+            }
+            paths
+        });
+        let api: Api<ConfigMap> = Api::default_namespaced(client);
+        let start = Instant::now();
+        for _ in 0..3 {
+            api.get("x").await.expect("get");
+        }
+        assert_eq!(start.elapsed(), ms(2000));
+        drop(api);
+        let paths = apiserver.await.expect("apiserver task");
+        assert_eq!(paths, vec!["/api/v1/namespaces/default/configmaps/x"; 3]);
+    }
+}

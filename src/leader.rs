@@ -1,0 +1,885 @@
+//! Lease-based leader election on coordination.k8s.io/v1, interoperable with client-go's
+//! (so a Go csi-provisioner and this one can hand the Lease to each other during a rollout).
+//!
+//! Decisions are pure functions (`decide`, `released_record`, `health`); `Elector` is the
+//! thin IO loop. As in client-go, expiry is judged by *our* clock: a Lease held by another
+//! replica is free once its record has not changed for `leaseDurationSeconds` since we
+//! first saw that record, so clock skew between nodes does not matter.
+//!
+//! Deliberate difference: when `run`'s stop future resolves while leading, the Lease is
+//! released (holder cleared, `leaseDurationSeconds=1`, like client-go's ReleaseOnCancel), so
+//! another replica takes over within about a second. Upstream does that only with the
+//! ReleaseLeaderElectionOnExit gate.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, PostParams};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
+
+use crate::config::Args;
+
+/// Where a pod finds its namespace when POD_NAMESPACE is not set.
+pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// How long past the lease duration a leader may go without renewing before
+/// `/healthz/leader-election` fails (csi-lib-utils' default health-check timeout).
+pub const HEALTH_TOLERANCE: Duration = Duration::from_secs(20);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    #[error("cannot determine the hostname for the leader-election identity: {0}")]
+    Hostname(#[source] std::io::Error),
+}
+
+/// Replaces every character outside `[a-zA-Z0-9-]` by `-` and appends `X` if the result
+/// ends with `-` (or is empty), as csi-lib-utils does for Lease names and identities.
+pub fn sanitize_name(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if out.is_empty() || out.ends_with('-') {
+        out.push('X');
+    }
+    out
+}
+
+/// The Lease name for a CSI driver name, e.g. `hostpath.csi.k8s.io` → `hostpath-csi-k8s-io`.
+pub fn lease_name(driver_name: &str) -> String {
+    sanitize_name(&driver_name.replace('/', "-"))
+}
+
+/// `--leader-election-namespace`, else env POD_NAMESPACE, else the service-account
+/// namespace file, else `default`.
+pub fn resolve_namespace(flag: &str, pod_namespace: Option<&str>, sa_file: Option<&str>) -> String {
+    [Some(flag), pod_namespace, sa_file.map(str::trim)]
+        .into_iter()
+        .flatten()
+        .find(|ns| !ns.is_empty())
+        .unwrap_or("default")
+        .to_owned()
+}
+
+/// Everything the elector needs, resolved from flags and environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderConfig {
+    pub lease_name: String,
+    pub namespace: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+    /// Put on the Lease whenever this replica writes it.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl LeaderConfig {
+    /// Reads the hostname, env POD_NAMESPACE and the service-account namespace file.
+    pub fn from_args(args: &Args, driver_name: &str) -> Result<Self, LeaderError> {
+        let host = hostname::get().map_err(LeaderError::Hostname)?;
+        let pod_namespace = std::env::var("POD_NAMESPACE").ok();
+        let sa_namespace = std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE_FILE).ok();
+        Ok(Self {
+            lease_name: lease_name(driver_name),
+            namespace: resolve_namespace(
+                &args.leader_election_namespace,
+                pod_namespace.as_deref(),
+                sa_namespace.as_deref(),
+            ),
+            identity: sanitize_name(&host.to_string_lossy()),
+            lease_duration: args.leader_election_lease_duration,
+            renew_deadline: args.leader_election_renew_deadline,
+            retry_period: args.leader_election_retry_period,
+            labels: args.leader_election_labels(),
+        })
+    }
+
+    /// Whole seconds, as client-go writes it (validation guarantees at least 1 s).
+    fn lease_duration_seconds(&self) -> i32 {
+        i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
+    }
+}
+
+/// The leader-election fields of a Lease.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseRecord {
+    /// Empty when nobody holds the Lease.
+    pub holder: String,
+    pub lease_duration_seconds: i32,
+    pub acquire_time: Option<Timestamp>,
+    pub renew_time: Option<Timestamp>,
+    pub transitions: i32,
+}
+
+impl LeaseRecord {
+    pub fn of(lease: &Lease) -> Self {
+        let spec = lease.spec.clone().unwrap_or_default();
+        Self {
+            holder: spec.holder_identity.unwrap_or_default(),
+            lease_duration_seconds: spec.lease_duration_seconds.unwrap_or(0),
+            acquire_time: spec.acquire_time.map(|t| t.0),
+            renew_time: spec.renew_time.map(|t| t.0),
+            transitions: spec.lease_transitions.unwrap_or(0),
+        }
+    }
+
+    /// The record of a first acquisition (the Lease did not exist).
+    pub fn initial(me: &str, wall: Timestamp, lease_duration_seconds: i32) -> Self {
+        Self {
+            holder: me.to_owned(),
+            lease_duration_seconds,
+            acquire_time: Some(wall),
+            renew_time: Some(wall),
+            transitions: 0,
+        }
+    }
+}
+
+/// A record and the local time we first saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observed {
+    pub record: LeaseRecord,
+    pub at: Instant,
+}
+
+impl Observed {
+    /// Keeps the first-seen time while the record is unchanged.
+    pub fn update(prev: Option<Observed>, record: LeaseRecord, now: Instant) -> Observed {
+        match prev {
+            Some(prev) if prev.record == record => prev,
+            _ => Observed { record, at: now },
+        }
+    }
+
+    /// Whether the holder's claim is still good at `now` by our clock.
+    pub fn valid_at(&self, now: Instant) -> bool {
+        let duration =
+            Duration::from_secs(u64::try_from(self.record.lease_duration_seconds).unwrap_or(0));
+        // An absurd duration from the API that overflows the clock never expires.
+        self.at.checked_add(duration).is_none_or(|end| end > now)
+    }
+}
+
+/// What to do with a Lease we just read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Another replica holds a valid claim.
+    Wait { holder: String },
+    /// Write this record (acquire, take over or renew).
+    Take(LeaseRecord),
+}
+
+/// client-go's rule: take the Lease when it is free, expired by our clock, or ours;
+/// keep acquire time and transition count when renewing our own claim.
+pub fn decide(
+    observed: &Observed,
+    now: Instant,
+    wall: Timestamp,
+    me: &str,
+    lease_duration_seconds: i32,
+) -> Decision {
+    let old = &observed.record;
+    let ours = old.holder == me;
+    if !old.holder.is_empty() && !ours && observed.valid_at(now) {
+        return Decision::Wait {
+            holder: old.holder.clone(),
+        };
+    }
+    Decision::Take(LeaseRecord {
+        holder: me.to_owned(),
+        lease_duration_seconds,
+        acquire_time: if ours { old.acquire_time } else { Some(wall) },
+        renew_time: Some(wall),
+        transitions: if ours {
+            old.transitions
+        } else {
+            old.transitions.saturating_add(1)
+        },
+    })
+}
+
+/// The record written on release: no holder, 1 s duration, so candidates take over at once.
+pub fn released_record(old: &LeaseRecord, wall: Timestamp) -> LeaseRecord {
+    LeaseRecord {
+        holder: String::new(),
+        lease_duration_seconds: 1,
+        acquire_time: Some(wall),
+        renew_time: Some(wall),
+        transitions: old.transitions,
+    }
+}
+
+/// Writes `record` into the Lease spec and merges `labels` into its labels (other spec
+/// fields and labels are kept).
+pub fn apply_record(lease: &mut Lease, record: &LeaseRecord, labels: &BTreeMap<String, String>) {
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    spec.holder_identity = Some(record.holder.clone());
+    spec.lease_duration_seconds = Some(record.lease_duration_seconds);
+    spec.acquire_time = record.acquire_time.map(MicroTime);
+    spec.renew_time = record.renew_time.map(MicroTime);
+    spec.lease_transitions = Some(record.transitions);
+    if !labels.is_empty() {
+        lease
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+}
+
+/// `/healthz/leader-election`: fails only while we lead and have not renewed for longer
+/// than the lease duration plus `tolerance`; a non-leader is always healthy.
+pub fn health(
+    last_renew_while_leading: Option<Instant>,
+    now: Instant,
+    lease_duration: Duration,
+    tolerance: Duration,
+    lease: &str,
+) -> Result<(), String> {
+    match last_renew_while_leading {
+        Some(t) if now.saturating_duration_since(t) > lease_duration + tolerance => Err(format!(
+            "leader has not renewed lease {lease} for {:?}",
+            now.saturating_duration_since(t)
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Read side of the election: leadership changes and renewal times.
+#[derive(Debug, Clone)]
+pub struct LeaderWatch {
+    leading: watch::Receiver<bool>,
+    /// `Some(last renewal)` while leading.
+    renewed: watch::Receiver<Option<Instant>>,
+    lease_duration: Duration,
+    lease: String,
+}
+
+impl LeaderWatch {
+    /// Turns true when this replica becomes leader and false when it stops.
+    pub fn leading(&self) -> watch::Receiver<bool> {
+        self.leading.clone()
+    }
+
+    pub fn is_leading(&self) -> bool {
+        *self.leading.borrow()
+    }
+
+    /// The last successful renewal while leading.
+    pub fn last_renew(&self) -> Option<Instant> {
+        *self.renewed.borrow()
+    }
+
+    /// The check behind `/healthz/leader-election`.
+    pub fn health_check(&self, now: Instant) -> Result<(), String> {
+        health(
+            self.last_renew(),
+            now,
+            self.lease_duration,
+            HEALTH_TOLERANCE,
+            &self.lease,
+        )
+    }
+}
+
+/// How `Elector::run` ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Stopped while campaigning.
+    StoppedBeforeLeading,
+    /// Stopped while leading; the Lease was released.
+    Released,
+    /// Stopped while leading; the release did not happen (the Lease then expires normally).
+    NotReleased(String),
+    /// Renewal failed for the whole renew deadline: main must exit 1 ("Stopped leading").
+    Lost,
+}
+
+/// The IO loop of one candidate.
+pub struct Elector {
+    api: Api<Lease>,
+    cfg: LeaderConfig,
+    observed: Option<Observed>,
+    /// The Lease as we last wrote it: its resourceVersion lets renewals skip the GET.
+    written: Option<Lease>,
+    leading: watch::Sender<bool>,
+    renewed: watch::Sender<Option<Instant>>,
+}
+
+impl Elector {
+    pub fn new(client: Client, cfg: LeaderConfig) -> (Self, LeaderWatch) {
+        let (leading, leading_rx) = watch::channel(false);
+        let (renewed, renewed_rx) = watch::channel(None);
+        let view = LeaderWatch {
+            leading: leading_rx,
+            renewed: renewed_rx,
+            lease_duration: cfg.lease_duration,
+            lease: format!("{}/{}", cfg.namespace, cfg.lease_name),
+        };
+        let elector = Self {
+            api: Api::namespaced(client, &cfg.namespace),
+            cfg,
+            observed: None,
+            written: None,
+            leading,
+            renewed,
+        };
+        (elector, view)
+    }
+
+    /// Campaigns, then leads until `stop` resolves or renewal fails past the renew deadline.
+    /// `stop` should resolve only after in-flight work has finished: the Lease is renewed
+    /// until then and released afterwards.
+    pub async fn run(mut self, stop: impl Future<Output = ()>) -> Outcome {
+        tokio::pin!(stop);
+        let lease = format!("{}/{}", self.cfg.namespace, self.cfg.lease_name);
+        let retry = self.cfg.retry_period;
+
+        tracing::info!(%lease, identity = %self.cfg.identity, "attempting to acquire leader lease");
+        loop {
+            let attempt = timeout(self.cfg.renew_deadline, self.try_acquire_or_renew());
+            let result = tokio::select! {
+                biased;
+                () = &mut stop => return Outcome::StoppedBeforeLeading,
+                r = attempt => r,
+            };
+            match result {
+                Ok(Ok(true)) => break,
+                Ok(Ok(false)) => tracing::debug!(%lease, "lease is held by another replica"),
+                Ok(Err(e)) => tracing::warn!(%lease, error = %e, "cannot acquire lease"),
+                Err(_) => tracing::warn!(%lease, "acquiring the lease timed out"),
+            }
+            tokio::select! {
+                biased;
+                () = &mut stop => return Outcome::StoppedBeforeLeading,
+                () = sleep(retry) => {}
+            }
+        }
+        tracing::info!(%lease, identity = %self.cfg.identity, "became leader");
+        self.renewed.send_replace(Some(Instant::now()));
+        self.leading.send_replace(true);
+
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut stop => return self.step_down(&lease).await,
+                () = sleep(retry) => {}
+            }
+            // One renewal cycle: retry every retry period until the renew deadline.
+            let deadline = Instant::now() + self.cfg.renew_deadline;
+            loop {
+                let result = tokio::select! {
+                    biased;
+                    () = &mut stop => return self.step_down(&lease).await,
+                    r = timeout_at(deadline, self.try_acquire_or_renew()) => r,
+                };
+                match result {
+                    Ok(Ok(true)) => {
+                        self.renewed.send_replace(Some(Instant::now()));
+                        break;
+                    }
+                    Ok(Ok(false)) => tracing::warn!(%lease, "lease renewal refused; retrying"),
+                    Ok(Err(e)) => {
+                        tracing::warn!(%lease, error = %e, "lease renewal failed; retrying")
+                    }
+                    Err(_) => {
+                        self.leading.send_replace(false);
+                        self.renewed.send_replace(None);
+                        tracing::error!(
+                            %lease,
+                            renew_deadline = ?self.cfg.renew_deadline,
+                            "Stopped leading: lease not renewed within the renew deadline"
+                        );
+                        return Outcome::Lost;
+                    }
+                }
+                tokio::select! {
+                    biased;
+                    () = &mut stop => return self.step_down(&lease).await,
+                    () = sleep_until(deadline.min(Instant::now() + retry)) => {}
+                }
+            }
+        }
+    }
+
+    async fn step_down(&mut self, lease: &str) -> Outcome {
+        self.leading.send_replace(false);
+        self.renewed.send_replace(None);
+        match timeout(self.cfg.renew_deadline, self.release()).await {
+            Ok(Ok(true)) => {
+                tracing::info!(%lease, "released leader lease");
+                Outcome::Released
+            }
+            Ok(Ok(false)) => Outcome::NotReleased("the lease is no longer ours".into()),
+            Ok(Err(e)) => {
+                tracing::warn!(%lease, error = %e, "cannot release leader lease");
+                Outcome::NotReleased(e.to_string())
+            }
+            Err(_) => Outcome::NotReleased("release timed out".into()),
+        }
+    }
+
+    fn is_holder(&self) -> bool {
+        self.observed
+            .as_ref()
+            .is_some_and(|o| o.record.holder == self.cfg.identity)
+    }
+
+    fn remember(&mut self, written: Lease, now: Instant) {
+        // Use the server's copy: it truncates timestamps to microseconds, and comparing
+        // against our nanosecond copy would make every later read look like a change.
+        self.observed = Some(Observed::update(
+            self.observed.take(),
+            LeaseRecord::of(&written),
+            now,
+        ));
+        self.written = Some(written);
+    }
+
+    /// One client-go `tryAcquireOrRenew`: `Ok(true)` when we hold the Lease afterwards.
+    async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
+        let (now, wall) = (Instant::now(), Timestamp::now());
+        let name = self.cfg.lease_name.clone();
+        let pp = PostParams::default();
+        let seconds = self.cfg.lease_duration_seconds();
+
+        // Fast path: we hold a valid claim and know the resourceVersion we wrote.
+        if let (Some(observed), Some(written)) = (&self.observed, &self.written)
+            && self.is_holder()
+            && observed.valid_at(now)
+            && let Decision::Take(record) = decide(observed, now, wall, &self.cfg.identity, seconds)
+        {
+            let mut lease = written.clone();
+            apply_record(&mut lease, &record, &self.cfg.labels);
+            match self.api.replace(&name, &pp, &lease).await {
+                Ok(written) => {
+                    self.remember(written, now);
+                    return Ok(true);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "optimistic lease renewal failed; re-reading")
+                }
+            }
+        }
+
+        let Some(mut current) = self.api.get_opt(&name).await? else {
+            let record = LeaseRecord::initial(&self.cfg.identity, wall, seconds);
+            let mut lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(self.cfg.namespace.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: None,
+            };
+            apply_record(&mut lease, &record, &self.cfg.labels);
+            return match self.api.create(&pp, &lease).await {
+                Ok(written) => {
+                    self.remember(written, now);
+                    Ok(true)
+                }
+                Err(e) if is_conflict(&e) => Ok(false),
+                Err(e) => Err(e),
+            };
+        };
+
+        let observed = Observed::update(self.observed.take(), LeaseRecord::of(&current), now);
+        let decision = decide(&observed, now, wall, &self.cfg.identity, seconds);
+        self.observed = Some(observed);
+        match decision {
+            Decision::Wait { holder } => {
+                tracing::trace!(%holder, "lease held by another replica");
+                Ok(false)
+            }
+            Decision::Take(record) => {
+                // `current` carries its resourceVersion: a concurrent writer makes this a 409.
+                apply_record(&mut current, &record, &self.cfg.labels);
+                match self.api.replace(&name, &pp, &current).await {
+                    Ok(written) => {
+                        self.remember(written, now);
+                        Ok(true)
+                    }
+                    Err(e) if is_conflict(&e) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    /// Clears the holder if we still hold the Lease; `Ok(false)` if it is not ours.
+    async fn release(&mut self) -> Result<bool, kube::Error> {
+        let name = self.cfg.lease_name.clone();
+        let pp = PostParams::default();
+        let mut lease = match self.written.clone() {
+            Some(lease) if self.is_holder() => lease,
+            _ => return Ok(false),
+        };
+        for attempt in 0..2 {
+            let record = released_record(&LeaseRecord::of(&lease), Timestamp::now());
+            apply_record(&mut lease, &record, &self.cfg.labels);
+            match self.api.replace(&name, &pp, &lease).await {
+                Ok(written) => {
+                    self.remember(written, Instant::now());
+                    return Ok(true);
+                }
+                // Our copy is stale (e.g. a fast-path renewal raced): re-read once.
+                Err(e) if is_conflict(&e) && attempt == 0 => match self.api.get_opt(&name).await? {
+                    Some(fresh) if LeaseRecord::of(&fresh).holder == self.cfg.identity => {
+                        lease = fresh;
+                    }
+                    _ => return Ok(false),
+                },
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(false)
+    }
+}
+
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Method, Request, Response, StatusCode};
+    use kube::client::Body;
+    use tower_test::mock;
+
+    use super::*;
+
+    fn wall(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).expect("valid")
+    }
+
+    fn record(holder: &str, secs: i32, transitions: i32) -> LeaseRecord {
+        LeaseRecord {
+            holder: holder.into(),
+            lease_duration_seconds: secs,
+            acquire_time: Some(wall(0)),
+            renew_time: Some(wall(1)),
+            transitions,
+        }
+    }
+
+    #[test]
+    fn names_are_sanitized_like_csi_lib_utils() {
+        assert_eq!(lease_name("hostpath.csi.k8s.io"), "hostpath-csi-k8s-io");
+        assert_eq!(lease_name("example.com/driver"), "example-com-driver");
+        assert_eq!(lease_name("drv."), "drv-X");
+        assert_eq!(sanitize_name("node_1.example"), "node-1-example");
+        assert_eq!(sanitize_name("ünï"), "-n-X");
+        assert_eq!(sanitize_name("Pod-0"), "Pod-0");
+        assert_eq!(sanitize_name(""), "X");
+    }
+
+    #[test]
+    fn namespace_resolution_order() {
+        assert_eq!(resolve_namespace("flag", Some("env"), Some("sa")), "flag");
+        assert_eq!(resolve_namespace("", Some("env"), Some("sa")), "env");
+        assert_eq!(resolve_namespace("", Some(""), Some("sa\n")), "sa");
+        assert_eq!(resolve_namespace("", None, Some(" \n")), "default");
+        assert_eq!(resolve_namespace("", None, None), "default");
+    }
+
+    #[test]
+    fn free_lease_is_taken_with_a_new_transition() {
+        let t0 = Instant::now();
+        let obs = Observed {
+            record: record("", 1, 4),
+            at: t0,
+        };
+        let Decision::Take(r) = decide(&obs, t0, wall(10), "me", 15) else {
+            panic!("free lease must be taken")
+        };
+        assert_eq!(r.holder, "me");
+        assert_eq!(r.lease_duration_seconds, 15);
+        assert_eq!(r.transitions, 5);
+        assert_eq!(r.acquire_time, Some(wall(10)));
+        assert_eq!(r.renew_time, Some(wall(10)));
+    }
+
+    #[test]
+    fn foreign_lease_waits_until_unchanged_for_its_duration() {
+        let t0 = Instant::now();
+        let obs = Observed {
+            record: record("other", 15, 2),
+            at: t0,
+        };
+        let wait = Decision::Wait {
+            holder: "other".into(),
+        };
+        assert_eq!(decide(&obs, t0, wall(0), "me", 15), wait);
+        assert_eq!(
+            decide(&obs, t0 + Duration::from_secs(14), wall(14), "me", 15),
+            wait
+        );
+        let Decision::Take(r) = decide(&obs, t0 + Duration::from_secs(15), wall(15), "me", 15)
+        else {
+            panic!("expired lease must be taken")
+        };
+        assert_eq!((r.holder.as_str(), r.transitions), ("me", 3));
+        assert_eq!(r.acquire_time, Some(wall(15)));
+    }
+
+    #[test]
+    fn own_lease_is_renewed_keeping_acquire_time_and_transitions() {
+        let t0 = Instant::now();
+        let obs = Observed {
+            record: record("me", 15, 7),
+            at: t0,
+        };
+        let Decision::Take(r) = decide(&obs, t0, wall(5), "me", 15) else {
+            panic!("own lease must be renewed")
+        };
+        assert_eq!(r.transitions, 7);
+        assert_eq!(r.acquire_time, Some(wall(0)));
+        assert_eq!(r.renew_time, Some(wall(5)));
+    }
+
+    #[test]
+    fn released_lease_is_free_after_one_second() {
+        let t0 = Instant::now();
+        let released = released_record(&record("other", 15, 3), wall(9));
+        assert_eq!(released.holder, "");
+        assert_eq!(released.lease_duration_seconds, 1);
+        assert_eq!(released.transitions, 3);
+        // Empty holder: taken at once, whatever the duration.
+        let obs = Observed {
+            record: released,
+            at: t0,
+        };
+        assert!(matches!(
+            decide(&obs, t0, wall(9), "me", 15),
+            Decision::Take(_)
+        ));
+    }
+
+    #[test]
+    fn observation_time_moves_only_when_the_record_changes() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(3);
+        let first = Observed::update(None, record("other", 15, 1), t0);
+        let same = Observed::update(Some(first.clone()), record("other", 15, 1), t1);
+        assert_eq!(same.at, t0);
+        let mut renewed = record("other", 15, 1);
+        renewed.renew_time = Some(wall(2));
+        let changed = Observed::update(Some(first), renewed, t1);
+        assert_eq!(changed.at, t1);
+    }
+
+    #[test]
+    fn apply_record_sets_spec_and_merges_labels() {
+        let mut lease = Lease::default();
+        lease.metadata.labels = Some(BTreeMap::from([("keep".into(), "1".into())]));
+        let labels = BTreeMap::from([("team".into(), "storage".into())]);
+        let rec = record("me", 15, 2);
+        apply_record(&mut lease, &rec, &labels);
+        assert_eq!(LeaseRecord::of(&lease), rec);
+        assert_eq!(
+            lease.metadata.labels,
+            Some(BTreeMap::from([
+                ("keep".into(), "1".into()),
+                ("team".into(), "storage".into())
+            ]))
+        );
+    }
+
+    #[test]
+    fn health_fails_only_for_a_stale_leader() {
+        let t0 = Instant::now();
+        let d = Duration::from_secs(15);
+        let later = t0 + Duration::from_secs(36);
+        assert_eq!(health(None, later, d, HEALTH_TOLERANCE, "ns/l"), Ok(()));
+        assert_eq!(
+            health(
+                Some(t0),
+                t0 + Duration::from_secs(35),
+                d,
+                HEALTH_TOLERANCE,
+                "ns/l"
+            ),
+            Ok(())
+        );
+        let err = health(Some(t0), later, d, HEALTH_TOLERANCE, "ns/l").expect_err("stale");
+        assert!(err.contains("ns/l"), "{err}");
+    }
+
+    fn test_config() -> LeaderConfig {
+        LeaderConfig {
+            lease_name: "hostpath-csi-k8s-io".into(),
+            namespace: "kube-system".into(),
+            identity: "pod-a".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            labels: BTreeMap::from([("app".into(), "csi".into())]),
+        }
+    }
+
+    fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+        Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(value).expect("json")))
+            .expect("response")
+    }
+
+    async fn body_json(req: Request<Body>) -> serde_json::Value {
+        let bytes = req.into_body().collect_bytes().await.expect("body");
+        serde_json::from_slice(&bytes).expect("json body")
+    }
+
+    const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases";
+
+    /// Answers the GET with 404 and the POST with the created Lease (resourceVersion 1).
+    async fn acquire_by_create(handle: &mut mock::Handle<Request<Body>, Response<Body>>) {
+        let (req, send) = handle.next_request().await.expect("get");
+        assert_eq!(req.method(), Method::GET);
+        assert_eq!(req.uri().path(), format!("{PATH}/hostpath-csi-k8s-io"));
+        send.send_response(json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "NotFound", "code": 404, "message": "not found"}),
+        ));
+        let (req, send) = handle.next_request().await.expect("create");
+        assert_eq!(req.method(), Method::POST);
+        assert_eq!(req.uri().path(), PATH);
+        let mut lease = body_json(req).await;
+        assert_eq!(lease["spec"]["holderIdentity"], "pod-a");
+        assert_eq!(lease["spec"]["leaseDurationSeconds"], 15);
+        assert_eq!(lease["spec"]["leaseTransitions"], 0);
+        assert_eq!(lease["metadata"]["labels"]["app"], "csi");
+        lease["metadata"]["resourceVersion"] = "1".into();
+        send.send_response(json_response(StatusCode::CREATED, &lease));
+    }
+
+    /// Acquire by creating the Lease, renew via the fast path (no GET), release on stop.
+    #[tokio::test(start_paused = true)]
+    async fn create_renew_release_against_a_mock_apiserver() {
+        let (mock, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(mock, "default");
+        let (elector, view) = Elector::new(client, test_config());
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let mut leading = view.leading();
+        let run = tokio::spawn(elector.run(async {
+            let _ = stop_rx.await;
+        }));
+
+        let apiserver = async {
+            acquire_by_create(&mut handle).await;
+            leading.wait_for(|l| *l).await.expect("became leader");
+            let first_renew = view.last_renew().expect("renewal time while leading");
+            // One retry period later: a PUT carrying the resourceVersion we returned.
+            let (req, send) = handle.next_request().await.expect("renew");
+            assert_eq!(req.method(), Method::PUT);
+            let mut lease = body_json(req).await;
+            assert_eq!(lease["metadata"]["resourceVersion"], "1");
+            assert_eq!(lease["spec"]["holderIdentity"], "pod-a");
+            assert_eq!(lease["spec"]["leaseTransitions"], 0);
+            lease["metadata"]["resourceVersion"] = "2".into();
+            send.send_response(json_response(StatusCode::OK, &lease));
+            view.renewed
+                .clone()
+                .wait_for(|t| *t > Some(first_renew))
+                .await
+                .expect("renewed");
+            // Stop: the elector releases with the resourceVersion it wrote last.
+            stop_tx.send(()).expect("elector running");
+            let (req, send) = handle.next_request().await.expect("release");
+            assert_eq!(req.method(), Method::PUT);
+            let mut lease = body_json(req).await;
+            assert_eq!(lease["metadata"]["resourceVersion"], "2");
+            assert_eq!(lease["spec"]["holderIdentity"], "");
+            assert_eq!(lease["spec"]["leaseDurationSeconds"], 1);
+            lease["metadata"]["resourceVersion"] = "3".into();
+            send.send_response(json_response(StatusCode::OK, &lease));
+        };
+        tokio::time::timeout(Duration::from_secs(5), apiserver)
+            .await
+            .expect("scenario finishes");
+        let outcome = tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .expect("run ends")
+            .expect("task");
+        assert_eq!(outcome, Outcome::Released);
+        assert!(!view.is_leading());
+        assert_eq!(view.last_renew(), None);
+    }
+
+    /// Every renewal fails: leadership is lost once the renew deadline has passed.
+    #[tokio::test(start_paused = true)]
+    async fn renewal_failures_past_the_deadline_lose_leadership() {
+        let (mock, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let (elector, view) = Elector::new(Client::new(mock, "default"), test_config());
+        let mut leading = view.leading();
+        let run = tokio::spawn(elector.run(std::future::pending()));
+        acquire_by_create(&mut handle).await;
+        leading.wait_for(|l| *l).await.expect("became leader");
+        let led_at = Instant::now();
+        let apiserver = tokio::spawn(async move {
+            let mut requests = 0;
+            while let Some((_, send)) = handle.next_request().await {
+                requests += 1;
+                send.send_response(json_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                        "status": "Failure", "code": 500, "message": "etcd down"}),
+                ));
+            }
+            requests
+        });
+        let outcome = run.await.expect("task");
+        assert_eq!(outcome, Outcome::Lost);
+        // First renewal after one retry period, then retries until the 10 s deadline.
+        assert_eq!(led_at.elapsed(), Duration::from_secs(12));
+        assert!(!view.is_leading());
+        assert_eq!(view.health_check(Instant::now()), Ok(()));
+        // Fast-path PUT + GET per attempt, attempts at 2, 4, ..., 12 s.
+        assert!(apiserver.await.expect("apiserver") >= 6);
+    }
+
+    /// A Lease held by another replica is not touched; stop while campaigning releases nothing.
+    #[tokio::test]
+    async fn foreign_lease_is_left_alone() {
+        let (mock, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let (elector, view) = Elector::new(Client::new(mock, "default"), test_config());
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(elector.run(async {
+            let _ = stop_rx.await;
+        }));
+        let (req, send) = handle.next_request().await.expect("get");
+        assert_eq!(req.method(), Method::GET);
+        send.send_response(json_response(
+            StatusCode::OK,
+            &serde_json::json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": "hostpath-csi-k8s-io", "namespace": "kube-system",
+                             "resourceVersion": "7"},
+                "spec": {"holderIdentity": "pod-b", "leaseDurationSeconds": 15,
+                         "renewTime": "2026-01-01T00:00:00.000000Z", "leaseTransitions": 1}
+            }),
+        ));
+        tokio::task::yield_now().await;
+        stop_tx.send(()).expect("elector running");
+        let outcome = tokio::time::timeout(Duration::from_secs(5), run)
+            .await
+            .expect("run ends")
+            .expect("task");
+        assert_eq!(outcome, Outcome::StoppedBeforeLeading);
+        assert!(!view.is_leading());
+    }
+}

@@ -1,0 +1,362 @@
+//! Prometheus metrics of the sidecar, exposed under upstream's names so existing dashboards and
+//! alerts keep working.
+//!
+//! One [`Metrics`] value is created in `main` and shared (`Arc<Metrics>`) by everything that
+//! records; nothing is global, so tests create their own.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+/// `driver_name` of CSI calls made before GetPluginInfo told us the driver's name.
+pub const UNKNOWN_DRIVER: &str = "unknown-driver";
+
+/// `grpc_status_code` of a CSI call that failed without any gRPC status.
+pub const NON_GRPC_STATUS: &str = "unknown-non-grpc";
+
+/// Buckets of `csi_sidecar_operations_seconds` (csi-lib-utils' values).
+const CSI_OPERATION_BUCKETS: [f64; 13] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
+];
+
+/// Prometheus' default buckets, used by the provisioning library's duration histograms.
+const DEFAULT_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Labels of `csi_sidecar_operations_seconds`, in upstream's order.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CsiOperationLabels {
+    driver_name: String,
+    method_name: &'static str,
+    grpc_status_code: &'static str,
+}
+
+/// Labels of the PVC provisioning metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProvisionLabels {
+    class: String,
+    source: String,
+}
+
+/// Labels of the PV deletion metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeleteLabels {
+    class: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn csi_operation_histogram() -> Histogram {
+    Histogram::new(CSI_OPERATION_BUCKETS)
+}
+
+fn default_histogram() -> Histogram {
+    Histogram::new(DEFAULT_BUCKETS)
+}
+
+/// The sidecar's metrics registry and every metric in it.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    csi_operations: HistogramFamily<CsiOperationLabels>,
+    provision: Family<ProvisionLabels, Counter>,
+    provision_failed: Family<ProvisionLabels, Counter>,
+    provision_duration: HistogramFamily<ProvisionLabels>,
+    delete: Family<DeleteLabels, Counter>,
+    delete_failed: Family<DeleteLabels, Counter>,
+    delete_duration: HistogramFamily<DeleteLabels>,
+}
+
+impl Metrics {
+    /// `Content-Type` of [`Metrics::encode`]'s output (Prometheus text format 0.0.4, what the
+    /// Go sidecar serves by default).
+    pub const CONTENT_TYPE: &'static str = prometheus_text::CONTENT_TYPE;
+
+    /// Creates the registry with every metric registered. `process_start_time_seconds` is set
+    /// to now, so call this once, early in `main`.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+
+        let csi_operations: HistogramFamily<CsiOperationLabels> =
+            Family::new_with_constructor(csi_operation_histogram);
+        registry.register(
+            "csi_sidecar_operations_seconds",
+            "Duration of CSI calls from the sidecar to the driver, by gRPC status code",
+            csi_operations.clone(),
+        );
+
+        // prometheus-client appends `_total` to counters, so they are registered without it.
+        let provision = Family::<ProvisionLabels, Counter>::default();
+        registry.register(
+            "controller_persistentvolumeclaim_provision",
+            "Number of persistent volume claims provisioned successfully",
+            provision.clone(),
+        );
+        let provision_failed = Family::<ProvisionLabels, Counter>::default();
+        registry.register(
+            "controller_persistentvolumeclaim_provision_failed",
+            "Number of failed attempts to provision a persistent volume claim",
+            provision_failed.clone(),
+        );
+        let provision_duration: HistogramFamily<ProvisionLabels> =
+            Family::new_with_constructor(default_histogram);
+        registry.register(
+            "controller_persistentvolumeclaim_provision_duration_seconds",
+            "Duration of successful provisioning of a persistent volume claim",
+            provision_duration.clone(),
+        );
+        let delete = Family::<DeleteLabels, Counter>::default();
+        registry.register(
+            "controller_persistentvolume_delete",
+            "Number of persistent volumes deleted successfully",
+            delete.clone(),
+        );
+        let delete_failed = Family::<DeleteLabels, Counter>::default();
+        registry.register(
+            "controller_persistentvolume_delete_failed",
+            "Number of failed attempts to delete a persistent volume",
+            delete_failed.clone(),
+        );
+        let delete_duration: HistogramFamily<DeleteLabels> =
+            Family::new_with_constructor(default_histogram);
+        registry.register(
+            "controller_persistentvolume_delete_duration_seconds",
+            "Duration of successful deletion of a persistent volume",
+            delete_duration.clone(),
+        );
+
+        let process_start_time = Gauge::<f64, AtomicU64>::default();
+        process_start_time.set(
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs_f64(),
+        );
+        registry.register(
+            "process_start_time_seconds",
+            "Start time of the process since unix epoch in seconds",
+            process_start_time,
+        );
+
+        Metrics {
+            registry,
+            csi_operations,
+            provision,
+            provision_failed,
+            provision_duration,
+            delete,
+            delete_failed,
+            delete_duration,
+        }
+    }
+
+    /// Records one CSI call. `method_name` is the full gRPC path
+    /// (`/csi.v1.Controller/CreateVolume`), `grpc_status_code` Go's spelling of the code
+    /// (see [`crate::csi_client::go_code_name`]) or [`NON_GRPC_STATUS`].
+    pub fn observe_csi_operation(
+        &self,
+        driver_name: &str,
+        method_name: &'static str,
+        grpc_status_code: &'static str,
+        elapsed: Duration,
+    ) {
+        self.csi_operations
+            .get_or_create(&CsiOperationLabels {
+                driver_name: driver_name.to_string(),
+                method_name,
+                grpc_status_code,
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records a successful provisioning of a PVC of StorageClass `class` whose data source
+    /// kind is `source` ("" without a data source).
+    pub fn provision_succeeded(&self, class: &str, source: &str, elapsed: Duration) {
+        let labels = ProvisionLabels {
+            class: class.to_string(),
+            source: source.to_string(),
+        };
+        self.provision.get_or_create(&labels).inc();
+        self.provision_duration
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records a failed provisioning attempt (any error, including ones that stop retries).
+    pub fn provision_failed(&self, class: &str, source: &str) {
+        self.provision_failed
+            .get_or_create(&ProvisionLabels {
+                class: class.to_string(),
+                source: source.to_string(),
+            })
+            .inc();
+    }
+
+    /// Records a successful deletion of a PV of StorageClass `class`.
+    pub fn delete_succeeded(&self, class: &str, elapsed: Duration) {
+        let labels = DeleteLabels {
+            class: class.to_string(),
+        };
+        self.delete.get_or_create(&labels).inc();
+        self.delete_duration
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records a failed deletion attempt of a PV of StorageClass `class`.
+    pub fn delete_failed(&self, class: &str) {
+        self.delete_failed
+            .get_or_create(&DeleteLabels {
+                class: class.to_string(),
+            })
+            .inc();
+    }
+
+    /// Every metric in Prometheus text format ([`Metrics::CONTENT_TYPE`]).
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail; an encoder error would only drop the output.
+        if prometheus_text::encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
+        text
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Metric names of the exposition (sample lines), without labels and suffix-free duplicates.
+    fn sample_names(text: &str) -> Vec<String> {
+        let mut names: Vec<String> = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty())
+            .map(|l| l.split(['{', ' ']).next().unwrap_or_default().to_string())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    #[test]
+    fn exposed_names_and_labels_match_upstream() {
+        let metrics = Metrics::new();
+        metrics.observe_csi_operation(
+            UNKNOWN_DRIVER,
+            "/csi.v1.Identity/Probe",
+            "OK",
+            Duration::from_millis(20),
+        );
+        metrics.observe_csi_operation(
+            "hostpath.csi.k8s.io",
+            "/csi.v1.Controller/CreateVolume",
+            NON_GRPC_STATUS,
+            Duration::from_secs(3),
+        );
+        metrics.provision_succeeded("fast", "", Duration::from_millis(300));
+        metrics.provision_failed("fast", "VolumeSnapshot");
+        metrics.delete_succeeded("fast", Duration::from_millis(30));
+        metrics.delete_failed("slow");
+        let text = metrics.encode();
+
+        assert_eq!(
+            sample_names(&text),
+            [
+                "controller_persistentvolume_delete_duration_seconds_bucket",
+                "controller_persistentvolume_delete_duration_seconds_count",
+                "controller_persistentvolume_delete_duration_seconds_sum",
+                "controller_persistentvolume_delete_failed_total",
+                "controller_persistentvolume_delete_total",
+                "controller_persistentvolumeclaim_provision_duration_seconds_bucket",
+                "controller_persistentvolumeclaim_provision_duration_seconds_count",
+                "controller_persistentvolumeclaim_provision_duration_seconds_sum",
+                "controller_persistentvolumeclaim_provision_failed_total",
+                "controller_persistentvolumeclaim_provision_total",
+                "csi_sidecar_operations_seconds_bucket",
+                "csi_sidecar_operations_seconds_count",
+                "csi_sidecar_operations_seconds_sum",
+                "process_start_time_seconds",
+            ],
+            "{text}"
+        );
+        for expected in [
+            "# TYPE csi_sidecar_operations_seconds histogram",
+            "# TYPE controller_persistentvolumeclaim_provision_total counter",
+            "# TYPE controller_persistentvolumeclaim_provision_failed_total counter",
+            "# TYPE controller_persistentvolume_delete_total counter",
+            "# TYPE controller_persistentvolume_delete_failed_total counter",
+            "# TYPE process_start_time_seconds gauge",
+            "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",\
+             method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"} 1",
+            "csi_sidecar_operations_seconds_bucket{driver_name=\"hostpath.csi.k8s.io\",\
+             method_name=\"/csi.v1.Controller/CreateVolume\",\
+             grpc_status_code=\"unknown-non-grpc\",le=\"2.5\"} 0",
+            "csi_sidecar_operations_seconds_bucket{driver_name=\"hostpath.csi.k8s.io\",\
+             method_name=\"/csi.v1.Controller/CreateVolume\",\
+             grpc_status_code=\"unknown-non-grpc\",le=\"5\"} 1",
+            "controller_persistentvolumeclaim_provision_total{class=\"fast\",source=\"\"} 1",
+            "controller_persistentvolumeclaim_provision_failed_total{class=\"fast\",\
+             source=\"VolumeSnapshot\"} 1",
+            "controller_persistentvolume_delete_total{class=\"fast\"} 1",
+            "controller_persistentvolume_delete_failed_total{class=\"slow\"} 1",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn histogram_buckets_are_upstreams() {
+        let metrics = Metrics::new();
+        metrics.observe_csi_operation("d", "/m", "OK", Duration::from_millis(1));
+        metrics.provision_succeeded("c", "", Duration::from_millis(1));
+        let text = metrics.encode();
+        let bounds = |prefix: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.starts_with(prefix))
+                .filter_map(|l| l.split("le=\"").nth(1))
+                .filter_map(|rest| rest.split('"').next())
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(
+            bounds("csi_sidecar_operations_seconds_bucket"),
+            [
+                "0.1", "0.25", "0.5", "1", "2.5", "5", "10", "15", "25", "50", "120", "300", "600",
+                "+Inf"
+            ]
+        );
+        assert_eq!(
+            bounds("controller_persistentvolumeclaim_provision_duration_seconds_bucket"),
+            [
+                "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10",
+                "+Inf"
+            ]
+        );
+    }
+
+    #[test]
+    fn process_start_time_is_set() {
+        let text = Metrics::new().encode();
+        let value = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_start_time_seconds "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_default();
+        assert!(value > 1.7e9, "{text}");
+    }
+}

@@ -1,0 +1,345 @@
+//! What the driver must support, and the CSI volume capabilities of a claim (§3.2 steps 6, 9
+//! and 11, §3.3).
+
+use std::collections::BTreeMap;
+
+use thiserror::Error;
+
+use crate::csi::VolumeCapability;
+use crate::csi::volume_capability::access_mode::Mode;
+use crate::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
+
+use super::DriverCapabilities;
+
+pub(super) const FSTYPE_KEY: &str = "csi.storage.k8s.io/fstype";
+/// Deprecated spelling, matched in any letter case and forwarded to the driver (quirk Q10).
+pub(super) const LEGACY_FSTYPE_KEY: &str = "fstype";
+
+/// A capability the claim needs and the driver lacks, or a claim the mapping cannot express.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CapabilityError {
+    #[error(
+        "CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported"
+    )]
+    NoControllerService,
+    #[error(
+        "CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported"
+    )]
+    NoCreateDeleteVolume,
+    #[error(
+        "CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported"
+    )]
+    NoSnapshot,
+    #[error(
+        "CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported"
+    )]
+    NoClone,
+    /// Upstream would send CreateVolume with no capability at all; the driver must reject that.
+    #[error("claim has no access modes")]
+    NoAccessModes,
+    #[error("unsupported access mode {0:?}")]
+    UnsupportedAccessMode(String),
+    #[error("unsupported volume mode {0:?}")]
+    UnsupportedVolumeMode(String),
+    #[error(
+        "fstype specified in parameters with both \"fstype\" and \"csi.storage.k8s.io/fstype\" keys"
+    )]
+    ConflictingFsType,
+}
+
+/// What kind of content a new volume starts with; decides which capabilities are needed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SourceKind {
+    Empty,
+    Snapshot,
+    Clone,
+}
+
+/// The provisioning capability checks, in upstream's order.
+pub(super) fn check_provisioning_capabilities(
+    caps: &DriverCapabilities,
+    source: SourceKind,
+) -> Result<(), CapabilityError> {
+    check_create_delete_capabilities(caps)?;
+    match source {
+        SourceKind::Snapshot if !caps.snapshot => Err(CapabilityError::NoSnapshot),
+        SourceKind::Clone if !caps.clone => Err(CapabilityError::NoClone),
+        _ => Ok(()),
+    }
+}
+
+/// CONTROLLER_SERVICE and CREATE_DELETE_VOLUME, required for every CreateVolume and
+/// DeleteVolume.
+pub fn check_create_delete_capabilities(caps: &DriverCapabilities) -> Result<(), CapabilityError> {
+    if !caps.controller_service {
+        return Err(CapabilityError::NoControllerService);
+    }
+    if !caps.create_delete_volume {
+        return Err(CapabilityError::NoCreateDeleteVolume);
+    }
+    Ok(())
+}
+
+/// The CSI access mode of a Kubernetes one. Drivers with SINGLE_NODE_MULTI_WRITER get the
+/// finer single-node modes.
+pub fn csi_access_mode(
+    mode: &str,
+    single_node_multi_writer: bool,
+) -> Result<Mode, CapabilityError> {
+    Ok(match (mode, single_node_multi_writer) {
+        ("ReadWriteOnce", false) | ("ReadWriteOncePod", false) => Mode::SingleNodeWriter,
+        ("ReadWriteOnce", true) => Mode::SingleNodeMultiWriter,
+        ("ReadWriteOncePod", true) => Mode::SingleNodeSingleWriter,
+        ("ReadOnlyMany", _) => Mode::MultiNodeReaderOnly,
+        ("ReadWriteMany", _) => Mode::MultiNodeMultiWriter,
+        _ => return Err(CapabilityError::UnsupportedAccessMode(mode.to_owned())),
+    })
+}
+
+/// The filesystem type from the class parameters (`csi.storage.k8s.io/fstype`, or `fstype` in
+/// any letter case; more than one is an error), else `default_fstype`; `None` when both are
+/// empty.
+pub fn fs_type(
+    parameters: &BTreeMap<String, String>,
+    default_fstype: &str,
+) -> Result<Option<String>, CapabilityError> {
+    let mut found = parameters
+        .iter()
+        .filter(|(key, _)| *key == FSTYPE_KEY || key.eq_ignore_ascii_case(LEGACY_FSTYPE_KEY))
+        .map(|(_, value)| value);
+    let from_class = found.next();
+    if found.next().is_some() {
+        return Err(CapabilityError::ConflictingFsType);
+    }
+    let chosen = from_class
+        .map(String::as_str)
+        .filter(|value| !value.is_empty())
+        .unwrap_or(default_fstype);
+    Ok((!chosen.is_empty()).then(|| chosen.to_owned()))
+}
+
+/// Whether `spec.volumeMode` asks for a raw block device (`None` means Filesystem).
+pub(super) fn is_block(volume_mode: Option<&str>) -> Result<bool, CapabilityError> {
+    match volume_mode {
+        None | Some("Filesystem") => Ok(false),
+        Some("Block") => Ok(true),
+        Some(other) => Err(CapabilityError::UnsupportedVolumeMode(other.to_owned())),
+    }
+}
+
+/// One capability per claim access mode, in order and not deduplicated. Block volumes carry no
+/// filesystem or mount flags.
+pub fn volume_capabilities(
+    access_modes: &[String],
+    block: bool,
+    fs_type: Option<&str>,
+    mount_flags: &[String],
+    single_node_multi_writer: bool,
+) -> Result<Vec<VolumeCapability>, CapabilityError> {
+    if access_modes.is_empty() {
+        return Err(CapabilityError::NoAccessModes);
+    }
+    let access_type = if block {
+        AccessType::Block(BlockVolume {})
+    } else {
+        AccessType::Mount(MountVolume {
+            fs_type: fs_type.unwrap_or_default().to_owned(),
+            mount_flags: mount_flags.to_vec(),
+            volume_mount_group: String::new(),
+        })
+    };
+    access_modes
+        .iter()
+        .map(|mode| {
+            Ok(VolumeCapability {
+                access_mode: Some(AccessMode {
+                    mode: csi_access_mode(mode, single_node_multi_writer)? as i32,
+                }),
+                access_type: Some(access_type.clone()),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn modes(list: &[&str]) -> Vec<String> {
+        list.iter().map(|m| (*m).to_owned()).collect()
+    }
+
+    fn params(list: &[(&str, &str)]) -> BTreeMap<String, String> {
+        list.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn mode_of(capability: &VolumeCapability) -> Option<Mode> {
+        capability
+            .access_mode
+            .and_then(|m| Mode::try_from(m.mode).ok())
+    }
+
+    #[test]
+    fn access_modes_map_without_single_node_multi_writer() {
+        let map = |m| csi_access_mode(m, false);
+        assert_eq!(map("ReadWriteOnce"), Ok(Mode::SingleNodeWriter));
+        assert_eq!(map("ReadWriteOncePod"), Ok(Mode::SingleNodeWriter));
+        assert_eq!(map("ReadOnlyMany"), Ok(Mode::MultiNodeReaderOnly));
+        assert_eq!(map("ReadWriteMany"), Ok(Mode::MultiNodeMultiWriter));
+    }
+
+    #[test]
+    fn access_modes_map_with_single_node_multi_writer() {
+        let map = |m| csi_access_mode(m, true);
+        assert_eq!(map("ReadWriteOnce"), Ok(Mode::SingleNodeMultiWriter));
+        assert_eq!(map("ReadWriteOncePod"), Ok(Mode::SingleNodeSingleWriter));
+        assert_eq!(map("ReadOnlyMany"), Ok(Mode::MultiNodeReaderOnly));
+        assert_eq!(map("ReadWriteMany"), Ok(Mode::MultiNodeMultiWriter));
+    }
+
+    #[test]
+    fn unknown_access_modes_are_rejected() {
+        for bad in ["", "readwriteonce", "RWO", "ReadWriteSome"] {
+            assert_eq!(
+                csi_access_mode(bad, false).map_err(|e| e.to_string()),
+                Err(format!("unsupported access mode {bad:?}"))
+            );
+        }
+    }
+
+    #[test]
+    fn one_mount_capability_per_access_mode_in_order() {
+        let caps = volume_capabilities(
+            &modes(&["ReadOnlyMany", "ReadWriteOnce", "ReadOnlyMany"]),
+            false,
+            Some("ext4"),
+            &modes(&["noatime"]),
+            false,
+        )
+        .unwrap_or_default();
+        assert_eq!(
+            caps.iter().map(mode_of).collect::<Vec<_>>(),
+            [
+                Some(Mode::MultiNodeReaderOnly),
+                Some(Mode::SingleNodeWriter),
+                Some(Mode::MultiNodeReaderOnly)
+            ]
+        );
+        for capability in &caps {
+            assert_eq!(
+                capability.access_type,
+                Some(AccessType::Mount(MountVolume {
+                    fs_type: "ext4".into(),
+                    mount_flags: vec!["noatime".into()],
+                    volume_mount_group: String::new(),
+                }))
+            );
+        }
+    }
+
+    #[test]
+    fn block_capabilities_carry_no_filesystem_or_mount_flags() {
+        let caps = volume_capabilities(
+            &modes(&["ReadWriteOnce"]),
+            true,
+            Some("ext4"),
+            &modes(&["noatime"]),
+            true,
+        )
+        .unwrap_or_default();
+        assert_eq!(caps.len(), 1);
+        assert_eq!(caps[0].access_type, Some(AccessType::Block(BlockVolume {})));
+        assert_eq!(mode_of(&caps[0]), Some(Mode::SingleNodeMultiWriter));
+    }
+
+    #[test]
+    fn empty_access_modes_are_rejected() {
+        assert_eq!(
+            volume_capabilities(&[], false, None, &[], false).map_err(|e| e.to_string()),
+            Err("claim has no access modes".to_owned())
+        );
+    }
+
+    #[test]
+    fn one_unknown_access_mode_rejects_the_whole_claim() {
+        assert_eq!(
+            volume_capabilities(&modes(&["ReadWriteOnce", "Bogus"]), false, None, &[], false)
+                .map_err(|e| e.to_string()),
+            Err("unsupported access mode \"Bogus\"".to_owned())
+        );
+    }
+
+    #[test]
+    fn fs_type_comes_from_either_key_in_any_case_else_the_default() {
+        assert_eq!(
+            fs_type(&params(&[(FSTYPE_KEY, "xfs")]), "ext4"),
+            Ok(Some("xfs".into()))
+        );
+        assert_eq!(
+            fs_type(&params(&[("FsType", "btrfs")]), ""),
+            Ok(Some("btrfs".into()))
+        );
+        assert_eq!(
+            fs_type(&params(&[("fstype", "")]), "ext4"),
+            Ok(Some("ext4".into()))
+        );
+        assert_eq!(fs_type(&params(&[]), "ext4"), Ok(Some("ext4".into())));
+        assert_eq!(fs_type(&params(&[("other", "x")]), ""), Ok(None));
+    }
+
+    #[test]
+    fn both_fstype_keys_are_rejected_with_upstreams_text() {
+        let expected = Err(
+            "fstype specified in parameters with both \"fstype\" and \"csi.storage.k8s.io/fstype\" keys"
+                .to_owned(),
+        );
+        let both = params(&[("fstype", "ext4"), (FSTYPE_KEY, "xfs")]);
+        assert_eq!(fs_type(&both, "").map_err(|e| e.to_string()), expected);
+        let two_cases = params(&[("fstype", "ext4"), ("FSTYPE", "ext4")]);
+        assert_eq!(fs_type(&two_cases, "").map_err(|e| e.to_string()), expected);
+    }
+
+    #[test]
+    fn volume_mode_is_filesystem_or_block() {
+        assert_eq!(is_block(None), Ok(false));
+        assert_eq!(is_block(Some("Filesystem")), Ok(false));
+        assert_eq!(is_block(Some("Block")), Ok(true));
+        assert_eq!(
+            is_block(Some("block")).map_err(|e| e.to_string()),
+            Err("unsupported volume mode \"block\"".to_owned())
+        );
+    }
+
+    #[test]
+    fn provisioning_needs_controller_service_then_create_delete_volume() {
+        let mut caps = DriverCapabilities::default();
+        let check = |caps: &DriverCapabilities, source| {
+            check_provisioning_capabilities(caps, source).map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            check(&caps, SourceKind::Empty),
+            Err("CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported".to_owned())
+        );
+        caps.controller_service = true;
+        assert_eq!(
+            check(&caps, SourceKind::Empty),
+            Err("CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported".to_owned())
+        );
+        caps.create_delete_volume = true;
+        assert_eq!(check(&caps, SourceKind::Empty), Ok(()));
+        assert_eq!(
+            check(&caps, SourceKind::Snapshot),
+            Err("CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported".to_owned())
+        );
+        assert_eq!(
+            check(&caps, SourceKind::Clone),
+            Err("CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported".to_owned())
+        );
+        caps.snapshot = true;
+        caps.clone = true;
+        assert_eq!(check(&caps, SourceKind::Snapshot), Ok(()));
+        assert_eq!(check(&caps, SourceKind::Clone), Ok(()));
+    }
+}

@@ -1,0 +1,319 @@
+//! Whether a claim is ours to provision now (upstream's shouldProvision chain, §2.2).
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use thiserror::Error;
+
+use super::{
+    ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_CLASS, ANN_BETA_STORAGE_PROVISIONER, ANN_MIGRATED_TO,
+    ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER,
+};
+
+const WAIT_FOR_FIRST_CONSUMER: &str = "WaitForFirstConsumer";
+
+/// The verdict on one claim event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Go on with [`plan_provision`](super::plan_provision).
+    Provision,
+    /// Not ours, or not yet: drop the event without an error or a Kubernetes event.
+    Skip(SkipReason),
+    /// Ours, but it cannot proceed: count a failure and retry with backoff.
+    Error(DecisionError),
+}
+
+/// Why a claim is left alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SkipReason {
+    /// `spec.volumeName` is set: the claim is bound, or being bound, to an existing PV.
+    AlreadyBound { volume_name: String },
+    /// No storage-provisioner annotation: kube-controller-manager has not asked for
+    /// external provisioning.
+    NoProvisionerAnnotation,
+    /// The claim waits for another provisioner.
+    OtherProvisioner { provisioner: String },
+    /// The claim names an in-tree plugin and was migrated to this driver. Provisioning it needs
+    /// the in-tree → CSI translation of the class, which this sidecar does not implement.
+    MigratedInTree { provisioner: String },
+    /// WaitForFirstConsumer class and the scheduler has not selected a node yet.
+    WaitingForFirstConsumer,
+    /// The claim's class belongs to another provisioner (upstream stops silently here too).
+    ClassOfOtherProvisioner { class: String, provisioner: String },
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::AlreadyBound { volume_name } => {
+                write!(f, "claim is already bound to volume {volume_name:?}")
+            }
+            Self::NoProvisionerAnnotation => {
+                f.write_str("claim has no storage-provisioner annotation")
+            }
+            Self::OtherProvisioner { provisioner } => {
+                write!(f, "claim waits for provisioner {provisioner:?}")
+            }
+            Self::MigratedInTree { provisioner } => write!(
+                f,
+                "claim waits for in-tree provisioner {provisioner:?}; CSI migration is not supported"
+            ),
+            Self::WaitingForFirstConsumer => {
+                f.write_str("claim waits for the scheduler to select a node")
+            }
+            Self::ClassOfOtherProvisioner { class, provisioner } => write!(
+                f,
+                "storage class {class:?} belongs to provisioner {provisioner:?}"
+            ),
+        }
+    }
+}
+
+/// A claim that is ours but cannot be decided on.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DecisionError {
+    /// The executor found no StorageClass named by the claim (the text is the API server's).
+    #[error("storageclass.storage.k8s.io {0:?} not found")]
+    StorageClassNotFound(String),
+}
+
+/// Upstream's decision chain, in its order: `spec.volumeName` set → skip; the GA (else beta)
+/// storage-provisioner annotation must name `driver_name`; a missing class is an error; a
+/// WaitForFirstConsumer class needs a non-empty `selected-node`; the class must belong to
+/// `driver_name`. `class` is the class named by [`claim_class_name`], `None` if it does not
+/// exist.
+pub fn should_provision(
+    pvc: &PersistentVolumeClaim,
+    class: Option<&StorageClass>,
+    driver_name: &str,
+) -> Decision {
+    if let Some(volume_name) = pvc
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.volume_name.as_deref())
+        .filter(|name| !name.is_empty())
+    {
+        return Decision::Skip(SkipReason::AlreadyBound {
+            volume_name: volume_name.to_owned(),
+        });
+    }
+
+    let meta = &pvc.metadata;
+    // Presence, not emptiness, selects the key: an empty GA value hides the beta one.
+    let Some(provisioner) = annotation(meta, ANN_STORAGE_PROVISIONER)
+        .or_else(|| annotation(meta, ANN_BETA_STORAGE_PROVISIONER))
+    else {
+        return Decision::Skip(SkipReason::NoProvisionerAnnotation);
+    };
+    if provisioner != driver_name {
+        let provisioner = provisioner.to_owned();
+        return Decision::Skip(if annotation(meta, ANN_MIGRATED_TO) == Some(driver_name) {
+            SkipReason::MigratedInTree { provisioner }
+        } else {
+            SkipReason::OtherProvisioner { provisioner }
+        });
+    }
+
+    let Some(class) = class else {
+        return Decision::Error(DecisionError::StorageClassNotFound(
+            claim_class_name(pvc).to_owned(),
+        ));
+    };
+
+    if class.volume_binding_mode.as_deref() == Some(WAIT_FOR_FIRST_CONSUMER)
+        && annotation(meta, ANN_SELECTED_NODE).is_none_or(str::is_empty)
+    {
+        return Decision::Skip(SkipReason::WaitingForFirstConsumer);
+    }
+
+    if class.provisioner != driver_name {
+        return Decision::Skip(SkipReason::ClassOfOtherProvisioner {
+            class: class.metadata.name.clone().unwrap_or_default(),
+            provisioner: class.provisioner.clone(),
+        });
+    }
+    Decision::Provision
+}
+
+/// The StorageClass a claim asks for: the legacy beta annotation wins over
+/// `spec.storageClassName`; `""` when neither is set.
+pub fn claim_class_name(pvc: &PersistentVolumeClaim) -> &str {
+    annotation(&pvc.metadata, ANN_BETA_STORAGE_CLASS)
+        .or_else(|| {
+            pvc.spec
+                .as_ref()
+                .and_then(|spec| spec.storage_class_name.as_deref())
+        })
+        .unwrap_or_default()
+}
+
+/// The node the scheduler selected for the claim (GA annotation, else the alpha one), if any.
+pub fn selected_node(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    [ANN_SELECTED_NODE, ANN_ALPHA_SELECTED_NODE]
+        .into_iter()
+        .find_map(|key| annotation(&pvc.metadata, key).filter(|node| !node.is_empty()))
+}
+
+pub(super) fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provision::fixtures::{ClassBuilder, DRIVER, PvcBuilder};
+
+    fn ours() -> PvcBuilder {
+        PvcBuilder::new().annotation(ANN_STORAGE_PROVISIONER, DRIVER)
+    }
+
+    #[test]
+    fn immediate_claim_annotated_for_this_driver_is_provisioned() {
+        let class = ClassBuilder::new().build();
+        assert_eq!(
+            should_provision(&ours().build(), Some(&class), DRIVER),
+            Decision::Provision
+        );
+    }
+
+    #[test]
+    fn beta_provisioner_annotation_is_honoured_when_ga_is_absent() {
+        let pvc = PvcBuilder::new()
+            .annotation(ANN_BETA_STORAGE_PROVISIONER, DRIVER)
+            .build();
+        let class = ClassBuilder::new().build();
+        assert_eq!(
+            should_provision(&pvc, Some(&class), DRIVER),
+            Decision::Provision
+        );
+    }
+
+    #[test]
+    fn ga_provisioner_annotation_wins_over_beta() {
+        let pvc = PvcBuilder::new()
+            .annotation(ANN_STORAGE_PROVISIONER, "other.example.com")
+            .annotation(ANN_BETA_STORAGE_PROVISIONER, DRIVER)
+            .build();
+        let class = ClassBuilder::new().build();
+        assert_eq!(
+            should_provision(&pvc, Some(&class), DRIVER),
+            Decision::Skip(SkipReason::OtherProvisioner {
+                provisioner: "other.example.com".into()
+            })
+        );
+    }
+
+    #[test]
+    fn claim_with_volume_name_is_skipped_even_without_class() {
+        let pvc = ours().volume_name("pv-1").build();
+        assert_eq!(
+            should_provision(&pvc, None, DRIVER),
+            Decision::Skip(SkipReason::AlreadyBound {
+                volume_name: "pv-1".into()
+            })
+        );
+    }
+
+    #[test]
+    fn claim_without_provisioner_annotation_is_skipped() {
+        let class = ClassBuilder::new().build();
+        assert_eq!(
+            should_provision(&PvcBuilder::new().build(), Some(&class), DRIVER),
+            Decision::Skip(SkipReason::NoProvisionerAnnotation)
+        );
+    }
+
+    #[test]
+    fn claim_migrated_from_in_tree_is_skipped_as_unsupported() {
+        let pvc = PvcBuilder::new()
+            .annotation(ANN_STORAGE_PROVISIONER, "kubernetes.io/gce-pd")
+            .annotation(ANN_MIGRATED_TO, DRIVER)
+            .build();
+        let decision = should_provision(&pvc, None, DRIVER);
+        let Decision::Skip(reason) = decision else {
+            panic!("expected a skip, got {decision:?}");
+        };
+        assert_eq!(
+            reason.to_string(),
+            "claim waits for in-tree provisioner \"kubernetes.io/gce-pd\"; CSI migration is not supported"
+        );
+    }
+
+    #[test]
+    fn missing_class_is_an_error_with_the_api_servers_text() {
+        let pvc = ours().class("fast").build();
+        let decision = should_provision(&pvc, None, DRIVER);
+        let Decision::Error(error) = decision else {
+            panic!("expected an error, got {decision:?}");
+        };
+        assert_eq!(
+            error.to_string(),
+            "storageclass.storage.k8s.io \"fast\" not found"
+        );
+    }
+
+    #[test]
+    fn wait_for_first_consumer_without_selected_node_is_skipped() {
+        let class = ClassBuilder::new()
+            .binding_mode(WAIT_FOR_FIRST_CONSUMER)
+            .build();
+        assert_eq!(
+            should_provision(&ours().build(), Some(&class), DRIVER),
+            Decision::Skip(SkipReason::WaitingForFirstConsumer)
+        );
+        let empty_node = ours().annotation(ANN_SELECTED_NODE, "").build();
+        assert_eq!(
+            should_provision(&empty_node, Some(&class), DRIVER),
+            Decision::Skip(SkipReason::WaitingForFirstConsumer)
+        );
+    }
+
+    #[test]
+    fn wait_for_first_consumer_with_selected_node_is_provisioned() {
+        let class = ClassBuilder::new()
+            .binding_mode(WAIT_FOR_FIRST_CONSUMER)
+            .build();
+        let pvc = ours().annotation(ANN_SELECTED_NODE, "node-1").build();
+        assert_eq!(
+            should_provision(&pvc, Some(&class), DRIVER),
+            Decision::Provision
+        );
+    }
+
+    #[test]
+    fn class_of_another_provisioner_is_skipped() {
+        let class = ClassBuilder::new().provisioner("other.example.com").build();
+        assert_eq!(
+            should_provision(&ours().build(), Some(&class), DRIVER),
+            Decision::Skip(SkipReason::ClassOfOtherProvisioner {
+                class: "standard".into(),
+                provisioner: "other.example.com".into()
+            })
+        );
+    }
+
+    #[test]
+    fn claim_class_prefers_the_beta_annotation() {
+        let pvc = PvcBuilder::new()
+            .class("spec-class")
+            .annotation(ANN_BETA_STORAGE_CLASS, "annotated")
+            .build();
+        assert_eq!(claim_class_name(&pvc), "annotated");
+        assert_eq!(claim_class_name(&PvcBuilder::new().class("c").build()), "c");
+        assert_eq!(claim_class_name(&PvcBuilder::new().no_class().build()), "");
+    }
+
+    #[test]
+    fn selected_node_falls_back_to_the_alpha_annotation() {
+        let alpha = PvcBuilder::new()
+            .annotation(ANN_SELECTED_NODE, "")
+            .annotation(ANN_ALPHA_SELECTED_NODE, "old")
+            .build();
+        assert_eq!(selected_node(&alpha), Some("old"));
+        let ga = PvcBuilder::new().annotation(ANN_SELECTED_NODE, "n").build();
+        assert_eq!(selected_node(&ga), Some("n"));
+        assert_eq!(selected_node(&PvcBuilder::new().build()), None);
+    }
+}

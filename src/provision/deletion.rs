@@ -1,0 +1,566 @@
+//! Decisions about existing PersistentVolumes (§5): responsibility, the PV finalizer, when to
+//! delete, what to send to DeleteVolume; and whether an AlreadyExists PV is the one we wanted.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::storage::v1::StorageClass;
+use thiserror::Error;
+
+use super::capabilities::{CapabilityError, check_create_delete_capabilities};
+use super::claim::annotation;
+use super::secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
+use super::{
+    ANN_BETA_STORAGE_CLASS, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
+    ANN_MIGRATED_TO, ANN_PROVISIONED_BY, DriverCapabilities, PV_FINALIZER,
+};
+
+const POLICY_DELETE: &str = "Delete";
+const POLICY_RETAIN: &str = "Retain";
+const POLICY_RECYCLE: &str = "Recycle";
+const PHASE_BOUND: &str = "Bound";
+const PHASE_RELEASED: &str = "Released";
+
+/// Why a PV's backend volume cannot be deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum DeletionError {
+    /// The PV has no `spec.csi` (in-tree volumes are not translated).
+    #[error("invalid CSI PV")]
+    NotCsi,
+    #[error("PV has an empty spec.csi.volumeHandle")]
+    EmptyVolumeHandle,
+    #[error(transparent)]
+    Capability(#[from] CapabilityError),
+    /// The class's secret templates no longer resolve for this PV.
+    #[error("failed to get secretreference for volume {volume}: {source}")]
+    SecretReference { volume: String, source: SecretError },
+}
+
+/// What to do with [`PV_FINALIZER`] on a PV (upstream's handleProtectionFinalizer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinalizerAction {
+    Add,
+    Remove,
+    None,
+}
+
+/// Where DeleteVolume's secrets come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeletionSecrets {
+    /// Call DeleteVolume without secrets.
+    None,
+    /// GET this Secret and send its data. Upstream deletes without secrets when the GET fails
+    /// (quirk Q12); that choice is the executor's.
+    Fetch(SecretRef),
+    /// The PV predates the deletion-secret annotations: GET this StorageClass and pass it to
+    /// [`deletion_secret_from_class`] (a missing class means no secrets).
+    FromStorageClass { class_name: String },
+}
+
+/// The DeleteVolume inputs of a PV.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeletionTarget {
+    pub volume_handle: String,
+    pub secrets: DeletionSecrets,
+}
+
+/// Whether this driver is responsible for the PV: by `provisioned-by` (or `migrated-to`)
+/// when present; otherwise (static PVs) by `spec.csi.driver`, or `migrated-to` for in-tree
+/// sources.
+pub fn is_provisioner_for_volume(pv: &PersistentVolume, driver: &str) -> bool {
+    let migrated_to_us = annotation(&pv.metadata, ANN_MIGRATED_TO) == Some(driver);
+    if let Some(provisioner) = annotation(&pv.metadata, ANN_PROVISIONED_BY) {
+        return provisioner == driver || migrated_to_us;
+    }
+    match pv.spec.as_ref().and_then(|spec| spec.csi.as_ref()) {
+        Some(csi) => csi.driver == driver,
+        None => migrated_to_us,
+    }
+}
+
+/// Add the finalizer to a live, Bound PV with policy Delete; remove it when the policy is
+/// Retain or Recycle, since then the backend volume outlives the PV anyway.
+pub fn pv_finalizer_action(pv: &PersistentVolume) -> FinalizerAction {
+    let has_finalizer = has_finalizer(pv);
+    match reclaim_policy(pv) {
+        Some(POLICY_DELETE)
+            if !has_finalizer
+                && pv.metadata.deletion_timestamp.is_none()
+                && phase(pv) == Some(PHASE_BOUND) =>
+        {
+            FinalizerAction::Add
+        }
+        Some(POLICY_RETAIN | POLICY_RECYCLE) if has_finalizer => FinalizerAction::Remove,
+        _ => FinalizerAction::None,
+    }
+}
+
+/// Whether to delete the backend volume now: phase Released and policy Delete, unless the PV
+/// is already being deleted without our finalizer (nothing would wait for us).
+pub fn should_delete(pv: &PersistentVolume) -> bool {
+    if pv.metadata.deletion_timestamp.is_some() && !has_finalizer(pv) {
+        return false;
+    }
+    phase(pv) == Some(PHASE_RELEASED) && reclaim_policy(pv) == Some(POLICY_DELETE)
+}
+
+/// The volume handle and the secret decision for DeleteVolume.
+pub fn deletion_target(
+    pv: &PersistentVolume,
+    caps: &DriverCapabilities,
+) -> Result<DeletionTarget, DeletionError> {
+    let csi = pv
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.csi.as_ref())
+        .ok_or(DeletionError::NotCsi)?;
+    check_create_delete_capabilities(caps)?;
+    if csi.volume_handle.is_empty() {
+        return Err(DeletionError::EmptyVolumeHandle);
+    }
+    Ok(DeletionTarget {
+        volume_handle: csi.volume_handle.clone(),
+        secrets: deletion_secrets(pv),
+    })
+}
+
+/// Upstream's rules: with both deletion-secret annotations, use them when both are non-empty
+/// and send no secrets otherwise (both empty, or one empty); without them, fall back to the
+/// PV's StorageClass, unless the PV names no class or has no claimRef (no secrets).
+pub fn deletion_secrets(pv: &PersistentVolume) -> DeletionSecrets {
+    let meta = &pv.metadata;
+    match (
+        annotation(meta, ANN_DELETION_SECRET_NAME),
+        annotation(meta, ANN_DELETION_SECRET_NAMESPACE),
+    ) {
+        (Some(name), Some(namespace)) if !name.is_empty() && !namespace.is_empty() => {
+            DeletionSecrets::Fetch(SecretRef {
+                name: name.to_owned(),
+                namespace: namespace.to_owned(),
+            })
+        }
+        (Some(_), Some(_)) => DeletionSecrets::None,
+        _ => {
+            let class_name = volume_class_name(pv);
+            let has_claim = pv.spec.as_ref().is_some_and(|s| s.claim_ref.is_some());
+            if class_name.is_empty() || !has_claim {
+                DeletionSecrets::None
+            } else {
+                DeletionSecrets::FromStorageClass {
+                    class_name: class_name.to_owned(),
+                }
+            }
+        }
+    }
+}
+
+/// The provisioner secret for a PV without deletion-secret annotations, from its class
+/// (`None` if the class is gone), resolved for a claim that only has the claimRef's name and
+/// namespace. A template that no longer resolves is an error, as upstream.
+pub fn deletion_secret_from_class(
+    pv: &PersistentVolume,
+    class: Option<&StorageClass>,
+) -> Result<Option<SecretRef>, DeletionError> {
+    let Some(class) = class else {
+        return Ok(None);
+    };
+    let Some(claim_ref) = pv.spec.as_ref().and_then(|spec| spec.claim_ref.as_ref()) else {
+        return Ok(None);
+    };
+    let pv_name = pv.metadata.name.as_deref().unwrap_or_default();
+    let no_parameters = BTreeMap::new();
+    let context = TemplateContext {
+        pv_name,
+        pvc_name: claim_ref.name.as_deref().unwrap_or_default(),
+        pvc_namespace: claim_ref.namespace.as_deref().unwrap_or_default(),
+        pvc_annotations: None,
+    };
+    resolve_secret_ref(
+        SecretKind::Provisioner,
+        class.parameters.as_ref().unwrap_or(&no_parameters),
+        &context,
+    )
+    .map_err(|source| DeletionError::SecretReference {
+        volume: pv_name.to_owned(),
+        source,
+    })
+}
+
+/// Whether an existing PV that made our PV create fail with AlreadyExists is the PV we wanted
+/// to create: same driver, same volume handle, same claim UID, and not being deleted. Anything
+/// else means our newly created backend volume has no PV and must be deleted (upstream counts
+/// every AlreadyExists as success and leaks it, #1469).
+pub fn already_exists_is_ours(existing: &PersistentVolume, wanted: &PersistentVolume) -> bool {
+    let csi = |pv: &PersistentVolume| pv.spec.as_ref().and_then(|spec| spec.csi.clone());
+    let claim_uid = |pv: &PersistentVolume| {
+        pv.spec
+            .as_ref()
+            .and_then(|spec| spec.claim_ref.as_ref())
+            .and_then(|claim_ref| claim_ref.uid.clone())
+    };
+    let (Some(existing_csi), Some(wanted_csi)) = (csi(existing), csi(wanted)) else {
+        return false;
+    };
+    existing.metadata.deletion_timestamp.is_none()
+        && existing_csi.driver == wanted_csi.driver
+        && existing_csi.volume_handle == wanted_csi.volume_handle
+        && claim_uid(wanted).is_some()
+        && claim_uid(existing) == claim_uid(wanted)
+}
+
+/// The PV's class: the legacy beta annotation wins over `spec.storageClassName`.
+fn volume_class_name(pv: &PersistentVolume) -> &str {
+    annotation(&pv.metadata, ANN_BETA_STORAGE_CLASS)
+        .or_else(|| {
+            pv.spec
+                .as_ref()
+                .and_then(|spec| spec.storage_class_name.as_deref())
+        })
+        .unwrap_or_default()
+}
+
+fn has_finalizer(pv: &PersistentVolume) -> bool {
+    pv.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|finalizers| finalizers.iter().any(|f| f == PV_FINALIZER))
+}
+
+fn reclaim_policy(pv: &PersistentVolume) -> Option<&str> {
+    pv.spec
+        .as_ref()?
+        .persistent_volume_reclaim_policy
+        .as_deref()
+}
+
+fn phase(pv: &PersistentVolume) -> Option<&str> {
+    pv.status.as_ref()?.phase.as_deref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provision::fixtures::{ClassBuilder, DRIVER, PvBuilder, caps};
+
+    #[test]
+    fn provisioned_by_annotation_decides_responsibility() {
+        assert!(is_provisioner_for_volume(
+            &PvBuilder::new().provisioned_by(DRIVER).build(),
+            DRIVER
+        ));
+        assert!(!is_provisioner_for_volume(
+            &PvBuilder::new().provisioned_by("other").build(),
+            DRIVER
+        ));
+        // The annotation wins over the CSI driver of the source.
+        assert!(!is_provisioner_for_volume(
+            &PvBuilder::new()
+                .provisioned_by("other")
+                .csi_driver(DRIVER)
+                .build(),
+            DRIVER
+        ));
+    }
+
+    #[test]
+    fn migrated_to_annotation_makes_an_in_tree_volume_ours() {
+        let pv = PvBuilder::new()
+            .provisioned_by("kubernetes.io/gce-pd")
+            .annotation(ANN_MIGRATED_TO, DRIVER)
+            .build();
+        assert!(is_provisioner_for_volume(&pv, DRIVER));
+        let static_in_tree = PvBuilder::new()
+            .no_csi()
+            .annotation(ANN_MIGRATED_TO, DRIVER)
+            .build();
+        assert!(is_provisioner_for_volume(&static_in_tree, DRIVER));
+        assert!(!is_provisioner_for_volume(
+            &PvBuilder::new().no_csi().build(),
+            DRIVER
+        ));
+    }
+
+    #[test]
+    fn static_csi_volume_is_ours_by_driver_name() {
+        assert!(is_provisioner_for_volume(
+            &PvBuilder::new().csi_driver(DRIVER).build(),
+            DRIVER
+        ));
+        assert!(!is_provisioner_for_volume(
+            &PvBuilder::new().csi_driver("x").build(),
+            DRIVER
+        ));
+    }
+
+    #[test]
+    fn finalizer_is_added_to_a_bound_delete_policy_volume() {
+        let pv = PvBuilder::new()
+            .phase("Bound")
+            .policy("Delete")
+            .no_finalizer()
+            .build();
+        assert_eq!(pv_finalizer_action(&pv), FinalizerAction::Add);
+    }
+
+    #[test]
+    fn finalizer_is_not_added_twice_nor_to_unbound_or_deleting_volumes() {
+        let base = || PvBuilder::new().phase("Bound").policy("Delete");
+        assert_eq!(pv_finalizer_action(&base().build()), FinalizerAction::None);
+        assert_eq!(
+            pv_finalizer_action(&base().no_finalizer().phase("Released").build()),
+            FinalizerAction::None
+        );
+        assert_eq!(
+            pv_finalizer_action(&base().no_finalizer().deleting().build()),
+            FinalizerAction::None
+        );
+    }
+
+    #[test]
+    fn finalizer_is_removed_for_retain_and_recycle() {
+        for policy in ["Retain", "Recycle"] {
+            let pv = PvBuilder::new().phase("Bound").policy(policy).build();
+            assert_eq!(
+                pv_finalizer_action(&pv),
+                FinalizerAction::Remove,
+                "{policy}"
+            );
+            let without = PvBuilder::new().policy(policy).no_finalizer().build();
+            assert_eq!(
+                pv_finalizer_action(&without),
+                FinalizerAction::None,
+                "{policy}"
+            );
+        }
+    }
+
+    #[test]
+    fn released_delete_policy_volume_is_deleted() {
+        let pv = PvBuilder::new().phase("Released").policy("Delete").build();
+        assert!(should_delete(&pv));
+        assert!(should_delete(
+            &PvBuilder::new()
+                .phase("Released")
+                .policy("Delete")
+                .deleting()
+                .build()
+        ));
+    }
+
+    #[test]
+    fn volume_is_not_deleted_unless_released_with_delete_policy() {
+        assert!(!should_delete(
+            &PvBuilder::new().phase("Bound").policy("Delete").build()
+        ));
+        assert!(!should_delete(
+            &PvBuilder::new().phase("Released").policy("Retain").build()
+        ));
+        assert!(!should_delete(
+            &PvBuilder::new().phase("Released").no_policy().build()
+        ));
+    }
+
+    #[test]
+    fn deleting_volume_without_our_finalizer_is_left_alone() {
+        let pv = PvBuilder::new()
+            .phase("Released")
+            .policy("Delete")
+            .no_finalizer()
+            .deleting()
+            .build();
+        assert!(!should_delete(&pv));
+    }
+
+    #[test]
+    fn deletion_uses_the_recorded_secret() {
+        let pv = PvBuilder::new()
+            .annotation(ANN_DELETION_SECRET_NAME, "creds")
+            .annotation(ANN_DELETION_SECRET_NAMESPACE, "ns")
+            .build();
+        assert_eq!(
+            deletion_target(&pv, &caps()),
+            Ok(DeletionTarget {
+                volume_handle: "vol-1".into(),
+                secrets: DeletionSecrets::Fetch(SecretRef {
+                    name: "creds".into(),
+                    namespace: "ns".into()
+                })
+            })
+        );
+    }
+
+    #[test]
+    fn empty_or_half_empty_recorded_secret_means_no_secrets() {
+        for (name, namespace) in [("", ""), ("creds", ""), ("", "ns")] {
+            let pv = PvBuilder::new()
+                .annotation(ANN_DELETION_SECRET_NAME, name)
+                .annotation(ANN_DELETION_SECRET_NAMESPACE, namespace)
+                .build();
+            assert_eq!(
+                deletion_secrets(&pv),
+                DeletionSecrets::None,
+                "{name:?}/{namespace:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn without_recorded_secret_the_class_is_consulted() {
+        let pv = PvBuilder::new().class("gold").build();
+        assert_eq!(
+            deletion_secrets(&pv),
+            DeletionSecrets::FromStorageClass {
+                class_name: "gold".into()
+            }
+        );
+        let one_annotation = PvBuilder::new()
+            .class("gold")
+            .annotation(ANN_DELETION_SECRET_NAME, "x")
+            .build();
+        assert_eq!(
+            deletion_secrets(&one_annotation),
+            DeletionSecrets::FromStorageClass {
+                class_name: "gold".into()
+            }
+        );
+        let legacy = PvBuilder::new()
+            .class("gold")
+            .annotation(ANN_BETA_STORAGE_CLASS, "legacy")
+            .build();
+        assert_eq!(
+            deletion_secrets(&legacy),
+            DeletionSecrets::FromStorageClass {
+                class_name: "legacy".into()
+            }
+        );
+    }
+
+    #[test]
+    fn without_recorded_secret_class_or_claim_there_are_no_secrets() {
+        assert_eq!(
+            deletion_secrets(&PvBuilder::new().class("").build()),
+            DeletionSecrets::None
+        );
+        assert_eq!(
+            deletion_secrets(&PvBuilder::new().class("gold").no_claim_ref().build()),
+            DeletionSecrets::None
+        );
+    }
+
+    #[test]
+    fn class_secret_is_resolved_with_the_claim_ref_only() {
+        let pv = PvBuilder::new().class("gold").build();
+        let class = ClassBuilder::new()
+            .parameter(
+                "csi.storage.k8s.io/provisioner-secret-name",
+                "${pvc.name}-${pv.name}",
+            )
+            .parameter(
+                "csi.storage.k8s.io/provisioner-secret-namespace",
+                "${pvc.namespace}",
+            )
+            .build();
+        assert_eq!(
+            deletion_secret_from_class(&pv, Some(&class)),
+            Ok(Some(SecretRef {
+                name: "data-pv-1".into(),
+                namespace: "apps".into()
+            }))
+        );
+        assert_eq!(deletion_secret_from_class(&pv, None), Ok(None));
+        assert_eq!(
+            deletion_secret_from_class(&pv, Some(&ClassBuilder::new().build())),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn class_secret_using_claim_annotations_fails_at_deletion_time() {
+        let pv = PvBuilder::new().class("gold").build();
+        let class = ClassBuilder::new()
+            .parameter(
+                "csi.storage.k8s.io/provisioner-secret-name",
+                "${pvc.annotations['k']}",
+            )
+            .parameter("csi.storage.k8s.io/provisioner-secret-namespace", "ns")
+            .build();
+        assert_eq!(
+            deletion_secret_from_class(&pv, Some(&class)).map_err(|e| e.to_string()),
+            Err("failed to get secretreference for volume pv-1: error resolving value \"${pvc.annotations['k']}\": invalid tokens: [\"pvc.annotations['k']\"]".to_owned())
+        );
+    }
+
+    #[test]
+    fn non_csi_volume_cannot_be_deleted() {
+        assert_eq!(
+            deletion_target(&PvBuilder::new().no_csi().build(), &caps()).map_err(|e| e.to_string()),
+            Err("invalid CSI PV".to_owned())
+        );
+    }
+
+    #[test]
+    fn empty_volume_handle_cannot_be_deleted() {
+        assert_eq!(
+            deletion_target(&PvBuilder::new().handle("").build(), &caps())
+                .map_err(|e| e.to_string()),
+            Err("PV has an empty spec.csi.volumeHandle".to_owned())
+        );
+    }
+
+    #[test]
+    fn deletion_needs_controller_capabilities() {
+        let caps = DriverCapabilities {
+            create_delete_volume: false,
+            ..caps()
+        };
+        assert_eq!(
+            deletion_target(&PvBuilder::new().build(), &caps).map_err(|e| e.to_string()),
+            Err("CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported".to_owned())
+        );
+    }
+
+    #[test]
+    fn existing_pv_with_same_handle_and_claim_is_ours() {
+        let wanted = PvBuilder::new().build();
+        assert!(already_exists_is_ours(
+            &PvBuilder::new().phase("Bound").build(),
+            &wanted
+        ));
+    }
+
+    #[test]
+    fn existing_pv_with_another_handle_claim_or_driver_is_not_ours() {
+        let wanted = PvBuilder::new().build();
+        assert!(!already_exists_is_ours(
+            &PvBuilder::new().handle("vol-2").build(),
+            &wanted
+        ));
+        assert!(!already_exists_is_ours(
+            &PvBuilder::new().claim_uid("other").build(),
+            &wanted
+        ));
+        assert!(!already_exists_is_ours(
+            &PvBuilder::new().csi_driver("x").build(),
+            &wanted
+        ));
+        assert!(!already_exists_is_ours(
+            &PvBuilder::new().no_csi().build(),
+            &wanted
+        ));
+        assert!(!already_exists_is_ours(
+            &PvBuilder::new().no_claim_ref().build(),
+            &wanted
+        ));
+        let no_uid = PvBuilder::new().no_claim_ref().build();
+        assert!(!already_exists_is_ours(&no_uid, &no_uid));
+    }
+
+    #[test]
+    fn existing_pv_being_deleted_is_not_ours_even_with_the_same_handle() {
+        let wanted = PvBuilder::new().build();
+        assert!(!already_exists_is_ours(
+            &PvBuilder::new().deleting().build(),
+            &wanted
+        ));
+    }
+}

@@ -1,0 +1,814 @@
+//! Everything decided about one claim before the driver is called (§3.2 step 3), and the
+//! CreateVolume request made from it (§3.3).
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use thiserror::Error;
+
+use crate::csi;
+use crate::csi::volume_capability::access_mode::Mode;
+
+use super::capabilities::{self, CapabilityError, SourceKind, check_provisioning_capabilities};
+use super::claim::claim_class_name;
+use super::naming::{VolumeNameError, volume_name};
+use super::parameters::{
+    ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,
+};
+use super::quantity::{QuantityError, requested_bytes};
+use super::secrets::{SecretError, SecretRefs, TemplateContext, resolve_secret_refs};
+use super::{DriverCapabilities, ProvisionerConfig};
+
+const SNAPSHOT_KIND: &str = "VolumeSnapshot";
+const SNAPSHOT_API_GROUP: &str = "snapshot.storage.k8s.io";
+const CLAIM_KIND: &str = "PersistentVolumeClaim";
+
+/// Why a claim cannot be provisioned. Every variant is raised before CreateVolume, so nothing
+/// exists on the backend yet.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ProvisionError {
+    /// Upstream's IgnoredError: stop without retrying and without a failure event (upstream
+    /// emits a Normal `Provisioning` event "Assuming an external populator will provision the
+    /// volume"). See [`ProvisionError::is_ignored`].
+    #[error(
+        "data source ({kind}) is not handled by the provisioner, assuming an external populator will provision it"
+    )]
+    ExternalPopulator { kind: String },
+    #[error(
+        "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled"
+    )]
+    CrossNamespaceDataSource,
+    #[error("data source {kind} has an empty name")]
+    EmptyDataSourceName { kind: String },
+    #[error(
+        "data source VolumeSnapshot must have apiGroup snapshot.storage.k8s.io, not {api_group:?}"
+    )]
+    SnapshotApiGroup { api_group: String },
+    /// Restore and clone are not implemented yet; the claim's source kind is named.
+    #[error("provisioning from a {0} data source is not supported yet")]
+    DataSourceNotSupported(&'static str),
+    /// Needs MODIFY_VOLUME and the class's `mutable_parameters`, not implemented yet. Going
+    /// on without them would create a volume without the requested attributes.
+    #[error("VolumeAttributesClass {0:?} requested by the claim is not supported yet")]
+    VolumeAttributesClassNotSupported(String),
+    #[error("claim Selector is not supported")]
+    Selector,
+    #[error("claim has no {0}")]
+    IncompleteClaim(&'static str),
+    #[error(transparent)]
+    Capability(#[from] CapabilityError),
+    #[error(transparent)]
+    VolumeName(#[from] VolumeNameError),
+    #[error("invalid storage request: {0}")]
+    StorageRequest(#[from] QuantityError),
+    #[error(transparent)]
+    Parameters(#[from] ParameterError),
+    #[error(transparent)]
+    Secrets(#[from] SecretError),
+}
+
+impl ProvisionError {
+    /// True when the claim is someone else's job (an external populator): stop quietly.
+    pub fn is_ignored(&self) -> bool {
+        matches!(self, Self::ExternalPopulator { .. })
+    }
+}
+
+/// The decided provisioning of one claim: the CreateVolume inputs and everything the PV needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProvisionPlan {
+    /// PV name and CreateVolume `name`.
+    pub volume_name: String,
+    /// Requested size in bytes (0 when the claim requests none).
+    pub required_bytes: i64,
+    pub volume_capabilities: Vec<csi::VolumeCapability>,
+    pub parameters: HashMap<String, String>,
+    /// Deprecated class parameter keys in use; the executor logs a warning for each.
+    pub deprecated_parameters: Vec<String>,
+    /// Every secret reference; `secrets.provisioner` is the Secret to GET for CreateVolume.
+    pub secrets: SecretRefs,
+    pub driver_name: String,
+    pub identity: String,
+    /// Filesystem for the PV's `spec.csi.fsType`; always `None` for block volumes.
+    pub fs_type: Option<String>,
+    /// `PV.spec.csi.readOnly` (`--controller-publish-readonly` with a single ROX mode).
+    pub read_only: bool,
+    /// Whether the driver reports topology, so the PV gets node affinity.
+    pub topology: bool,
+    /// Pre-binding reference to the claim, with uid and resourceVersion.
+    pub claim_ref: ObjectReference,
+    pub class_name: String,
+    /// The class's `provisioner`, recorded in `pv.kubernetes.io/provisioned-by`.
+    pub provisioned_by: String,
+    pub reclaim_policy: Option<String>,
+    pub mount_options: Option<Vec<String>>,
+    pub access_modes: Vec<String>,
+    pub volume_mode: Option<String>,
+}
+
+/// What a claim's content comes from.
+enum ClaimSource {
+    Empty,
+    Snapshot,
+    Clone,
+}
+
+impl ClaimSource {
+    fn kind(&self) -> SourceKind {
+        match self {
+            Self::Empty => SourceKind::Empty,
+            Self::Snapshot => SourceKind::Snapshot,
+            Self::Clone => SourceKind::Clone,
+        }
+    }
+}
+
+/// Validates the claim against its class and the driver, and decides every input of
+/// CreateVolume and of the PV, in upstream's order (so the first error is upstream's too).
+/// `class` is the claim's class, already accepted by
+/// [`should_provision`](super::should_provision).
+pub fn plan_provision(
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    config: &ProvisionerConfig,
+    caps: &DriverCapabilities,
+) -> Result<ProvisionPlan, ProvisionError> {
+    let source = claim_source(pvc)?;
+    check_provisioning_capabilities(caps, source.kind())?;
+    let spec = pvc.spec.clone().unwrap_or_default();
+    if let Some(vac) = spec
+        .volume_attributes_class_name
+        .as_ref()
+        .filter(|vac| !vac.is_empty())
+    {
+        return Err(ProvisionError::VolumeAttributesClassNotSupported(
+            vac.clone(),
+        ));
+    }
+    if spec.selector.is_some() {
+        return Err(ProvisionError::Selector);
+    }
+
+    let meta = &pvc.metadata;
+    let pvc_uid = meta.uid.as_deref().unwrap_or_default();
+    let name = volume_name(
+        &config.volume_name_prefix,
+        config.volume_name_uuid_length,
+        pvc_uid,
+    )?;
+    let pvc_name = meta
+        .name
+        .as_deref()
+        .ok_or(ProvisionError::IncompleteClaim("metadata.name"))?;
+    let pvc_namespace = meta
+        .namespace
+        .as_deref()
+        .ok_or(ProvisionError::IncompleteClaim("metadata.namespace"))?;
+
+    let no_parameters = BTreeMap::new();
+    let class_parameters = class.parameters.as_ref().unwrap_or(&no_parameters);
+    let fs_type = capabilities::fs_type(class_parameters, &config.default_fstype)?;
+    let required_bytes = requested_bytes(pvc)?;
+    let access_modes = spec.access_modes.clone().unwrap_or_default();
+    let block = capabilities::is_block(spec.volume_mode.as_deref())?;
+    let volume_capabilities = capabilities::volume_capabilities(
+        &access_modes,
+        block,
+        fs_type.as_deref(),
+        class.mount_options.as_deref().unwrap_or_default(),
+        caps.single_node_multi_writer,
+    )?;
+    match source {
+        ClaimSource::Empty => {}
+        ClaimSource::Snapshot => return Err(ProvisionError::DataSourceNotSupported(SNAPSHOT_KIND)),
+        ClaimSource::Clone => return Err(ProvisionError::DataSourceNotSupported(CLAIM_KIND)),
+    }
+
+    let secrets = resolve_secret_refs(
+        class_parameters,
+        &TemplateContext {
+            pv_name: &name,
+            pvc_name,
+            pvc_namespace,
+            pvc_annotations: meta.annotations.as_ref(),
+        },
+    )?;
+    let extra = config.extra_create_metadata.then_some(ExtraCreateMetadata {
+        pvc_name,
+        pvc_namespace,
+        pv_name: &name,
+    });
+    let parameters = create_volume_parameters(class_parameters, extra.as_ref())?;
+
+    let read_only = config.controller_publish_readonly
+        && matches!(
+            access_modes.as_slice(),
+            [only] if capabilities::csi_access_mode(only, caps.single_node_multi_writer)
+                == Ok(Mode::MultiNodeReaderOnly)
+        );
+    Ok(ProvisionPlan {
+        volume_name: name,
+        required_bytes,
+        volume_capabilities,
+        parameters,
+        deprecated_parameters: deprecated_parameter_keys(class_parameters),
+        secrets,
+        driver_name: config.driver_name.clone(),
+        identity: config.identity.clone(),
+        fs_type: if block { None } else { fs_type },
+        read_only,
+        topology: caps.topology,
+        claim_ref: ObjectReference {
+            api_version: Some("v1".to_owned()),
+            kind: Some(CLAIM_KIND.to_owned()),
+            namespace: Some(pvc_namespace.to_owned()),
+            name: Some(pvc_name.to_owned()),
+            uid: Some(pvc_uid.to_owned()),
+            resource_version: meta.resource_version.clone(),
+            field_path: None,
+        },
+        class_name: claim_class_name(pvc).to_owned(),
+        provisioned_by: class.provisioner.clone(),
+        reclaim_policy: class.reclaim_policy.clone(),
+        mount_options: class.mount_options.clone(),
+        access_modes,
+        volume_mode: spec.volume_mode,
+    })
+}
+
+/// The CreateVolume request of a plan. `provisioner_secrets` is the data of the Secret named by
+/// `plan.secrets.provisioner` (see [`secret_data`](super::secret_data)), empty when there is
+/// none; `accessibility_requirements` comes from the topology decision, `None` when the driver
+/// has no topology.
+pub fn build_create_volume_request(
+    plan: &ProvisionPlan,
+    provisioner_secrets: HashMap<String, String>,
+    accessibility_requirements: Option<csi::TopologyRequirement>,
+) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: plan.volume_name.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: plan.required_bytes,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: plan.volume_capabilities.clone(),
+        parameters: plan.parameters.clone(),
+        secrets: provisioner_secrets,
+        volume_content_source: None,
+        accessibility_requirements,
+        mutable_parameters: HashMap::new(),
+    }
+}
+
+/// Classifies `spec.dataSource`, else `spec.dataSourceRef`.
+fn claim_source(pvc: &PersistentVolumeClaim) -> Result<ClaimSource, ProvisionError> {
+    let Some(spec) = pvc.spec.as_ref() else {
+        return Ok(ClaimSource::Empty);
+    };
+    let (kind, api_group, name) = if let Some(source) = spec.data_source.as_ref() {
+        (&source.kind, source.api_group.as_deref(), &source.name)
+    } else if let Some(source) = spec.data_source_ref.as_ref() {
+        if source.namespace.as_deref().is_some_and(|ns| !ns.is_empty()) {
+            return Err(ProvisionError::CrossNamespaceDataSource);
+        }
+        (&source.kind, source.api_group.as_deref(), &source.name)
+    } else {
+        return Ok(ClaimSource::Empty);
+    };
+    let api_group = api_group.unwrap_or_default();
+    let source = match kind.as_str() {
+        SNAPSHOT_KIND if api_group == SNAPSHOT_API_GROUP => ClaimSource::Snapshot,
+        SNAPSHOT_KIND => {
+            return Err(ProvisionError::SnapshotApiGroup {
+                api_group: api_group.to_owned(),
+            });
+        }
+        // A claim is a core object; the same kind in another group is somebody else's.
+        CLAIM_KIND if api_group.is_empty() => ClaimSource::Clone,
+        _ => return Err(ProvisionError::ExternalPopulator { kind: kind.clone() }),
+    };
+    if name.is_empty() {
+        return Err(ProvisionError::EmptyDataSourceName { kind: kind.clone() });
+    }
+    Ok(source)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::csi::volume_capability::{AccessMode, AccessType, MountVolume};
+    use crate::provision::SecretRef;
+    use crate::provision::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvcBuilder, caps, config};
+
+    fn plan(pvc: &PersistentVolumeClaim, class: &StorageClass) -> Result<ProvisionPlan, String> {
+        plan_provision(pvc, class, &config(), &caps()).map_err(|e| e.to_string())
+    }
+
+    fn err(pvc: PvcBuilder, class: ClassBuilder) -> String {
+        match plan(&pvc.build(), &class.build()) {
+            Ok(plan) => panic!("expected an error, got {plan:?}"),
+            Err(error) => error,
+        }
+    }
+
+    fn ok(pvc: PvcBuilder, class: ClassBuilder) -> ProvisionPlan {
+        match plan(&pvc.build(), &class.build()) {
+            Ok(plan) => plan,
+            Err(error) => panic!("unexpected error: {error}"),
+        }
+    }
+
+    #[test]
+    fn simple_claim_becomes_a_complete_request() {
+        let plan = ok(
+            PvcBuilder::new().storage("1Gi"),
+            ClassBuilder::new()
+                .parameter("type", "fast")
+                .parameter("csi.storage.k8s.io/fstype", "xfs")
+                .mount_options(&["noatime"]),
+        );
+        let request = build_create_volume_request(&plan, HashMap::new(), None);
+        assert_eq!(request.name, format!("pvc-{PVC_UID}"));
+        assert_eq!(
+            request.capacity_range,
+            Some(csi::CapacityRange {
+                required_bytes: 1 << 30,
+                limit_bytes: 0
+            })
+        );
+        assert_eq!(
+            request.volume_capabilities,
+            vec![csi::VolumeCapability {
+                access_mode: Some(AccessMode {
+                    mode: Mode::SingleNodeWriter as i32
+                }),
+                access_type: Some(AccessType::Mount(MountVolume {
+                    fs_type: "xfs".into(),
+                    mount_flags: vec!["noatime".into()],
+                    volume_mount_group: String::new(),
+                })),
+            }]
+        );
+        assert_eq!(
+            request.parameters,
+            HashMap::from([("type".to_owned(), "fast".to_owned())])
+        );
+        assert!(request.secrets.is_empty());
+        assert_eq!(request.volume_content_source, None);
+        assert_eq!(request.accessibility_requirements, None);
+        assert!(request.mutable_parameters.is_empty());
+    }
+
+    #[test]
+    fn plan_records_what_the_pv_needs() {
+        let plan = ok(
+            PvcBuilder::new().resource_version("77"),
+            ClassBuilder::new().reclaim_policy("Retain"),
+        );
+        assert_eq!(plan.driver_name, DRIVER);
+        assert_eq!(plan.class_name, "standard");
+        assert_eq!(plan.provisioned_by, DRIVER);
+        assert_eq!(plan.reclaim_policy.as_deref(), Some("Retain"));
+        assert_eq!(plan.access_modes, ["ReadWriteOnce"]);
+        assert_eq!(plan.fs_type, None);
+        assert_eq!(
+            plan.claim_ref,
+            ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("PersistentVolumeClaim".into()),
+                namespace: Some("apps".into()),
+                name: Some("data".into()),
+                uid: Some(PVC_UID.into()),
+                resource_version: Some("77".into()),
+                field_path: None,
+            }
+        );
+    }
+
+    #[test]
+    fn provisioner_secret_is_resolved_and_its_data_sent() {
+        let plan = ok(
+            PvcBuilder::new(),
+            ClassBuilder::new()
+                .parameter(
+                    "csi.storage.k8s.io/provisioner-secret-name",
+                    "${pvc.name}-creds",
+                )
+                .parameter(
+                    "csi.storage.k8s.io/provisioner-secret-namespace",
+                    "${pvc.namespace}",
+                ),
+        );
+        assert_eq!(
+            plan.secrets.provisioner,
+            Some(SecretRef {
+                name: "data-creds".into(),
+                namespace: "apps".into()
+            })
+        );
+        assert!(plan.parameters.is_empty());
+        let secrets = HashMap::from([("key".to_owned(), "value".to_owned())]);
+        let request = build_create_volume_request(&plan, secrets.clone(), None);
+        assert_eq!(request.secrets, secrets);
+    }
+
+    #[test]
+    fn accessibility_requirements_are_passed_through() {
+        let plan = ok(PvcBuilder::new(), ClassBuilder::new());
+        let requirement = csi::TopologyRequirement {
+            requisite: vec![csi::Topology {
+                segments: HashMap::from([("zone".to_owned(), "a".to_owned())]),
+            }],
+            preferred: vec![],
+        };
+        let request = build_create_volume_request(&plan, HashMap::new(), Some(requirement.clone()));
+        assert_eq!(request.accessibility_requirements, Some(requirement));
+    }
+
+    #[test]
+    fn extra_create_metadata_adds_claim_and_volume_names() {
+        let mut config = config();
+        config.extra_create_metadata = true;
+        let plan = plan_provision(
+            &PvcBuilder::new().build(),
+            &ClassBuilder::new().build(),
+            &config,
+            &caps(),
+        );
+        let parameters = plan.map(|p| p.parameters).unwrap_or_default();
+        assert_eq!(
+            parameters
+                .get("csi.storage.k8s.io/pvc/name")
+                .map(String::as_str),
+            Some("data")
+        );
+        assert_eq!(
+            parameters
+                .get("csi.storage.k8s.io/pvc/namespace")
+                .map(String::as_str),
+            Some("apps")
+        );
+        let pv_name = format!("pvc-{PVC_UID}");
+        assert_eq!(parameters.get("csi.storage.k8s.io/pv/name"), Some(&pv_name));
+    }
+
+    #[test]
+    fn default_fstype_applies_and_block_claims_get_none() {
+        let mut config = config();
+        config.default_fstype = "ext4".into();
+        let run = |pvc: PvcBuilder| {
+            plan_provision(&pvc.build(), &ClassBuilder::new().build(), &config, &caps())
+                .map(|p| p.fs_type)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(run(PvcBuilder::new()), Ok(Some("ext4".into())));
+        assert_eq!(run(PvcBuilder::new().volume_mode("Block")), Ok(None));
+    }
+
+    #[test]
+    fn read_only_only_for_a_single_rox_mode_with_the_flag() {
+        let mut config = config();
+        let run = |config: &ProvisionerConfig, modes: &[&str]| {
+            plan_provision(
+                &PvcBuilder::new().access_modes(modes).build(),
+                &ClassBuilder::new().build(),
+                config,
+                &caps(),
+            )
+            .map(|p| p.read_only)
+        };
+        assert_eq!(run(&config, &["ReadOnlyMany"]), Ok(false));
+        config.controller_publish_readonly = true;
+        assert_eq!(run(&config, &["ReadOnlyMany"]), Ok(true));
+        assert_eq!(run(&config, &["ReadOnlyMany", "ReadWriteOnce"]), Ok(false));
+        assert_eq!(run(&config, &["ReadWriteMany"]), Ok(false));
+    }
+
+    #[test]
+    fn deprecated_parameters_are_reported_for_a_warning() {
+        let plan = ok(
+            PvcBuilder::new(),
+            ClassBuilder::new()
+                .parameter("fstype", "ext4")
+                .parameter("csiProvisionerSecretName", "s")
+                .parameter("csiProvisionerSecretNamespace", "ns"),
+        );
+        assert_eq!(
+            plan.deprecated_parameters,
+            [
+                "csiProvisionerSecretName",
+                "csiProvisionerSecretNamespace",
+                "fstype"
+            ]
+        );
+        assert_eq!(plan.fs_type.as_deref(), Some("ext4"));
+    }
+
+    #[test]
+    fn claim_with_selector_is_refused() {
+        assert_eq!(
+            err(PvcBuilder::new().selector(), ClassBuilder::new()),
+            "claim Selector is not supported"
+        );
+    }
+
+    #[test]
+    fn driver_without_controller_service_is_refused() {
+        let pvc = PvcBuilder::new().build();
+        let caps = DriverCapabilities {
+            controller_service: false,
+            ..caps()
+        };
+        assert_eq!(
+            plan_provision(&pvc, &ClassBuilder::new().build(), &config(), &caps).map_err(|e| e.to_string()),
+            Err("CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported".to_owned())
+        );
+    }
+
+    #[test]
+    fn driver_without_create_delete_volume_is_refused() {
+        let pvc = PvcBuilder::new().build();
+        let caps = DriverCapabilities {
+            create_delete_volume: false,
+            ..caps()
+        };
+        assert_eq!(
+            plan_provision(&pvc, &ClassBuilder::new().build(), &config(), &caps).map_err(|e| e.to_string()),
+            Err("CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported".to_owned())
+        );
+    }
+
+    #[test]
+    fn clone_without_clone_capability_is_refused() {
+        let pvc = PvcBuilder::new()
+            .data_source(None, "PersistentVolumeClaim", "source")
+            .build();
+        let caps = DriverCapabilities {
+            clone: false,
+            ..caps()
+        };
+        assert_eq!(
+            plan_provision(&pvc, &ClassBuilder::new().build(), &config(), &caps).map_err(|e| e.to_string()),
+            Err("CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported".to_owned())
+        );
+    }
+
+    #[test]
+    fn snapshot_and_clone_sources_are_not_supported_yet() {
+        assert_eq!(
+            err(
+                PvcBuilder::new().data_source(Some(SNAPSHOT_API_GROUP), "VolumeSnapshot", "snap"),
+                ClassBuilder::new()
+            ),
+            "provisioning from a VolumeSnapshot data source is not supported yet"
+        );
+        assert_eq!(
+            err(
+                PvcBuilder::new().data_source(None, "PersistentVolumeClaim", "src"),
+                ClassBuilder::new()
+            ),
+            "provisioning from a PersistentVolumeClaim data source is not supported yet"
+        );
+    }
+
+    #[test]
+    fn snapshot_with_wrong_api_group_is_refused() {
+        assert_eq!(
+            err(
+                PvcBuilder::new().data_source(None, "VolumeSnapshot", "snap"),
+                ClassBuilder::new()
+            ),
+            "data source VolumeSnapshot must have apiGroup snapshot.storage.k8s.io, not \"\""
+        );
+    }
+
+    #[test]
+    fn data_source_with_empty_name_is_refused() {
+        assert_eq!(
+            err(
+                PvcBuilder::new().data_source(Some(SNAPSHOT_API_GROUP), "VolumeSnapshot", ""),
+                ClassBuilder::new()
+            ),
+            "data source VolumeSnapshot has an empty name"
+        );
+    }
+
+    #[test]
+    fn unknown_data_source_kind_is_left_to_a_populator() {
+        let result = plan_provision(
+            &PvcBuilder::new()
+                .data_source(Some("example.com"), "Backup", "b")
+                .build(),
+            &ClassBuilder::new().build(),
+            &config(),
+            &caps(),
+        );
+        let Err(error) = result else {
+            panic!("expected an error, got {result:?}");
+        };
+        assert!(error.is_ignored());
+        assert_eq!(
+            error.to_string(),
+            "data source (Backup) is not handled by the provisioner, assuming an external populator will provision it"
+        );
+    }
+
+    #[test]
+    fn data_source_ref_is_used_when_data_source_is_absent() {
+        assert_eq!(
+            err(
+                PvcBuilder::new().data_source_ref(Some("example.com"), "Backup", "b", None),
+                ClassBuilder::new()
+            ),
+            "data source (Backup) is not handled by the provisioner, assuming an external populator will provision it"
+        );
+    }
+
+    #[test]
+    fn cross_namespace_data_source_ref_is_refused() {
+        assert_eq!(
+            err(
+                PvcBuilder::new().data_source_ref(
+                    None,
+                    "PersistentVolumeClaim",
+                    "src",
+                    Some("other")
+                ),
+                ClassBuilder::new()
+            ),
+            "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled"
+        );
+    }
+
+    #[test]
+    fn volume_attributes_class_is_refused_until_supported() {
+        assert_eq!(
+            err(
+                PvcBuilder::new().attributes_class("gold"),
+                ClassBuilder::new()
+            ),
+            "VolumeAttributesClass \"gold\" requested by the claim is not supported yet"
+        );
+    }
+
+    #[test]
+    fn bad_naming_flags_are_reported() {
+        let mut config = config();
+        config.volume_name_prefix = String::new();
+        let pvc = PvcBuilder::new().build();
+        let class = ClassBuilder::new().build();
+        assert_eq!(
+            plan_provision(&pvc, &class, &config, &caps()).map_err(|e| e.to_string()),
+            Err("volume name prefix cannot be empty".to_owned())
+        );
+        config.volume_name_prefix = "pvc".into();
+        config.volume_name_uuid_length = 40;
+        assert_eq!(
+            plan_provision(&pvc, &class, &config, &caps()).map_err(|e| e.to_string()),
+            Err(
+                "volume name UUID length must be -1 (whole UID) or between 1 and 32, got 40"
+                    .to_owned()
+            )
+        );
+    }
+
+    #[test]
+    fn claim_without_uid_name_or_namespace_is_refused() {
+        assert_eq!(
+            err(PvcBuilder::new().uid(""), ClassBuilder::new()),
+            "claim has no UID"
+        );
+        assert_eq!(
+            err(PvcBuilder::new().no_name(), ClassBuilder::new()),
+            "claim has no metadata.name"
+        );
+        assert_eq!(
+            err(PvcBuilder::new().no_namespace(), ClassBuilder::new()),
+            "claim has no metadata.namespace"
+        );
+    }
+
+    #[test]
+    fn bad_storage_requests_are_refused() {
+        assert_eq!(
+            err(PvcBuilder::new().storage("-5Gi"), ClassBuilder::new()),
+            "invalid storage request: quantity \"-5Gi\" is negative"
+        );
+        assert_eq!(
+            err(PvcBuilder::new().storage("100Ei"), ClassBuilder::new()),
+            "invalid storage request: quantity \"100Ei\" is larger than 9223372036854775807 bytes"
+        );
+        assert_eq!(
+            err(PvcBuilder::new().storage("ten gigs"), ClassBuilder::new()),
+            "invalid storage request: invalid quantity \"ten gigs\": no digits"
+        );
+    }
+
+    #[test]
+    fn claim_without_storage_request_asks_for_zero_bytes() {
+        assert_eq!(
+            ok(PvcBuilder::new().no_storage(), ClassBuilder::new()).required_bytes,
+            0
+        );
+    }
+
+    #[test]
+    fn empty_or_unknown_access_modes_are_refused() {
+        assert_eq!(
+            err(PvcBuilder::new().access_modes(&[]), ClassBuilder::new()),
+            "claim has no access modes"
+        );
+        assert_eq!(
+            err(
+                PvcBuilder::new().access_modes(&["ReadWriteSometimes"]),
+                ClassBuilder::new()
+            ),
+            "unsupported access mode \"ReadWriteSometimes\""
+        );
+    }
+
+    #[test]
+    fn unknown_volume_mode_is_refused() {
+        assert_eq!(
+            err(PvcBuilder::new().volume_mode("Raw"), ClassBuilder::new()),
+            "unsupported volume mode \"Raw\""
+        );
+    }
+
+    #[test]
+    fn both_fstype_keys_are_refused() {
+        assert_eq!(
+            err(
+                PvcBuilder::new(),
+                ClassBuilder::new()
+                    .parameter("fstype", "ext4")
+                    .parameter("csi.storage.k8s.io/fstype", "xfs")
+            ),
+            "fstype specified in parameters with both \"fstype\" and \"csi.storage.k8s.io/fstype\" keys"
+        );
+    }
+
+    #[test]
+    fn unknown_reserved_parameter_is_refused() {
+        assert_eq!(
+            err(
+                PvcBuilder::new(),
+                ClassBuilder::new().parameter("csi.storage.k8s.io/typo", "x")
+            ),
+            "failed to strip CSI Parameters of prefixed keys: found unknown parameter key \"csi.storage.k8s.io/typo\" with reserved namespace csi.storage.k8s.io/"
+        );
+    }
+
+    #[test]
+    fn secret_errors_surface_before_parameter_errors_like_upstream() {
+        assert_eq!(
+            err(
+                PvcBuilder::new(),
+                ClassBuilder::new()
+                    .parameter("csi.storage.k8s.io/typo", "x")
+                    .parameter("csi.storage.k8s.io/node-stage-secret-name", "s")
+            ),
+            "failed to get name and namespace template from params: either name and namespace for NodeStage secrets specified, Both must be specified"
+        );
+    }
+
+    #[test]
+    fn secret_template_using_an_annotation_of_the_claim_resolves() {
+        let plan = ok(
+            PvcBuilder::new().annotation("secret", "team-a"),
+            ClassBuilder::new()
+                .parameter(
+                    "csi.storage.k8s.io/node-publish-secret-name",
+                    "${pvc.annotations['secret']}",
+                )
+                .parameter(
+                    "csi.storage.k8s.io/node-publish-secret-namespace",
+                    "${pvc.namespace}",
+                ),
+        );
+        assert_eq!(
+            plan.secrets.node_publish,
+            Some(SecretRef {
+                name: "team-a".into(),
+                namespace: "apps".into()
+            })
+        );
+    }
+
+    #[test]
+    fn secret_name_resolving_to_garbage_is_refused() {
+        assert_eq!(
+            err(
+                PvcBuilder::new().annotation("secret", "../etc"),
+                ClassBuilder::new()
+                    .parameter(
+                        "csi.storage.k8s.io/provisioner-secret-name",
+                        "${pvc.annotations['secret']}"
+                    )
+                    .parameter("csi.storage.k8s.io/provisioner-secret-namespace", "ns")
+            ),
+            "\"${pvc.annotations['secret']}\" resolved to \"../etc\" which is not a valid secret name"
+        );
+    }
+}

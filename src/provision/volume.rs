@@ -1,0 +1,555 @@
+//! The PersistentVolume for a created volume (§3.6).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PersistentVolume, PersistentVolumeSpec, SecretReference, VolumeNodeAffinity,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use thiserror::Error;
+
+use crate::csi;
+
+use super::plan::ProvisionPlan;
+use super::quantity::format_binary_si;
+use super::secrets::SecretRef;
+use super::{
+    ANN_CONTROLLER_MODIFY_SECRET_NAME, ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE,
+    ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE, ANN_PROVISIONED_BY,
+    PROVISIONER_IDENTITY_KEY, PV_FINALIZER,
+};
+
+/// Why a successful CreateVolume answer cannot become a PV.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum VolumeError {
+    /// The driver said OK without a volume; repeating CreateVolume with the same name is the
+    /// only way to learn its id.
+    #[error("CreateVolume response has no volume")]
+    MissingVolume,
+    /// As [`VolumeError::MissingVolume`]: nothing to delete without an id.
+    #[error("CreateVolume response has an empty volume_id")]
+    EmptyVolumeId,
+    /// The volume exists but is too small: delete it (see [`VolumeError::volume_to_delete`]).
+    #[error("created volume capacity {capacity} less than requested capacity {requested}")]
+    CapacityTooSmall {
+        volume_id: String,
+        capacity: i64,
+        requested: i64,
+    },
+}
+
+impl VolumeError {
+    /// The backend volume the executor must DeleteVolume before anything else, if any.
+    pub fn volume_to_delete(&self) -> Option<&str> {
+        match self {
+            Self::CapacityTooSmall { volume_id, .. } => Some(volume_id),
+            Self::MissingVolume | Self::EmptyVolumeId => None,
+        }
+    }
+}
+
+/// The pre-bound PV for a volume the driver created according to `plan`.
+///
+/// Node-affinity expressions are sorted by topology key, so the same response always gives
+/// the same PV (upstream iterates a map and its order varies between runs, quirk Q13).
+pub fn build_persistent_volume(
+    plan: &ProvisionPlan,
+    response: &csi::CreateVolumeResponse,
+) -> Result<PersistentVolume, VolumeError> {
+    let volume = response.volume.as_ref().ok_or(VolumeError::MissingVolume)?;
+    if volume.volume_id.is_empty() {
+        return Err(VolumeError::EmptyVolumeId);
+    }
+    let capacity = match volume.capacity_bytes {
+        // The driver does not know or say: take what was asked for.
+        0 => plan.required_bytes,
+        capacity if capacity < plan.required_bytes => {
+            return Err(VolumeError::CapacityTooSmall {
+                volume_id: volume.volume_id.clone(),
+                capacity,
+                requested: plan.required_bytes,
+            });
+        }
+        capacity => capacity,
+    };
+
+    let mut annotations =
+        BTreeMap::from([(ANN_PROVISIONED_BY.to_owned(), plan.provisioned_by.clone())]);
+    // Always written, empty when there is no secret (quirk Q12): deletion then knows the
+    // class had none instead of re-reading a class that may have changed.
+    let (deletion_name, deletion_namespace) = plan
+        .secrets
+        .provisioner
+        .as_ref()
+        .map(|r| (r.name.clone(), r.namespace.clone()))
+        .unwrap_or_default();
+    annotations.insert(ANN_DELETION_SECRET_NAME.to_owned(), deletion_name);
+    annotations.insert(ANN_DELETION_SECRET_NAMESPACE.to_owned(), deletion_namespace);
+    if let Some(modify) = &plan.secrets.controller_modify {
+        annotations.insert(
+            ANN_CONTROLLER_MODIFY_SECRET_NAME.to_owned(),
+            modify.name.clone(),
+        );
+        annotations.insert(
+            ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE.to_owned(),
+            modify.namespace.clone(),
+        );
+    }
+
+    let mut attributes =
+        BTreeMap::from([(PROVISIONER_IDENTITY_KEY.to_owned(), plan.identity.clone())]);
+    // The driver's context wins over the identity key.
+    attributes.extend(
+        volume
+            .volume_context
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+
+    let secrets = &plan.secrets;
+    let csi_source = CSIPersistentVolumeSource {
+        driver: plan.driver_name.clone(),
+        volume_handle: volume.volume_id.clone(),
+        fs_type: plan.fs_type.clone(),
+        volume_attributes: Some(attributes),
+        read_only: plan.read_only.then_some(true),
+        controller_publish_secret_ref: secrets.controller_publish.as_ref().map(reference),
+        node_stage_secret_ref: secrets.node_stage.as_ref().map(reference),
+        node_publish_secret_ref: secrets.node_publish.as_ref().map(reference),
+        controller_expand_secret_ref: secrets.controller_expand.as_ref().map(reference),
+        node_expand_secret_ref: secrets.node_expand.as_ref().map(reference),
+    };
+
+    Ok(PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(plan.volume_name.clone()),
+            annotations: Some(annotations),
+            finalizers: Some(vec![PV_FINALIZER.to_owned()]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            access_modes: Some(plan.access_modes.clone()),
+            capacity: Some(BTreeMap::from([(
+                "storage".to_owned(),
+                Quantity(format_binary_si(capacity)),
+            )])),
+            claim_ref: Some(plan.claim_ref.clone()),
+            csi: Some(csi_source),
+            mount_options: plan.mount_options.clone(),
+            node_affinity: if plan.topology {
+                node_affinity(&volume.accessible_topology)
+            } else {
+                None
+            },
+            persistent_volume_reclaim_policy: plan.reclaim_policy.clone(),
+            storage_class_name: Some(plan.class_name.clone()),
+            volume_mode: plan.volume_mode.clone(),
+            ..PersistentVolumeSpec::default()
+        }),
+        status: None,
+    })
+}
+
+fn reference(secret: &SecretRef) -> SecretReference {
+    SecretReference {
+        name: Some(secret.name.clone()),
+        namespace: Some(secret.namespace.clone()),
+    }
+}
+
+/// One term per non-empty topology (terms are ORed), one `In` expression per segment, sorted
+/// by key.
+fn node_affinity(topologies: &[csi::Topology]) -> Option<VolumeNodeAffinity> {
+    let terms: Vec<NodeSelectorTerm> = topologies
+        .iter()
+        .filter(|topology| !topology.segments.is_empty())
+        .map(|topology| {
+            let segments: BTreeMap<&String, &String> = topology.segments.iter().collect();
+            NodeSelectorTerm {
+                match_expressions: Some(
+                    segments
+                        .into_iter()
+                        .map(|(key, value)| NodeSelectorRequirement {
+                            key: key.clone(),
+                            operator: "In".to_owned(),
+                            values: Some(vec![value.clone()]),
+                        })
+                        .collect(),
+                ),
+                match_fields: None,
+            }
+        })
+        .collect();
+    if terms.is_empty() {
+        return None;
+    }
+    Some(VolumeNodeAffinity {
+        required: Some(NodeSelector {
+            node_selector_terms: terms,
+        }),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::provision::fixtures::{
+        ClassBuilder, DRIVER, IDENTITY, PVC_UID, PvcBuilder, caps, config,
+    };
+    use crate::provision::{DriverCapabilities, ProvisionerConfig, plan_provision};
+
+    fn plan_with(
+        pvc: PvcBuilder,
+        class: ClassBuilder,
+        config: &ProvisionerConfig,
+        caps: &DriverCapabilities,
+    ) -> ProvisionPlan {
+        match plan_provision(&pvc.build(), &class.build(), config, caps) {
+            Ok(plan) => plan,
+            Err(error) => panic!("unexpected error: {error}"),
+        }
+    }
+
+    fn plan(pvc: PvcBuilder, class: ClassBuilder) -> ProvisionPlan {
+        plan_with(pvc, class, &config(), &caps())
+    }
+
+    fn response(id: &str, capacity: i64) -> csi::CreateVolumeResponse {
+        csi::CreateVolumeResponse {
+            volume: Some(csi::Volume {
+                capacity_bytes: capacity,
+                volume_id: id.to_owned(),
+                ..csi::Volume::default()
+            }),
+        }
+    }
+
+    fn build(plan: &ProvisionPlan, response: &csi::CreateVolumeResponse) -> PersistentVolume {
+        match build_persistent_volume(plan, response) {
+            Ok(pv) => pv,
+            Err(error) => panic!("unexpected error: {error}"),
+        }
+    }
+
+    fn topology(pairs: &[(&str, &str)]) -> csi::Topology {
+        csi::Topology {
+            segments: pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn pv_is_pre_bound_finalized_and_annotated() {
+        let plan = plan(
+            PvcBuilder::new().storage("1Gi").resource_version("9"),
+            ClassBuilder::new()
+                .parameter("csi.storage.k8s.io/fstype", "ext4")
+                .mount_options(&["ro", "noatime"])
+                .reclaim_policy("Delete"),
+        );
+        let pv = build(&plan, &response("vol-1", 1 << 30));
+        let meta = &pv.metadata;
+        assert_eq!(meta.name, Some(format!("pvc-{PVC_UID}")));
+        assert_eq!(meta.finalizers, Some(vec![PV_FINALIZER.to_owned()]));
+        assert_eq!(
+            meta.annotations,
+            Some(BTreeMap::from([
+                (ANN_PROVISIONED_BY.to_owned(), DRIVER.to_owned()),
+                (ANN_DELETION_SECRET_NAME.to_owned(), String::new()),
+                (ANN_DELETION_SECRET_NAMESPACE.to_owned(), String::new()),
+            ]))
+        );
+        let spec = pv.spec.unwrap_or_default();
+        let claim_ref = spec.claim_ref.unwrap_or_default();
+        assert_eq!(claim_ref.uid.as_deref(), Some(PVC_UID));
+        assert_eq!(claim_ref.resource_version.as_deref(), Some("9"));
+        assert_eq!(claim_ref.name.as_deref(), Some("data"));
+        assert_eq!(claim_ref.namespace.as_deref(), Some("apps"));
+        assert_eq!(spec.storage_class_name.as_deref(), Some("standard"));
+        assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_owned()]));
+        assert_eq!(
+            spec.capacity,
+            Some(BTreeMap::from([(
+                "storage".to_owned(),
+                Quantity("1Gi".into())
+            )]))
+        );
+        assert_eq!(
+            spec.mount_options,
+            Some(vec!["ro".to_owned(), "noatime".to_owned()])
+        );
+        assert_eq!(
+            spec.persistent_volume_reclaim_policy.as_deref(),
+            Some("Delete")
+        );
+        assert_eq!(spec.volume_mode, None);
+        assert_eq!(spec.node_affinity, None);
+        let csi = spec.csi.unwrap_or_default();
+        assert_eq!(csi.driver, DRIVER);
+        assert_eq!(csi.volume_handle, "vol-1");
+        assert_eq!(csi.fs_type.as_deref(), Some("ext4"));
+        assert_eq!(csi.read_only, None);
+        assert_eq!(
+            csi.volume_attributes,
+            Some(BTreeMap::from([(
+                PROVISIONER_IDENTITY_KEY.to_owned(),
+                IDENTITY.to_owned()
+            )]))
+        );
+        assert_eq!(csi.controller_publish_secret_ref, None);
+    }
+
+    #[test]
+    fn zero_capacity_in_the_response_means_the_requested_size() {
+        let plan = plan(PvcBuilder::new().storage("1500"), ClassBuilder::new());
+        let pv = build(&plan, &response("v", 0));
+        let capacity = pv.spec.and_then(|s| s.capacity).unwrap_or_default();
+        assert_eq!(capacity.get("storage"), Some(&Quantity("1500".into())));
+    }
+
+    #[test]
+    fn larger_capacity_in_the_response_is_recorded() {
+        let plan = plan(PvcBuilder::new().storage("1Gi"), ClassBuilder::new());
+        let pv = build(&plan, &response("v", 3 << 30));
+        let capacity = pv.spec.and_then(|s| s.capacity).unwrap_or_default();
+        assert_eq!(capacity.get("storage"), Some(&Quantity("3Gi".into())));
+    }
+
+    #[test]
+    fn smaller_capacity_than_requested_asks_for_cleanup() {
+        let plan = plan(PvcBuilder::new().storage("2Gi"), ClassBuilder::new());
+        let error = build_persistent_volume(&plan, &response("vol-9", 1 << 30));
+        let Err(error) = error else {
+            panic!("expected an error, got {error:?}");
+        };
+        assert_eq!(
+            error.to_string(),
+            "created volume capacity 1073741824 less than requested capacity 2147483648"
+        );
+        assert_eq!(error.volume_to_delete(), Some("vol-9"));
+    }
+
+    #[test]
+    fn negative_capacity_in_the_response_asks_for_cleanup() {
+        let plan = plan(PvcBuilder::new().storage("1"), ClassBuilder::new());
+        let error = build_persistent_volume(&plan, &response("vol-9", -1));
+        assert_eq!(
+            error.as_ref().map_err(|e| e.to_string()).err().as_deref(),
+            Some("created volume capacity -1 less than requested capacity 1")
+        );
+        assert_eq!(
+            error.err().as_ref().and_then(VolumeError::volume_to_delete),
+            Some("vol-9")
+        );
+    }
+
+    #[test]
+    fn empty_volume_id_or_missing_volume_is_refused_without_cleanup() {
+        let plan = plan(PvcBuilder::new(), ClassBuilder::new());
+        let error = build_persistent_volume(&plan, &response("", 1 << 30)).err();
+        assert_eq!(
+            error.as_ref().map(ToString::to_string).as_deref(),
+            Some("CreateVolume response has an empty volume_id")
+        );
+        assert_eq!(error.as_ref().and_then(VolumeError::volume_to_delete), None);
+        let missing =
+            build_persistent_volume(&plan, &csi::CreateVolumeResponse { volume: None }).err();
+        assert_eq!(
+            missing.as_ref().map(ToString::to_string).as_deref(),
+            Some("CreateVolume response has no volume")
+        );
+        assert_eq!(
+            missing.as_ref().and_then(VolumeError::volume_to_delete),
+            None
+        );
+    }
+
+    #[test]
+    fn volume_context_overlays_the_identity_attribute() {
+        let plan = plan(PvcBuilder::new(), ClassBuilder::new());
+        let mut response = response("v", 0);
+        if let Some(volume) = response.volume.as_mut() {
+            volume.volume_context = HashMap::from([
+                ("share".to_owned(), "/exports/v".to_owned()),
+                (
+                    PROVISIONER_IDENTITY_KEY.to_owned(),
+                    "driver-says".to_owned(),
+                ),
+            ]);
+        }
+        let pv = build(&plan, &response);
+        let attributes = pv
+            .spec
+            .and_then(|s| s.csi)
+            .and_then(|c| c.volume_attributes)
+            .unwrap_or_default();
+        assert_eq!(
+            attributes,
+            BTreeMap::from([
+                (
+                    PROVISIONER_IDENTITY_KEY.to_owned(),
+                    "driver-says".to_owned()
+                ),
+                ("share".to_owned(), "/exports/v".to_owned()),
+            ])
+        );
+    }
+
+    #[test]
+    fn block_volume_has_no_fs_type_and_keeps_its_volume_mode() {
+        let plan = plan(
+            PvcBuilder::new().volume_mode("Block"),
+            ClassBuilder::new().parameter("csi.storage.k8s.io/fstype", "ext4"),
+        );
+        let spec = build(&plan, &response("v", 0)).spec.unwrap_or_default();
+        assert_eq!(spec.volume_mode.as_deref(), Some("Block"));
+        assert_eq!(spec.csi.and_then(|c| c.fs_type), None);
+    }
+
+    #[test]
+    fn read_only_rox_volume_is_marked_read_only() {
+        let mut config = config();
+        config.controller_publish_readonly = true;
+        let plan = plan_with(
+            PvcBuilder::new().access_modes(&["ReadOnlyMany"]),
+            ClassBuilder::new(),
+            &config,
+            &caps(),
+        );
+        let csi = build(&plan, &response("v", 0)).spec.and_then(|s| s.csi);
+        assert_eq!(csi.and_then(|c| c.read_only), Some(true));
+    }
+
+    #[test]
+    fn secret_refs_land_in_the_csi_source_and_annotations() {
+        let mut class = ClassBuilder::new();
+        for stem in [
+            "provisioner",
+            "controller-publish",
+            "node-stage",
+            "node-publish",
+            "controller-expand",
+            "node-expand",
+            "controller-modify",
+        ] {
+            class = class
+                .parameter(&format!("csi.storage.k8s.io/{stem}-secret-name"), stem)
+                .parameter(&format!("csi.storage.k8s.io/{stem}-secret-namespace"), "ns");
+        }
+        let plan = plan(PvcBuilder::new(), class);
+        let pv = build(&plan, &response("v", 0));
+        let annotations = pv.metadata.annotations.unwrap_or_default();
+        let get = |key: &str| annotations.get(key).map(String::as_str);
+        assert_eq!(get(ANN_DELETION_SECRET_NAME), Some("provisioner"));
+        assert_eq!(get(ANN_DELETION_SECRET_NAMESPACE), Some("ns"));
+        assert_eq!(
+            get(ANN_CONTROLLER_MODIFY_SECRET_NAME),
+            Some("controller-modify")
+        );
+        assert_eq!(get(ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE), Some("ns"));
+        let csi = pv.spec.and_then(|s| s.csi).unwrap_or_default();
+        let expect = |name: &str| {
+            Some(SecretReference {
+                name: Some(name.to_owned()),
+                namespace: Some("ns".to_owned()),
+            })
+        };
+        assert_eq!(
+            csi.controller_publish_secret_ref,
+            expect("controller-publish")
+        );
+        assert_eq!(csi.node_stage_secret_ref, expect("node-stage"));
+        assert_eq!(csi.node_publish_secret_ref, expect("node-publish"));
+        assert_eq!(
+            csi.controller_expand_secret_ref,
+            expect("controller-expand")
+        );
+        assert_eq!(csi.node_expand_secret_ref, expect("node-expand"));
+    }
+
+    #[test]
+    fn node_affinity_is_one_term_per_topology_with_sorted_expressions() {
+        let caps = DriverCapabilities {
+            topology: true,
+            ..caps()
+        };
+        let plan = plan_with(PvcBuilder::new(), ClassBuilder::new(), &config(), &caps);
+        let mut response = response("v", 0);
+        if let Some(volume) = response.volume.as_mut() {
+            volume.accessible_topology = vec![
+                topology(&[("zone", "a"), ("rack", "r1"), ("region", "eu")]),
+                topology(&[]),
+                topology(&[("zone", "b")]),
+            ];
+        }
+        let affinity = build(&plan, &response).spec.and_then(|s| s.node_affinity);
+        let requirement = |key: &str, value: &str| NodeSelectorRequirement {
+            key: key.to_owned(),
+            operator: "In".to_owned(),
+            values: Some(vec![value.to_owned()]),
+        };
+        assert_eq!(
+            affinity,
+            Some(VolumeNodeAffinity {
+                required: Some(NodeSelector {
+                    node_selector_terms: vec![
+                        NodeSelectorTerm {
+                            match_expressions: Some(vec![
+                                requirement("rack", "r1"),
+                                requirement("region", "eu"),
+                                requirement("zone", "a"),
+                            ]),
+                            match_fields: None,
+                        },
+                        NodeSelectorTerm {
+                            match_expressions: Some(vec![requirement("zone", "b")]),
+                            match_fields: None,
+                        },
+                    ]
+                })
+            })
+        );
+    }
+
+    #[test]
+    fn no_node_affinity_without_topology_support_or_topologies() {
+        let mut response = response("v", 0);
+        if let Some(volume) = response.volume.as_mut() {
+            volume.accessible_topology = vec![topology(&[("zone", "a")])];
+        }
+        let without_support = plan(PvcBuilder::new(), ClassBuilder::new());
+        assert_eq!(
+            build(&without_support, &response)
+                .spec
+                .and_then(|s| s.node_affinity),
+            None
+        );
+
+        let caps = DriverCapabilities {
+            topology: true,
+            ..caps()
+        };
+        let with_support = plan_with(PvcBuilder::new(), ClassBuilder::new(), &config(), &caps);
+        let empty = response_with_topologies(vec![topology(&[])]);
+        assert_eq!(
+            build(&with_support, &empty)
+                .spec
+                .and_then(|s| s.node_affinity),
+            None
+        );
+    }
+
+    fn response_with_topologies(topologies: Vec<csi::Topology>) -> csi::CreateVolumeResponse {
+        let mut response = response("v", 0);
+        if let Some(volume) = response.volume.as_mut() {
+            volume.accessible_topology = topologies;
+        }
+        response
+    }
+}

@@ -1,0 +1,468 @@
+//! The reference CSI driver end to end: started in-process on a temp socket (and once as the real
+//! binary), spoken to by the generated tonic clients over the unix socket.
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use csi_provisioner::csi;
+use csi_provisioner::csi::controller_client::ControllerClient;
+use csi_provisioner::csi::identity_client::IdentityClient;
+use csi_provisioner::csi::node_client::NodeClient;
+use csi_provisioner::csi::volume_capability::{
+    AccessMode, AccessType, MountVolume, access_mode::Mode,
+};
+use csi_provisioner::driver::{self, DriverConfig};
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+
+const GI: i64 = 1 << 30;
+
+struct Running {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<Result<(), driver::DriverError>>,
+}
+
+impl Running {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task
+            .await
+            .expect("driver task")
+            .expect("driver stops cleanly");
+    }
+}
+
+fn config(dir: &Path) -> DriverConfig {
+    DriverConfig::new(dir.join("csi.sock"), dir.join("state"))
+}
+
+fn start(config: &DriverConfig) -> Running {
+    let bound = driver::bind(config).expect("driver binds");
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(bound.serve(async {
+        let _ = stopped.await;
+    }));
+    Running { stop, task }
+}
+
+async fn channel(socket: &Path) -> Channel {
+    let socket: PathBuf = socket.to_path_buf();
+    Endpoint::from_static("http://reference-driver.invalid")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
+        }))
+        .await
+        .expect("connects over the unix socket")
+}
+
+fn mount_cap() -> csi::VolumeCapability {
+    csi::VolumeCapability {
+        access_type: Some(AccessType::Mount(MountVolume::default())),
+        access_mode: Some(AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+fn create_req(name: &str, required: i64, limit: i64) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        name: name.into(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: required,
+            limit_bytes: limit,
+        }),
+        volume_capabilities: vec![mount_cap()],
+        secrets: [("password".to_string(), "hunter2".to_string())].into(),
+        ..Default::default()
+    }
+}
+
+async fn create(
+    client: &mut ControllerClient<Channel>,
+    name: &str,
+    size: i64,
+) -> Result<csi::Volume, tonic::Status> {
+    let reply = client.create_volume(create_req(name, size, 0)).await?;
+    Ok(reply.into_inner().volume.expect("volume in reply"))
+}
+
+async fn volume_ids(client: &mut ControllerClient<Channel>) -> Vec<String> {
+    let reply = client
+        .list_volumes(csi::ListVolumesRequest::default())
+        .await
+        .expect("ListVolumes")
+        .into_inner();
+    reply
+        .entries
+        .into_iter()
+        .filter_map(|e| e.volume.map(|v| v.volume_id))
+        .collect()
+}
+
+/// Replaces the control file the way the docs ask: write aside, then rename into place.
+fn write_control_file(config: &DriverConfig, text: &str) {
+    let tmp = config.control_file.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write control file");
+    std::fs::rename(&tmp, &config.control_file).expect("install control file");
+}
+
+#[tokio::test]
+async fn serves_idempotent_volumes_on_a_private_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let running = start(&config);
+
+    let meta = std::fs::symlink_metadata(&config.endpoint).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o600,
+        "socket must be owner-only"
+    );
+
+    let channel = channel(&config.endpoint).await;
+    let mut identity = IdentityClient::new(channel.clone());
+    let info = identity
+        .get_plugin_info(csi::GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, driver::DEFAULT_DRIVER_NAME);
+
+    let mut controller = ControllerClient::new(channel.clone());
+    let first = create(&mut controller, "pvc-a", GI).await.unwrap();
+    let again = create(&mut controller, "pvc-a", GI).await.unwrap();
+    assert_eq!(
+        first.volume_id, again.volume_id,
+        "same name and arguments: same volume"
+    );
+    assert_eq!(first.capacity_bytes, GI);
+
+    let conflict = controller
+        .create_volume(create_req("pvc-a", 2 * GI, 2 * GI))
+        .await
+        .expect_err("a bigger volume under the same name must be refused");
+    assert_eq!(conflict.code(), Code::AlreadyExists, "{conflict:?}");
+
+    let too_big = create(&mut controller, "pvc-huge", 2 << 40)
+        .await
+        .unwrap_err();
+    assert_eq!(too_big.code(), Code::OutOfRange, "{too_big:?}");
+
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: "fake-vol-id".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("deleting an unknown volume is OK");
+    let missing = controller
+        .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+            volume_id: "fake-vol-id-0123456789".into(),
+            volume_capabilities: vec![mount_cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+    assert_eq!(
+        volume_ids(&mut controller).await,
+        vec![first.volume_id.clone()]
+    );
+
+    let unimplemented = controller
+        .controller_publish_volume(csi::ControllerPublishVolumeRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(unimplemented.code(), Code::Unimplemented);
+
+    // Node publish creates the target path, unpublish removes it.
+    let target = dir.path().join("target");
+    let mut node = NodeClient::new(channel);
+    node.node_publish_volume(csi::NodePublishVolumeRequest {
+        volume_id: first.volume_id.clone(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(mount_cap()),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(target.is_dir());
+    let in_use = controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: first.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(in_use.code(), Code::FailedPrecondition);
+    node.node_unpublish_volume(csi::NodeUnpublishVolumeRequest {
+        volume_id: first.volume_id.clone(),
+        target_path: target.display().to_string(),
+    })
+    .await
+    .unwrap();
+    assert!(!target.exists());
+
+    running.stop().await;
+    assert!(!config.endpoint.exists(), "socket removed at shutdown");
+}
+
+#[tokio::test]
+async fn a_pending_operation_makes_the_same_name_aborted_but_not_other_volumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let running = start(&config);
+    let mut controller = ControllerClient::new(channel(&config.endpoint).await);
+    let other = create(&mut controller, "pvc-other", GI).await.unwrap();
+
+    write_control_file(&config, "delay CreateVolume=1500ms\n");
+    let mut slow_client = controller.clone();
+    let slow = tokio::spawn(async move { create(&mut slow_client, "pvc-slow", GI).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let started = Instant::now();
+    let aborted = create(&mut controller, "pvc-slow", GI).await.unwrap_err();
+    assert_eq!(aborted.code(), Code::Aborted, "{aborted:?}");
+    // A different volume is not held up by the pending call or its delay.
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: other.volume_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(700),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    let created = slow
+        .await
+        .unwrap()
+        .expect("the pending call still succeeds");
+    std::fs::remove_file(&config.control_file).unwrap();
+    let retried = create(&mut controller, "pvc-slow", GI).await.unwrap();
+    assert_eq!(created.volume_id, retried.volume_id);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn injected_deadline_exceeded_after_create_leaves_the_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config
+        .faults
+        .faults
+        .push("CreateVolume=after:deadline-exceeded:1".parse().unwrap());
+    config
+        .faults
+        .faults
+        .push("Probe=before:unavailable:2".parse().unwrap());
+    let running = start(&config);
+    let channel = channel(&config.endpoint).await;
+    let mut controller = ControllerClient::new(channel.clone());
+
+    let timed_out = create(&mut controller, "pvc-dl", GI).await.unwrap_err();
+    assert_eq!(timed_out.code(), Code::DeadlineExceeded, "{timed_out:?}");
+    let saved = driver::load_state(&config.state_dir).unwrap();
+    let names: Vec<_> = saved.volumes.values().map(|v| v.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec!["pvc-dl"],
+        "the volume was created and persisted before the error"
+    );
+
+    let retried = create(&mut controller, "pvc-dl", GI)
+        .await
+        .expect("the fault fired once");
+    assert_eq!(volume_ids(&mut controller).await, vec![retried.volume_id]);
+
+    let mut identity = IdentityClient::new(channel);
+    for _ in 0..2 {
+        let err = identity.probe(csi::ProbeRequest {}).await.unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable);
+    }
+    identity
+        .probe(csi::ProbeRequest {})
+        .await
+        .expect("third probe passes");
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn a_hanging_call_ends_when_the_caller_gives_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let running = start(&config);
+    let mut controller = ControllerClient::new(channel(&config.endpoint).await);
+    let volume = create(&mut controller, "pvc-hang", GI).await.unwrap();
+
+    write_control_file(&config, "# hang once\nfault DeleteVolume=after:hang:1\n");
+    let mut request = tonic::Request::new(csi::DeleteVolumeRequest {
+        volume_id: volume.volume_id.clone(),
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_millis(300));
+    let hung = controller.delete_volume(request).await.unwrap_err();
+    assert!(
+        matches!(hung.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{hung:?}"
+    );
+    assert!(
+        volume_ids(&mut controller).await.is_empty(),
+        "the delete itself happened"
+    );
+
+    // A retry is answered at once, and deleting a deleted volume is OK.
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: volume.volume_id,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn state_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path());
+    let running = start(&config);
+    let mut controller = ControllerClient::new(channel(&config.endpoint).await);
+    let a = create(&mut controller, "pvc-1", GI).await.unwrap();
+    let b = create(&mut controller, "pvc-2", 2 * GI).await.unwrap();
+    let snapshot = controller
+        .create_snapshot(csi::CreateSnapshotRequest {
+            source_volume_id: a.volume_id.clone(),
+            name: "snap-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    let mut restore = create_req("pvc-3", 0, 0);
+    restore.volume_content_source = Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: snapshot.snapshot_id.clone(),
+            },
+        )),
+    });
+    let restored = controller
+        .create_volume(restore)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(restored.capacity_bytes, GI);
+    assert!(restored.content_source.is_some());
+    running.stop().await;
+
+    let running = start(&config);
+    let mut controller = ControllerClient::new(channel(&config.endpoint).await);
+    let mut ids = volume_ids(&mut controller).await;
+    ids.sort();
+    let mut expected = vec![a.volume_id.clone(), b.volume_id.clone(), restored.volume_id];
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert_eq!(
+        create(&mut controller, "pvc-2", 2 * GI)
+            .await
+            .unwrap()
+            .volume_id,
+        b.volume_id
+    );
+    let snapshots = controller
+        .list_snapshots(csi::ListSnapshotsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .entries;
+    assert_eq!(snapshots.len(), 1);
+    let capacity = controller
+        .get_capacity(csi::GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(capacity.available_capacity, (1 << 40) - 4 * GI);
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn refuses_to_replace_something_that_is_not_a_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.endpoint = dir.path().join("precious.txt");
+    std::fs::write(&config.endpoint, "keep me").unwrap();
+    let err = driver::bind(&config).err().expect("must refuse");
+    assert!(err.to_string().contains("not a socket"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&config.endpoint).unwrap(),
+        "keep me"
+    );
+}
+
+#[test]
+fn the_binary_rejects_bad_flags_and_cleans_up_on_sigterm() {
+    let bin = env!("CARGO_BIN_EXE_csi-reference-driver");
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(bin)
+        .args([
+            "--endpoint",
+            "/tmp/x.sock",
+            "--fault",
+            "CreateVolume=later:internal",
+        ])
+        .env_remove("CSI_ENDPOINT")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--fault"), "{stderr}");
+
+    let regular = dir.path().join("file");
+    std::fs::write(&regular, "x").unwrap();
+    let out = std::process::Command::new(bin)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env("CSI_ENDPOINT", format!("unix://{}", regular.display()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a socket"));
+
+    let socket = dir.path().join("csi.sock");
+    let mut child = std::process::Command::new(bin)
+        .arg("--endpoint")
+        .arg(&socket)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(Instant::now() < deadline, "socket never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!socket.exists(), "socket removed on SIGTERM");
+}

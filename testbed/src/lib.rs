@@ -1,1 +1,453 @@
+//! A real, throwaway Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager)
+//! on loopback, for integration tests, benchmarks and the demo. See docs/control-plane.md.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), csi_testbed::Error> {
+//! let cp = csi_testbed::ControlPlane::start().await?;
+//! let client = cp.client().await?;
+//! # drop(client);
+//! // ... dropping `cp` stops every process and removes its directory.
+//! # Ok(()) }
+//! ```
 
+mod args;
+mod binaries;
+mod error;
+mod kubeconfig;
+mod pki;
+mod ports;
+mod process;
+mod readiness;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub use binaries::BIN_DIR_ENV;
+pub use error::{Component, Error};
+
+use args::Layout;
+use binaries::Binaries;
+use pki::{Pki, PkiFiles};
+use process::Supervisor;
+use readiness::Probe;
+
+/// Set to `1` to keep the run's directory (logs, etcd data, kubeconfig) after teardown.
+pub const KEEP_ENV: &str = "CSI_TESTBED_KEEP";
+
+/// How often a component is restarted on fresh ports after losing a port race.
+const PORT_ATTEMPTS: u32 = 3;
+const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The apiserver bootstraps its RBAC roles and API groups first; slow on 2 shared cores.
+const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(90);
+const CONTROLLER_MANAGER_READY_TIMEOUT: Duration = Duration::from_secs(60);
+const READY_POLL: Duration = Duration::from_millis(250);
+const FAILURE_LOG_LINES: usize = 30;
+
+/// A running control plane. Dropping it stops all processes (SIGTERM, then SIGKILL) and removes
+/// its temporary directory unless `CSI_TESTBED_KEEP=1`.
+pub struct ControlPlane {
+    // Held only for its `Drop`. Field order is teardown order: the processes die before their
+    // directory is removed.
+    _supervisor: Supervisor,
+    workdir: tempfile::TempDir,
+    keep: bool,
+    kubeconfig: PathBuf,
+    apiserver_url: String,
+    logs: Vec<(Component, PathBuf)>,
+    startup: Duration,
+}
+
+impl ControlPlane {
+    /// Builds or finds the binaries, generates this run's certificates, starts etcd,
+    /// kube-apiserver and kube-controller-manager on free loopback ports and waits until each is
+    /// ready. On error nothing is left running and the directory is removed.
+    pub async fn start() -> Result<Self, Error> {
+        let started = Instant::now();
+        let binaries = tokio::task::spawn_blocking(binaries::locate)
+            .await
+            .map_err(|e| Error::LocateBinaries(format!("locating task failed: {e}")))??;
+        eprintln!("[testbed] binaries: {}", binaries.dir().display());
+
+        let keep = keep_requested();
+        let workdir = tempfile::Builder::new()
+            .prefix("csi-testbed-")
+            .disable_cleanup(keep)
+            .tempdir()
+            .map_err(Error::TempDir)?;
+        let layout = Layout {
+            root: workdir.path().to_owned(),
+        };
+        // etcd creates its own data directory, with the 0700 mode it insists on.
+        for dir in [
+            layout.apiserver_certs(),
+            layout.controller_manager_certs(),
+            layout.logs(),
+        ] {
+            std::fs::create_dir_all(&dir)
+                .map_err(|source| Error::WriteFile { path: dir, source })?;
+        }
+        let pki = Pki::generate()?;
+        let pki_files = pki.write(&layout.pki())?;
+        // Declared after `workdir`, so on an early return its processes die before the
+        // directory is removed.
+        let mut supervisor = Supervisor::new(&layout.root, keep)?;
+        let mut run = Run {
+            supervisor: &mut supervisor,
+            binaries: &binaries,
+            layout: &layout,
+        };
+
+        let etcd_port = run
+            .launch(Component::Etcd, 2, ETCD_READY_TIMEOUT, |ports| {
+                let args = args::etcd(&layout.etcd_data(), ports[0], ports[1]);
+                std::future::ready(Ok((args, Probe::EtcdHealth { port: ports[0] })))
+            })
+            .await?[0];
+
+        let apiserver_port = run
+            .launch(Component::ApiServer, 1, APISERVER_READY_TIMEOUT, |ports| {
+                apiserver_attempt(&layout, &pki_files, etcd_port, ports[0])
+            })
+            .await?[0];
+        let apiserver_url = https_url(apiserver_port);
+
+        let kubeconfig = layout.kubeconfig();
+        run.launch(
+            Component::ControllerManager,
+            1,
+            CONTROLLER_MANAGER_READY_TIMEOUT,
+            |ports| {
+                let args = args::controller_manager(&args::ControllerManager {
+                    kubeconfig: &kubeconfig,
+                    port: ports[0],
+                    cert_dir: &layout.controller_manager_certs(),
+                    pki: &pki_files,
+                });
+                let probe =
+                    health_client(ports[0], pki.serving_ca_der()).map(|client| Probe::Https {
+                        client,
+                        path: "/healthz",
+                    });
+                std::future::ready(probe.map(|probe| (args, probe)))
+            },
+        )
+        .await?;
+
+        let startup = started.elapsed();
+        eprintln!(
+            "[testbed] control plane ready in {:.1}s: {apiserver_url}, KUBECONFIG={}",
+            startup.as_secs_f64(),
+            kubeconfig.display()
+        );
+        let logs = [
+            Component::Etcd,
+            Component::ApiServer,
+            Component::ControllerManager,
+        ]
+        .into_iter()
+        .map(|c| (c, layout.log(c)))
+        .collect();
+        Ok(ControlPlane {
+            _supervisor: supervisor,
+            workdir,
+            keep,
+            kubeconfig,
+            apiserver_url,
+            logs,
+            startup,
+        })
+    }
+
+    /// The admin kubeconfig (CN=admin, O=system:masters); also usable with kubectl.
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// A fresh admin client. Create one per tokio runtime (e.g. per `#[tokio::test]`): a client's
+    /// connection pool belongs to the runtime it was created on.
+    pub async fn client(&self) -> Result<kube::Client, Error> {
+        kube::Client::try_from(kubeconfig::config(&self.kubeconfig).await?).map_err(Error::from)
+    }
+
+    pub fn apiserver_url(&self) -> &str {
+        &self.apiserver_url
+    }
+
+    /// Log file of each component (its stdout and stderr).
+    pub fn log_paths(&self) -> &[(Component, PathBuf)] {
+        &self.logs
+    }
+
+    /// The run's temporary directory.
+    pub fn dir(&self) -> &Path {
+        self.workdir.path()
+    }
+
+    /// Time from [`ControlPlane::start`] until every component was ready.
+    pub fn startup_time(&self) -> Duration {
+        self.startup
+    }
+
+    /// Prints the last `lines` lines of each component's log to stderr (for failing tests).
+    pub fn dump_logs_tail(&self, lines: usize) {
+        for (component, path) in &self.logs {
+            eprintln!(
+                "----- last {lines} lines of {component} ({}) -----\n{}",
+                path.display(),
+                process::log_tail(path, lines)
+            );
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        eprintln!("[testbed] stopping the control plane ...");
+        if self.keep {
+            eprintln!(
+                "[testbed] {KEEP_ENV}=1: keeping {}",
+                self.workdir.path().display()
+            );
+        }
+    }
+}
+
+fn https_url(port: u16) -> String {
+    format!("https://127.0.0.1:{port}")
+}
+
+fn keep_requested() -> bool {
+    std::env::var(KEEP_ENV).is_ok_and(|v| v == "1")
+}
+
+/// Writes the kubeconfig for this attempt's port; the probe is an admin client built from it.
+async fn apiserver_attempt(
+    layout: &Layout,
+    pki: &PkiFiles,
+    etcd_port: u16,
+    port: u16,
+) -> Result<(Vec<String>, Probe), Error> {
+    let args = args::apiserver(&args::ApiServer {
+        etcd_port,
+        port,
+        cert_dir: &layout.apiserver_certs(),
+        pki,
+    });
+    let path = layout.kubeconfig();
+    pki::write_file(&path, &kubeconfig::render(&https_url(port), pki))?;
+    let mut config = kubeconfig::config(&path).await?;
+    // The poll loop retries (and watches the process meanwhile); the client must not.
+    config.default_retry = false;
+    let client = kube::Client::try_from(config)?;
+    Ok((
+        args,
+        Probe::Https {
+            client,
+            path: "/readyz",
+        },
+    ))
+}
+
+/// A client that trusts only this run's CA and presents no credentials: health endpoints are
+/// open to anyone.
+fn health_client(port: u16, ca_der: &[u8]) -> Result<kube::Client, Error> {
+    let url = https_url(port)
+        .parse::<http::Uri>()
+        .map_err(|e| Error::Probe(format!("bad URL: {e}")))?;
+    let mut config = kube::Config::new(url);
+    config.root_cert = Some(vec![ca_der.to_vec()]);
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
+}
+
+/// Borrowed state of one `start()` call.
+struct Run<'a> {
+    supervisor: &'a mut Supervisor,
+    binaries: &'a Binaries,
+    layout: &'a Layout,
+}
+
+enum Outcome {
+    Ready,
+    PortTaken,
+}
+
+impl Run<'_> {
+    /// Starts `component` on `n_ports` fresh ports (`prepare` turns them into its arguments and
+    /// readiness probe) and restarts it on new ports when another process took one in the
+    /// meantime. Returns the ports in use.
+    async fn launch<F, Fut>(
+        &mut self,
+        component: Component,
+        n_ports: usize,
+        timeout: Duration,
+        mut prepare: F,
+    ) -> Result<Vec<u16>, Error>
+    where
+        F: FnMut(&[u16]) -> Fut,
+        Fut: Future<Output = Result<(Vec<String>, Probe), Error>>,
+    {
+        for attempt in 1..=PORT_ATTEMPTS {
+            let ports = ports::free_ports(n_ports)?;
+            let (args, probe) = prepare(&ports).await?;
+            match self
+                .run_once(component, &ports, &args, &probe, timeout)
+                .await?
+            {
+                Outcome::Ready => return Ok(ports),
+                Outcome::PortTaken => {
+                    eprintln!(
+                        "[testbed] {component}: a port was taken by another process (attempt {attempt}/{PORT_ATTEMPTS}); retrying on fresh ports"
+                    );
+                    self.supervisor.stop(component);
+                }
+            }
+        }
+        Err(Error::PortsExhausted {
+            component,
+            attempts: PORT_ATTEMPTS,
+        })
+    }
+
+    async fn run_once(
+        &mut self,
+        component: Component,
+        ports: &[u16],
+        args: &[String],
+        probe: &Probe,
+        timeout: Duration,
+    ) -> Result<Outcome, Error> {
+        let log = self.layout.log(component);
+        eprintln!("[testbed] starting {component} on 127.0.0.1 port(s) {ports:?} ...");
+        let started = Instant::now();
+        self.supervisor
+            .spawn(component, &self.binaries.path(component), args, &log)?;
+        loop {
+            if let Some(status) = self.supervisor.exit_status(component) {
+                let tail = process::log_tail(&log, FAILURE_LOG_LINES);
+                if ports::log_says_port_taken(&tail) {
+                    return Ok(Outcome::PortTaken);
+                }
+                return Err(Error::Exited {
+                    component,
+                    status: status.to_string(),
+                    log,
+                    log_tail: tail,
+                });
+            }
+            let last_error = match probe.check().await {
+                Ok(()) => {
+                    eprintln!(
+                        "[testbed] {component} ready in {:.1}s",
+                        started.elapsed().as_secs_f64()
+                    );
+                    return Ok(Outcome::Ready);
+                }
+                Err(e) => e,
+            };
+            if started.elapsed() > timeout {
+                return Err(Error::NotReady {
+                    component,
+                    waited: started.elapsed(),
+                    last_error,
+                    log_tail: process::log_tail(&log, FAILURE_LOG_LINES),
+                    log,
+                });
+            }
+            tokio::time::sleep(READY_POLL).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A run whose "etcd" is the given shell script.
+    fn fake_run(script: &str) -> (tempfile::TempDir, Binaries, Layout) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).expect("mkdir bin");
+        let etcd = bin.join("etcd");
+        std::fs::write(&etcd, format!("#!/bin/sh\n{script}\n")).expect("write fake etcd");
+        std::fs::set_permissions(&etcd, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let layout = Layout {
+            root: dir.path().to_owned(),
+        };
+        std::fs::create_dir_all(layout.logs()).expect("mkdir logs");
+        (dir, Binaries::at(&bin), layout)
+    }
+
+    async fn launch_fake_etcd(
+        binaries: &Binaries,
+        layout: &Layout,
+        supervisor: &mut Supervisor,
+        timeout: Duration,
+    ) -> Result<Vec<u16>, Error> {
+        let mut run = Run {
+            supervisor,
+            binaries,
+            layout,
+        };
+        run.launch(Component::Etcd, 1, timeout, |ports| {
+            std::future::ready(Ok((Vec::new(), Probe::EtcdHealth { port: ports[0] })))
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn losing_the_port_race_every_time_is_retried_then_reported() {
+        let (_dir, binaries, layout) =
+            fake_run("echo 'listen tcp 127.0.0.1:1: bind: address already in use' >&2; exit 1");
+        let mut supervisor = Supervisor::new(&layout.root, true).expect("supervisor");
+        let err = launch_fake_etcd(&binaries, &layout, &mut supervisor, Duration::from_secs(5))
+            .await
+            .expect_err("must fail");
+        assert!(
+            matches!(err, Error::PortsExhausted { attempts: 3, .. }),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_crash_at_start_up_names_the_component_and_shows_its_log() {
+        let (_dir, binaries, layout) =
+            fake_run("echo 'flag provided but not defined: -bogus' >&2; exit 2");
+        let mut supervisor = Supervisor::new(&layout.root, true).expect("supervisor");
+        let err = launch_fake_etcd(&binaries, &layout, &mut supervisor, Duration::from_secs(5))
+            .await
+            .expect_err("must fail");
+        let message = err.to_string();
+        assert!(message.starts_with("starting etcd: it exited"), "{message}");
+        assert!(message.contains("-bogus"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn a_component_that_never_answers_times_out_and_is_stopped() {
+        let (_dir, binaries, layout) = fake_run("exec sleep 120");
+        let mut supervisor = Supervisor::new(&layout.root, true).expect("supervisor");
+        let err = launch_fake_etcd(
+            &binaries,
+            &layout,
+            &mut supervisor,
+            Duration::from_millis(600),
+        )
+        .await
+        .expect_err("must time out");
+        assert!(
+            err.to_string()
+                .starts_with("waiting for etcd to become ready"),
+            "{err}"
+        );
+        // Still running until the caller gives up: dropping the supervisor stops it.
+        let pid = supervisor
+            .pid(Component::Etcd)
+            .expect("fake etcd still running");
+        drop(supervisor);
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "fake etcd {pid} survived"
+        );
+    }
+}

@@ -1,0 +1,195 @@
+//! Command lines of the three components (pure), following the envtest defaults plus what a
+//! provisioner needs; docs/control-plane.md explains each choice.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::Component;
+use crate::pki::PkiFiles;
+
+/// Exactly the controllers a CSI provisioner depends on: the binder writes the
+/// storage-provisioner annotation, binds and releases; the protection controllers remove the
+/// finalizers that admission adds (PVC/PV deletes hang otherwise); namespace and garbage
+/// collector let tests clean up; the expander serves resize tests.
+pub const CONTROLLERS: &str = "persistentvolume-binder-controller,\
+persistentvolumeclaim-protection-controller,\
+persistentvolume-protection-controller,\
+namespace-controller,\
+garbage-collector-controller,\
+persistentvolume-expander-controller";
+
+/// Client rate limits of the controller manager: the defaults (20/30) would make the binder the
+/// bottleneck of every benchmark.
+const KCM_QPS: u32 = 1000;
+const KCM_BURST: u32 = 2000;
+
+pub fn etcd(data_dir: &Path, client_port: u16, peer_port: u16) -> Vec<String> {
+    let client = format!("http://127.0.0.1:{client_port}");
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    vec![
+        format!("--data-dir={}", data_dir.display()),
+        format!("--listen-client-urls={client}"),
+        format!("--advertise-client-urls={client}"),
+        format!("--listen-peer-urls={peer}"),
+        format!("--initial-advertise-peer-urls={peer}"),
+        "--name=csi-testbed".to_owned(),
+        format!("--initial-cluster=csi-testbed={peer}"),
+        "--unsafe-no-fsync=true".to_owned(),
+        "--log-level=warn".to_owned(),
+    ]
+}
+
+pub struct ApiServer<'a> {
+    pub etcd_port: u16,
+    pub port: u16,
+    pub cert_dir: &'a Path,
+    pub pki: &'a PkiFiles,
+}
+
+pub fn apiserver(a: &ApiServer<'_>) -> Vec<String> {
+    let port = a.port;
+    vec![
+        format!("--etcd-servers=http://127.0.0.1:{}", a.etcd_port),
+        format!("--cert-dir={}", a.cert_dir.display()),
+        format!("--tls-cert-file={}", a.pki.serving_cert.display()),
+        format!("--tls-private-key-file={}", a.pki.serving_key.display()),
+        format!("--secure-port={port}"),
+        "--bind-address=127.0.0.1".to_owned(),
+        "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+        "--allow-privileged=true".to_owned(),
+        "--authorization-mode=RBAC".to_owned(),
+        // No controller creates the `default` ServiceAccount here, so pods would be refused.
+        "--disable-admission-plugins=ServiceAccount".to_owned(),
+        format!("--client-ca-file={}", a.pki.client_ca.display()),
+        format!("--service-account-issuer=https://127.0.0.1:{port}/"),
+        format!(
+            "--service-account-key-file={}",
+            a.pki.service_account_public.display()
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            a.pki.service_account_private.display()
+        ),
+        // A loopback advertise address cannot back the `kubernetes` Service endpoints.
+        "--endpoint-reconciler-type=none".to_owned(),
+        // Otherwise benchmarks of non-exempt identities measure API Priority and Fairness.
+        "--enable-priority-and-fairness=false".to_owned(),
+    ]
+}
+
+pub struct ControllerManager<'a> {
+    pub kubeconfig: &'a Path,
+    pub port: u16,
+    pub cert_dir: &'a Path,
+    pub pki: &'a PkiFiles,
+}
+
+pub fn controller_manager(a: &ControllerManager<'_>) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", a.kubeconfig.display()),
+        format!("--controllers={CONTROLLERS}"),
+        "--leader-elect=false".to_owned(),
+        "--use-service-account-credentials=false".to_owned(),
+        // Served only so that start-up can wait on /healthz (always allowed without auth).
+        format!("--secure-port={}", a.port),
+        "--bind-address=127.0.0.1".to_owned(),
+        format!("--cert-dir={}", a.cert_dir.display()),
+        format!("--tls-cert-file={}", a.pki.serving_cert.display()),
+        format!("--tls-private-key-file={}", a.pki.serving_key.display()),
+        format!("--kube-api-qps={KCM_QPS}"),
+        format!("--kube-api-burst={KCM_BURST}"),
+    ]
+}
+
+/// The run directory's layout.
+pub struct Layout {
+    pub root: PathBuf,
+}
+
+impl Layout {
+    pub fn pki(&self) -> PathBuf {
+        self.root.join("pki")
+    }
+    pub fn etcd_data(&self) -> PathBuf {
+        self.root.join("etcd-data")
+    }
+    pub fn apiserver_certs(&self) -> PathBuf {
+        self.root.join("apiserver-certs")
+    }
+    pub fn controller_manager_certs(&self) -> PathBuf {
+        self.root.join("controller-manager-certs")
+    }
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.root.join("admin.kubeconfig")
+    }
+    pub fn logs(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+    pub fn log(&self, component: Component) -> PathBuf {
+        self.logs().join(format!("{}.log", component.binary()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pki() -> PkiFiles {
+        let p = |n: &str| PathBuf::from("/run").join(n);
+        PkiFiles {
+            serving_ca: p("ca"),
+            serving_cert: p("crt"),
+            serving_key: p("key"),
+            client_ca: p("client-ca"),
+            admin_cert: p("admin.crt"),
+            admin_key: p("admin.key"),
+            service_account_public: p("sa.pub"),
+            service_account_private: p("sa.key"),
+        }
+    }
+
+    #[test]
+    fn etcd_listens_only_on_loopback_with_the_given_ports() {
+        let args = etcd(Path::new("/run/etcd"), 4001, 4002);
+        assert!(args.contains(&"--listen-client-urls=http://127.0.0.1:4001".to_owned()));
+        assert!(args.contains(&"--listen-peer-urls=http://127.0.0.1:4002".to_owned()));
+        assert!(args.contains(&"--initial-cluster=csi-testbed=http://127.0.0.1:4002".to_owned()));
+        assert!(args.contains(&"--data-dir=/run/etcd".to_owned()));
+    }
+
+    #[test]
+    fn apiserver_issuer_follows_its_port() {
+        let pki = pki();
+        let args = apiserver(&ApiServer {
+            etcd_port: 4001,
+            port: 6443,
+            cert_dir: Path::new("/run/certs"),
+            pki: &pki,
+        });
+        assert!(args.contains(&"--secure-port=6443".to_owned()));
+        assert!(args.contains(&"--service-account-issuer=https://127.0.0.1:6443/".to_owned()));
+        assert!(args.contains(&"--etcd-servers=http://127.0.0.1:4001".to_owned()));
+        assert!(args.contains(&"--authorization-mode=RBAC".to_owned()));
+    }
+
+    #[test]
+    fn controller_manager_runs_only_the_volume_controllers() {
+        let pki = pki();
+        let args = controller_manager(&ControllerManager {
+            kubeconfig: Path::new("/run/admin.kubeconfig"),
+            port: 10257,
+            cert_dir: Path::new("/run/kcm"),
+            pki: &pki,
+        });
+        let controllers = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--controllers="))
+            .expect("--controllers");
+        assert!(!controllers.contains('*'));
+        assert!(
+            controllers
+                .split(',')
+                .any(|c| c == "persistentvolume-binder-controller")
+        );
+        assert!(args.contains(&"--leader-elect=false".to_owned()));
+    }
+}

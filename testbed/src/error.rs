@@ -1,0 +1,99 @@
+//! The one error type of the testbed: every variant names the start-up step that failed, so a
+//! test failure or the `testbed` binary's exit message says where to look.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Which child process a message or error is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Component {
+    Etcd,
+    ApiServer,
+    ControllerManager,
+}
+
+impl Component {
+    /// The binary's file name, also used for its log file and in messages.
+    pub fn binary(self) -> &'static str {
+        match self {
+            Component::Etcd => "etcd",
+            Component::ApiServer => "kube-apiserver",
+            Component::ControllerManager => "kube-controller-manager",
+        }
+    }
+}
+
+impl std::fmt::Display for Component {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.binary())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "locating the control-plane binaries (CSI_TESTBED_BIN_DIR=<dir with etcd, kube-apiserver, kube-controller-manager> skips the build): {0}"
+    )]
+    LocateBinaries(String),
+
+    #[error("creating the temporary directory: {0}")]
+    TempDir(#[source] std::io::Error),
+
+    #[error("generating certificates: {0}")]
+    Certificates(#[from] rcgen::Error),
+
+    #[error("writing {}: {source}", path.display())]
+    WriteFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("choosing free loopback ports: {0}")]
+    FreePorts(#[source] std::io::Error),
+
+    #[error("starting the process supervisor: {0}")]
+    Supervisor(String),
+
+    #[error("preparing the readiness probe: {0}")]
+    Probe(String),
+
+    #[error("starting {component}: {source}")]
+    Spawn {
+        component: Component,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("starting {component}: it exited during start-up ({status}); last log lines of {}:\n{log_tail}", log.display())]
+    Exited {
+        component: Component,
+        status: String,
+        log: PathBuf,
+        log_tail: String,
+    },
+
+    #[error(
+        "starting {component}: its listening port was taken {attempts} times in a row by another process"
+    )]
+    PortsExhausted { component: Component, attempts: u32 },
+
+    #[error("waiting for {component} to become ready: not ready after {waited:?} (last probe error: {last_error}); last log lines of {}:\n{log_tail}", log.display())]
+    NotReady {
+        component: Component,
+        waited: Duration,
+        last_error: String,
+        log: PathBuf,
+        log_tail: String,
+    },
+
+    #[error("building a Kubernetes client from {}: {source}", path.display())]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+
+    #[error("building a Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+}

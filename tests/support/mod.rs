@@ -1,0 +1,143 @@
+//! Shared by the integration tests that need a real cluster (`mod support;` in each file).
+//!
+//! One control plane per test binary, started lazily by the first test that asks and shared by
+//! the rest; each test gets its own namespace. Processes and the run directory go away when the
+//! test binary exits, even though the handle sits in a `static` that is never dropped: the
+//! testbed starts every child under `setpriv --pdeathsig KILL` from a thread that lives as long
+//! as the handle, and an `sh` reaper removes the directory once this process is gone.
+
+// Each test binary compiles its own copy of this module and uses only part of it.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use csi_testbed::ControlPlane;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::Client;
+use kube::api::{Api, ObjectMeta, PostParams};
+
+/// Log lines of each component printed when a test fails.
+const LOG_LINES_ON_FAILURE: usize = 80;
+const POLL: Duration = Duration::from_millis(200);
+
+static CONTROL_PLANE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+static NAMESPACE_SEQ: AtomicUsize = AtomicUsize::new(0);
+
+/// The test binary's control plane, started on first use.
+///
+/// Start-up runs on a thread with its own runtime: the handle outlives every test's runtime, and
+/// nothing in it may depend on the runtime of whichever test happened to come first.
+pub fn control_plane() -> &'static ControlPlane {
+    let started = CONTROL_PLANE.get_or_init(|| {
+        std::thread::spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("building a runtime: {e}"))?
+                .block_on(ControlPlane::start())
+                .map_err(|e| e.to_string())
+        })
+        .join()
+        .unwrap_or_else(|_| Err("the control-plane start-up thread panicked".to_owned()))
+    });
+    match started {
+        Ok(cp) => cp,
+        Err(e) => panic!("the local control plane did not start: {e}"),
+    }
+}
+
+/// A fresh admin client on the calling test's runtime.
+pub async fn client() -> Client {
+    match control_plane().client().await {
+        Ok(client) => client,
+        Err(e) => panic!("building a client for the local control plane: {e}"),
+    }
+}
+
+/// A namespace of this test's own. While it is alive, a failing (panicking) test prints the tail
+/// of each component's log.
+pub struct TestNamespace {
+    name: String,
+}
+
+impl TestNamespace {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for TestNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "test in namespace {} failed; control-plane logs follow",
+                self.name
+            );
+            control_plane().dump_logs_tail(LOG_LINES_ON_FAILURE);
+        }
+    }
+}
+
+/// An admin client and a new namespace named after `prefix` (unique within the test binary).
+/// Namespaces are not deleted: the whole control plane goes away with the test binary.
+pub async fn test_namespace(prefix: &str) -> (Client, TestNamespace) {
+    let client = client().await;
+    let name = namespace_name(prefix, NAMESPACE_SEQ.fetch_add(1, Ordering::Relaxed));
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.clone()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    let guard = TestNamespace { name };
+    if let Err(e) = Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+    {
+        panic!("creating namespace {guard}: {e}");
+    }
+    (client, guard)
+}
+
+/// A DNS-1123 label: lower-case alphanumerics and '-', at most 63 characters.
+fn namespace_name(prefix: &str, seq: usize) -> String {
+    let cleaned: String = prefix
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let suffix = format!("-{}-{seq}", std::process::id());
+    let room = 63 - suffix.len();
+    let head = cleaned.trim_matches('-');
+    let head = if head.is_empty() { "test" } else { head };
+    format!("{}{suffix}", &head[..head.len().min(room)]).replace("--", "-")
+}
+
+/// Polls `check` until it yields `Ok`, failing the test after `timeout` with `what` and the last
+/// observation (`Err` carries a description of the state seen).
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let started = Instant::now();
+    loop {
+        match check().await {
+            Ok(value) => return value,
+            Err(seen) if started.elapsed() >= timeout => {
+                panic!("timed out after {timeout:?} waiting for {what}; last seen: {seen}")
+            }
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+}

@@ -7,7 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tracing::{error, info, warn};
 
-use crate::config::{Args, Gate};
+use crate::config::{Args, ConsistencyDefault, Gate};
 use crate::controller::{self, Settings};
 use crate::csi_client::{ClientOptions, CsiClient, DriverInfo, parse_csi_address};
 use crate::http;
@@ -16,6 +16,8 @@ use crate::leader::{self, Elector, LeaderConfig, LeaderWatch};
 use crate::metrics::Metrics;
 use crate::provision::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
 use crate::shutdown::{self, Shutdown};
+
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
 /// Runs the sidecar until it is told to stop; the exit code says how it ended.
 pub async fn run(args: Args) -> ExitCode {
@@ -97,7 +99,13 @@ async fn serve(args: Args, shutdown: Shutdown) -> ExitCode {
         let client = client.clone();
         let metrics = Arc::clone(&metrics);
         let drain = shutdown.drain_started();
-        move || controller::run(client, driver, metrics, settings, drain)
+        move || async move {
+            if let Err(error) = controller::run(client, driver, metrics, settings, drain).await {
+                error!("{error}");
+                eprintln!("csi-provisioner: {error}");
+                std::process::exit(1);
+            }
+        }
     };
 
     if !args.leader_election {
@@ -177,6 +185,16 @@ fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, String> {
             .unwrap_or(usize::MAX),
         event_component: format!("{}_{}_{}", info.name, hostname, uuid::Uuid::new_v4()),
         hostname,
+        consistency_by_default: args.provisioning_consistency_default == ConsistencyDefault::Enable,
+        journal_namespace: leader::resolve_namespace(
+            &args.leader_election_namespace,
+            std::env::var("POD_NAMESPACE").ok().as_deref(),
+            std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+                .ok()
+                .as_deref(),
+        ),
+        journal_base_name: leader::lease_name(&info.name),
+        journal_timeout: args.timeout,
     })
 }
 

@@ -2,15 +2,16 @@
 //! kubernetes-csi/external-provisioner. See docs/design.md for the architecture.
 
 pub mod app;
-pub mod csi;
-pub mod controller;
-pub mod csi_client;
-pub mod metrics;
-pub mod driver;
 pub mod config;
+pub mod controller;
+pub mod csi;
+pub mod csi_client;
+pub mod driver;
 pub mod http;
+pub mod journal;
 pub mod kube_client;
 pub mod leader;
 pub mod logging;
-pub mod shutdown;
+pub mod metrics;
 pub mod provision;
+pub mod shutdown;

@@ -73,6 +73,7 @@ pub struct Metrics {
     delete: Family<DeleteLabels, Counter>,
     delete_failed: Family<DeleteLabels, Counter>,
     delete_duration: HistogramFamily<DeleteLabels>,
+    orphans_deleted: Counter,
 }
 
 impl Metrics {
@@ -133,6 +134,14 @@ impl Metrics {
             delete_duration.clone(),
         );
 
+        // Ours, not upstream's: upstream has no journal of operations in flight.
+        let orphans_deleted = Counter::default();
+        registry.register(
+            "csi_provisioner_orphaned_volumes_deleted",
+            "Volumes deleted because the claim they were created for no longer exists",
+            orphans_deleted.clone(),
+        );
+
         let process_start_time = Gauge::<f64, AtomicU64>::default();
         process_start_time.set(
             SystemTime::now()
@@ -155,7 +164,13 @@ impl Metrics {
             delete,
             delete_failed,
             delete_duration,
+            orphans_deleted,
         }
+    }
+
+    /// Counts a volume deleted by the orphan reaper.
+    pub fn orphan_deleted(&self) {
+        self.orphans_deleted.inc();
     }
 
     /// Records one CSI call. `method_name` is the full gRPC path

@@ -77,12 +77,16 @@ impl EventRecorder {
         reason: &str,
         message: &str,
     ) {
-        let Some(uid) = regarding.uid.clone() else {
-            warn!(reason, "not recording an event for an object without uid");
-            return;
-        };
+        // Objects referenced without a uid (journal shards) are keyed by namespace and name.
+        let object_key = regarding.uid.clone().unwrap_or_else(|| {
+            format!(
+                "{}/{}",
+                regarding.namespace.as_deref().unwrap_or_default(),
+                regarding.name.as_deref().unwrap_or_default()
+            )
+        });
         let key = EventKey {
-            object_uid: uid,
+            object_uid: object_key,
             type_,
             reason: reason.to_string(),
             message: message.to_string(),

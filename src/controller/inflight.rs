@@ -5,8 +5,8 @@
 //! - the claim is gone and the orphan's DeleteVolume succeeded, or
 //! - CreateVolume answered with a final error, so no volume exists.
 //!
-//! This registry lives in memory (it survives a deleted claim, not a restart of the sidecar;
-//! the persistent journal extends it across restarts and failovers).
+//! This registry is the in-memory side of `crate::journal`, which makes every record durable
+//! in the API server before it is added here.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -64,6 +64,13 @@ impl InFlightRegistry {
             registry: self,
             volume_name,
         }
+    }
+
+    /// Restores an operation read back from the journal at start-up.
+    pub fn restore(&self, operation: InFlight) {
+        self.lock()
+            .entries
+            .insert(operation.volume_name.clone(), operation);
     }
 
     /// Operations nobody is working on: candidates for the orphan reaper.

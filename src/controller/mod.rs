@@ -28,11 +28,11 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use tracing::{debug, warn};
 
 use crate::csi_client::CsiController;
+use crate::journal::{Journal, JournalError};
 use crate::metrics::Metrics;
 use crate::provision::{DriverCapabilities, ProvisionerConfig, claim_class_name};
 use backoff::{Backoff, InfeasibleSet};
 use events::EventRecorder;
-use inflight::InFlightRegistry;
 use limits::CallLimits;
 
 /// Periodic re-examination of every claim and volume, as upstream's 15-minute resync.
@@ -50,7 +50,9 @@ pub struct Context {
     pub events: EventRecorder,
     pub metrics: Arc<Metrics>,
     pub limits: CallLimits,
-    pub inflight: InFlightRegistry,
+    pub journal: Journal,
+    /// `--provisioning-consistency-default enable`.
+    pub consistency_by_default: bool,
     pub retry_interval_start: Duration,
     pub retry_interval_max: Duration,
     claim_backoff: Mutex<Backoff<String>>,
@@ -69,6 +71,12 @@ pub struct Settings {
     /// Source component of events: `<driver>_<hostname>_<uuid>` as upstream's library writes.
     pub event_component: String,
     pub hostname: String,
+    pub consistency_by_default: bool,
+    /// Where the journal shards live (the sidecar's namespace) and their name prefix.
+    pub journal_namespace: String,
+    pub journal_base_name: String,
+    /// How long a journal write may take before CreateVolume is given up for this attempt.
+    pub journal_timeout: Duration,
 }
 
 impl Context {
@@ -91,15 +99,24 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Runs the provisioning and deletion controllers until `drain` resolves, then lets the
-/// reconciles in flight finish (their driver calls included) and returns.
+/// Loads the journal, then runs the provisioning and deletion controllers and the orphan
+/// reaper until `drain` resolves; lets the reconciles in flight finish (their driver calls
+/// included) and returns.
 pub async fn run(
     client: Client,
     driver: Arc<dyn CsiController>,
     metrics: Arc<Metrics>,
     settings: Settings,
     drain: impl Future<Output = ()> + Send + Sync + 'static,
-) {
+) -> Result<(), JournalError> {
+    let journal = Journal::load(
+        client.clone(),
+        &settings.journal_namespace,
+        &settings.journal_base_name,
+        &settings.config.driver_name,
+        settings.journal_timeout,
+    )
+    .await?;
     let watches = cache::watch_all(&client);
     let (claims, claim_stream) = watches.claims;
     let (volumes, volume_stream) = watches.volumes;
@@ -115,7 +132,8 @@ pub async fn run(
         classes,
         metrics,
         limits: CallLimits::new(settings.worker_threads, settings.max_concurrent_per_class),
-        inflight: InFlightRegistry::default(),
+        journal,
+        consistency_by_default: settings.consistency_by_default,
         retry_interval_start: settings.retry_interval_start,
         retry_interval_max: settings.retry_interval_max,
         claim_backoff: Mutex::new(Backoff::new(
@@ -171,6 +189,7 @@ pub async fn run(
         .for_each(log_result);
     let reaper = orphans::reap_orphans(Arc::clone(&ctx), drained());
     tokio::join!(claim_controller, volume_controller, reaper);
+    Ok(())
 }
 
 fn resync_ticks() -> impl futures::Stream<Item = ()> + Send + 'static {

@@ -16,9 +16,16 @@ use tracing::{info, warn};
 
 use super::Context;
 use super::backoff::Backoff;
+use super::events::EventType;
 use super::inflight::InFlight;
-use super::provisioner::{ClaimError, delete_backend_volume, read_provisioner_secret};
+use super::provisioner::{
+    ClaimError, delete_backend_volume, read_provisioner_secret, set_claim_finalizer,
+};
 use crate::csi_client::ErrorClass;
+use crate::journal::Phase;
+use crate::provision::has_provisioning_finalizer;
+
+const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
 
 /// How often the reaper looks for orphans when nothing is waiting on a backoff.
 const SCAN_INTERVAL: Duration = Duration::from_secs(2);
@@ -35,7 +42,7 @@ pub async fn reap_orphans(ctx: Arc<Context>, stop: impl std::future::Future<Outp
             () = tokio::time::sleep(SCAN_INTERVAL) => {}
         }
         let now = Instant::now();
-        for operation in ctx.inflight.idle() {
+        for operation in ctx.journal.registry().idle() {
             if not_before
                 .get(&operation.volume_name)
                 .is_some_and(|due| *due > now)
@@ -49,13 +56,18 @@ pub async fn reap_orphans(ctx: Arc<Context>, stop: impl std::future::Future<Outp
                     not_before.remove(&operation.volume_name);
                 }
                 Err(error) => {
+                    ctx.journal.note_failure(
+                        &operation.volume_name,
+                        Phase::Orphaned,
+                        &error.to_string(),
+                    );
                     let delay = retries.failure(operation.volume_name.clone());
                     warn!(volume = operation.volume_name, claim_uid = operation.claim_uid, %error, retry_in = ?delay, "orphaned volume not cleaned up yet");
                     not_before.insert(operation.volume_name.clone(), now + delay);
                 }
             }
         }
-        not_before.retain(|name, _| ctx.inflight.contains(name));
+        not_before.retain(|name, _| ctx.journal.registry().contains(name));
     }
 }
 
@@ -64,21 +76,39 @@ enum Reaped {
     Done,
 }
 
+/// What the claim of an operation wants, from a quorum read.
+enum ClaimState {
+    /// It exists with the operation's UID and is not being deleted.
+    WantsTheVolume,
+    /// Deleted or replaced; `Some` while it is still being deleted (its consistency
+    /// finalizer, if any, comes off once the orphan is gone).
+    Gone(Option<Box<PersistentVolumeClaim>>),
+}
+
 async fn reap(ctx: &Context, operation: &InFlight) -> Result<Reaped, ClaimError> {
-    if !claim_is_gone(ctx, operation).await? {
+    let ClaimState::Gone(deleting_claim) = claim_state(ctx, operation).await? else {
         return Ok(Reaped::NotAnOrphan);
-    }
+    };
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    if volumes
+    let pv_exists = volumes
         .get_opt(&operation.volume_name)
         .await
         .map_err(|error| ClaimError::ClaimRead(operation.volume_name.clone(), error))?
-        .is_some()
-    {
-        // The PV holds the volume; the volume reconciler deletes it once it is Released.
-        ctx.inflight.complete(&operation.volume_name);
-        return Ok(Reaped::Done);
+        .is_some();
+    if !pv_exists {
+        delete_orphan(ctx, operation).await?;
     }
+    // With a PV, the volume reconciler deletes the volume once the PV is Released.
+    ctx.journal.complete(&operation.volume_name);
+    if let Some(claim) = deleting_claim.filter(|claim| has_provisioning_finalizer(claim)) {
+        set_claim_finalizer(ctx, &claim, false).await?;
+    }
+    Ok(Reaped::Done)
+}
+
+/// Replays CreateVolume with the recorded name and inputs to learn the volume id, then
+/// deletes the volume. A final error on the replay means no volume exists under that name.
+async fn delete_orphan(ctx: &Context, operation: &InFlight) -> Result<(), ClaimError> {
     let secrets = read_provisioner_secret(ctx, operation.provisioner_secret.as_ref()).await?;
     let request = crate::csi::CreateVolumeRequest {
         secrets: secrets.clone(),
@@ -98,24 +128,36 @@ async fn reap(ctx: &Context, operation: &InFlight) -> Result<Reaped, ClaimError>
         }
         Err(_) => String::new(),
     };
-    if !volume_id.is_empty() {
-        delete_backend_volume(ctx, &operation.class_name, &volume_id, secrets)
-            .await
-            .map_err(ClaimError::Driver)?;
-        info!(
-            volume = operation.volume_name,
-            volume_id,
-            claim_uid = operation.claim_uid,
-            "deleted the volume of a claim that is gone"
-        );
+    if volume_id.is_empty() {
+        return Ok(());
     }
-    ctx.inflight.complete(&operation.volume_name);
-    Ok(Reaped::Done)
+    delete_backend_volume(ctx, &operation.class_name, &volume_id, secrets)
+        .await
+        .map_err(ClaimError::Driver)?;
+    ctx.metrics.orphan_deleted();
+    info!(
+        volume = operation.volume_name,
+        volume_id,
+        claim_uid = operation.claim_uid,
+        "deleted the volume of a claim that is gone"
+    );
+    ctx.events
+        .publish(
+            &ctx.journal.shard_reference(&operation.volume_name),
+            EventType::Normal,
+            ORPHAN_DELETED,
+            &format!(
+                "Deleted volume {volume_id} ({}) created for claim {}/{} (uid {}), which no longer exists",
+                operation.volume_name, operation.claim_namespace, operation.claim_name, operation.claim_uid
+            ),
+        )
+        .await;
+    Ok(())
 }
 
-/// Whether the operation's claim no longer wants the volume. The cache answers "still there";
-/// only a quorum read may answer "gone", since that answer leads to DeleteVolume.
-async fn claim_is_gone(ctx: &Context, operation: &InFlight) -> Result<bool, ClaimError> {
+/// The cache may answer "wants the volume"; only a quorum read may answer "gone", since that
+/// answer leads to DeleteVolume.
+async fn claim_state(ctx: &Context, operation: &InFlight) -> Result<ClaimState, ClaimError> {
     let wants = |claim: &PersistentVolumeClaim| {
         claim.uid().as_deref() == Some(operation.claim_uid.as_str())
             && claim.metadata.deletion_timestamp.is_none()
@@ -124,7 +166,7 @@ async fn claim_is_gone(ctx: &Context, operation: &InFlight) -> Result<bool, Clai
         .claims
         .get(&ObjectRef::new(&operation.claim_name).within(&operation.claim_namespace));
     if cached.as_deref().is_some_and(wants) {
-        return Ok(false);
+        return Ok(ClaimState::WantsTheVolume);
     }
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &operation.claim_namespace);
@@ -134,5 +176,11 @@ async fn claim_is_gone(ctx: &Context, operation: &InFlight) -> Result<bool, Clai
             error,
         )
     })?;
-    Ok(!fresh.as_ref().is_some_and(wants))
+    Ok(match fresh {
+        Some(claim) if wants(&claim) => ClaimState::WantsTheVolume,
+        Some(claim) if claim.uid().as_deref() == Some(operation.claim_uid.as_str()) => {
+            ClaimState::Gone(Some(Box::new(claim)))
+        }
+        _ => ClaimState::Gone(None),
+    })
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -20,10 +20,12 @@ use super::events::EventType;
 use super::inflight::InFlight;
 use crate::csi;
 use crate::csi_client::{CallError, ErrorClass};
+use crate::journal::{JournalError, Phase};
 use crate::provision::{
-    Decision, DecisionError, ProvisionError, ProvisionPlan, SecretError, SecretRef, VolumeError,
-    already_exists_is_ours, build_create_volume_request, build_persistent_volume, claim_class_name,
-    plan_provision, secret_data, should_provision,
+    Decision, DecisionError, PROVISIONING_FINALIZER, ProvisionError, ProvisionPlan, SecretError,
+    SecretRef, VolumeError, already_exists_is_ours, build_create_volume_request,
+    build_persistent_volume, claim_class_name, has_provisioning_finalizer, may_release_finalizer,
+    needs_finalizer, plan_provision, secret_data, should_provision, volume_name,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -44,6 +46,10 @@ pub enum ClaimError {
     SecretData(#[from] SecretError),
     #[error("failed to read claim {0}: {1}")]
     ClaimRead(String, kube::Error),
+    #[error("failed to update the finalizers of claim {0}: {1}")]
+    ClaimFinalizer(String, kube::Error),
+    #[error("failed to record the operation in the journal: {0}")]
+    Journal(#[from] JournalError),
     #[error("{0}")]
     Driver(CallError),
     #[error("Volume provisioning failed with infeasible error. Retries will be delayed. {0}")]
@@ -127,7 +133,9 @@ impl ClaimReconciler {
                 debug!(claim = %claim_key(pvc), %message, "left to an external populator");
                 return Action::await_change();
             }
-            ClaimError::Decision(_) | ClaimError::ClaimRead(..) => {}
+            ClaimError::Decision(_)
+            | ClaimError::ClaimRead(..)
+            | ClaimError::ClaimFinalizer(..) => {}
             _ => {
                 ctx.events
                     .publish(
@@ -155,6 +163,23 @@ enum Outcome {
 }
 
 async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome, ClaimError> {
+    if has_provisioning_finalizer(pvc) {
+        let in_flight = volume_name(
+            &ctx.config.volume_name_prefix,
+            ctx.config.volume_name_uuid_length,
+            &pvc.uid().unwrap_or_default(),
+        )
+        .is_ok_and(|name| ctx.journal.registry().contains(&name));
+        if may_release_finalizer(pvc, in_flight, ctx.consistency_by_default) {
+            set_claim_finalizer(ctx, pvc, false).await?;
+            return Ok(Outcome::Nothing);
+        }
+    }
+    if pvc.metadata.deletion_timestamp.is_some() {
+        // A claim being deleted gets no new volume; its operation in flight, if any, is the
+        // orphan reaper's.
+        return Ok(Outcome::Nothing);
+    }
     let class = ctx.classes.get(&ObjectRef::new(claim_class_name(pvc)));
     match should_provision(pvc, class.as_deref(), &ctx.config.driver_name) {
         Decision::Provision => {}
@@ -182,13 +207,16 @@ async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome
     }
     // The cache may lag: a claim bound, deleted or re-created since must never get a new
     // volume (upstream #1469). A quorum read decides.
-    if !claim_still_wants_a_volume(pvc, ctx).await? {
+    let Some(fresh) = claim_still_wanting_a_volume(pvc, ctx).await? else {
         return Ok(Outcome::Nothing);
+    };
+    if needs_finalizer(&fresh, ctx.consistency_by_default) {
+        set_claim_finalizer(ctx, &fresh, true).await?;
     }
 
     let secrets = read_provisioner_secret(ctx, plan.secrets.provisioner.as_ref()).await?;
     let request = build_create_volume_request(&plan, secrets, None);
-    let _busy = ctx.inflight.record(in_flight(pvc, &plan, &request));
+    let _busy = ctx.journal.record(in_flight(pvc, &plan, &request)).await?;
     ctx.events
         .publish(
             &pvc.object_ref(&()),
@@ -208,9 +236,15 @@ async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome
     let response = match response {
         Ok(response) => response,
         Err(error) => {
-            if error.class() != ErrorClass::InProgress {
+            if error.class() == ErrorClass::InProgress {
+                ctx.journal.note_failure(
+                    &plan.volume_name,
+                    Phase::Provisioning,
+                    &error.to_string(),
+                );
+            } else {
                 // A final answer: the driver created nothing under this name.
-                ctx.inflight.complete(&plan.volume_name);
+                ctx.journal.complete(&plan.volume_name);
             }
             if error.is_infeasible() {
                 ctx.infeasible().insert(&uid, &class_uid, Instant::now());
@@ -225,7 +259,7 @@ async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome
         Err(error) => return Err(clean_up_unusable(ctx, &plan, &request, error).await),
     };
     save_volume(ctx, &plan, pv, &request).await?;
-    ctx.inflight.complete(&plan.volume_name);
+    ctx.journal.complete(&plan.volume_name);
     ctx.events
         .publish(
             &pvc.object_ref(&()),
@@ -239,18 +273,19 @@ async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome
     })
 }
 
-/// A fresh read: the claim exists with the same UID, is not bound, and is not being deleted.
-async fn claim_still_wants_a_volume(
+/// A fresh read: the claim, if it still exists with the same UID, is not bound, and is not
+/// being deleted.
+async fn claim_still_wanting_a_volume(
     pvc: &PersistentVolumeClaim,
     ctx: &Context,
-) -> Result<bool, ClaimError> {
+) -> Result<Option<PersistentVolumeClaim>, ClaimError> {
     let namespace = pvc.namespace().unwrap_or_default();
     let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
     let fresh = api
         .get_opt(&pvc.name_any())
         .await
         .map_err(|error| ClaimError::ClaimRead(claim_key(pvc), error))?;
-    Ok(fresh.is_some_and(|fresh| {
+    Ok(fresh.filter(|fresh| {
         fresh.uid() == pvc.uid()
             && fresh.metadata.deletion_timestamp.is_none()
             && fresh
@@ -259,6 +294,41 @@ async fn claim_still_wants_a_volume(
                 .and_then(|spec| spec.volume_name.as_deref())
                 .is_none_or(str::is_empty)
     }))
+}
+
+/// Adds or removes the provisioning-consistency finalizer. The patch carries the claim's
+/// resourceVersion, so a finalizer list changed meanwhile is never overwritten.
+pub(super) async fn set_claim_finalizer(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    present: bool,
+) -> Result<(), ClaimError> {
+    let mut finalizers: Vec<String> = pvc
+        .finalizers()
+        .iter()
+        .filter(|f| *f != PROVISIONING_FINALIZER)
+        .cloned()
+        .collect();
+    if present {
+        finalizers.push(PROVISIONING_FINALIZER.to_owned());
+    }
+    let patch = serde_json::json!({
+        "metadata": { "finalizers": finalizers, "resourceVersion": pvc.resource_version() }
+    });
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
+    match api
+        .patch(
+            &pvc.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(ClaimError::ClaimFinalizer(claim_key(pvc), error)),
+    }
 }
 
 pub(super) async fn read_provisioner_secret(
@@ -293,7 +363,7 @@ async fn clean_up_unusable(
     };
     match delete_backend_volume(ctx, &plan.class_name, &volume_id, request.secrets.clone()).await {
         Ok(()) => {
-            ctx.inflight.complete(&plan.volume_name);
+            ctx.journal.complete(&plan.volume_name);
             ClaimError::Volume(error)
         }
         Err(cleanup) => ClaimError::CleanupFailed {
@@ -341,7 +411,7 @@ async fn save_volume(
             delete_backend_volume(ctx, &plan.class_name, &handle, request.secrets.clone())
                 .await
                 .map_err(ClaimError::Driver)?;
-            ctx.inflight.complete(&name);
+            ctx.journal.complete(&name);
             Err(ClaimError::PvTaken {
                 name,
                 existing: existing_handle,

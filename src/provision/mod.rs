@@ -18,6 +18,7 @@
 
 mod capabilities;
 mod claim;
+mod consistency;
 mod deletion;
 mod naming;
 mod parameters;
@@ -36,6 +37,10 @@ pub use capabilities::{
 };
 pub use claim::{
     Decision, DecisionError, SkipReason, claim_class_name, selected_node, should_provision,
+};
+pub use consistency::{
+    ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER, consistency_enabled,
+    has_provisioning_finalizer, may_release_finalizer, needs_finalizer,
 };
 pub use deletion::{
     DeletionError, DeletionSecrets, DeletionTarget, FinalizerAction, already_exists_is_ours,

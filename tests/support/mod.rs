@@ -9,6 +9,8 @@
 // Each test binary compiles its own copy of this module and uses only part of it.
 #![allow(dead_code)]
 
+pub mod peers;
+
 use std::future::Future;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,8 +39,11 @@ pub fn control_plane() -> &'static ControlPlane {
                 .enable_all()
                 .build()
                 .map_err(|e| format!("building a runtime: {e}"))?
-                .block_on(ControlPlane::start())
-                .map_err(|e| e.to_string())
+                .block_on(async {
+                    let cp = ControlPlane::start().await.map_err(|e| e.to_string())?;
+                    install_journal_crd(&cp).await?;
+                    Ok(cp)
+                })
         })
         .join()
         .unwrap_or_else(|_| Err("the control-plane start-up thread panicked".to_owned()))
@@ -46,6 +51,41 @@ pub fn control_plane() -> &'static ControlPlane {
     match started {
         Ok(cp) => cp,
         Err(e) => panic!("the local control plane did not start: {e}"),
+    }
+}
+
+/// The sidecar refuses to start without its journal CRD (deploy/crd.yaml), as in a cluster
+/// where the CRD was not applied; every test cluster gets it up front.
+async fn install_journal_crd(cp: &ControlPlane) -> Result<(), String> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    let client = cp.client().await.map_err(|e| e.to_string())?;
+    let crds: Api<CustomResourceDefinition> = Api::all(client);
+    let crd = csi_provisioner::journal::ProvisioningJournal::crd();
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    crds.create(&PostParams::default(), &crd)
+        .await
+        .map_err(|e| format!("installing the journal CRD: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let established = crds
+            .get(&name)
+            .await
+            .ok()
+            .and_then(|crd| crd.status)
+            .and_then(|status| status.conditions)
+            .is_some_and(|conditions| {
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+        if established {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err("the journal CRD was not established within 60 s".to_owned());
+        }
+        tokio::time::sleep(POLL).await;
     }
 }
 

@@ -1,0 +1,216 @@
+//! The persistent journal of operations in flight: what makes "never leak a volume" survive a
+//! SIGKILL, a restart or a leader failover. An operation is durable in the API server before
+//! its first CreateVolume and is removed only once its outcome is safe (see
+//! `controller::inflight` for the rules and `docs/journal.md` for the proof).
+//!
+//! In memory the journal is the [`InFlightRegistry`]; on disk it is a few
+//! `ProvisioningJournal` shard objects in the sidecar's namespace, written by one task per
+//! shard. Only the leader runs controllers, so only the leader writes.
+
+mod record;
+mod writer;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams};
+use kube::{Client, Resource, ResourceExt};
+use thiserror::Error;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, warn};
+
+use crate::controller::inflight::{Busy, InFlight, InFlightRegistry};
+pub use record::{
+    Change, OperationRecord, Phase, ProvisioningJournal, ProvisioningJournalSpec, RECORD_FORMAT,
+    RecordError, SecretReference, Summary, apply, shard_of,
+};
+use writer::{Queued, ShardWriter};
+
+/// Shards per driver. More shards mean more parallel writes and smaller objects.
+pub const SHARDS: usize = 8;
+/// Label naming the driver on every shard.
+pub const DRIVER_LABEL: &str = "provisioner.csi-rs.dev/driver";
+
+#[derive(Debug, Error)]
+pub enum JournalError {
+    #[error(
+        "the ProvisioningJournal CRD is not installed (apply deploy/crd.yaml), or the sidecar may not list provisioningjournals in namespace {namespace}: {source}"
+    )]
+    Load {
+        namespace: String,
+        source: kube::Error,
+    },
+    #[error(
+        "the journal did not store the operation within {0:?}; CreateVolume is not sent until it does"
+    )]
+    NotDurable(Duration),
+    #[error("the journal writer stopped")]
+    WriterGone,
+}
+
+pub struct Journal {
+    registry: InFlightRegistry,
+    shards: Vec<mpsc::UnboundedSender<Queued>>,
+    shard_names: Vec<String>,
+    namespace: String,
+    record_timeout: Duration,
+}
+
+impl Journal {
+    /// Loads every recorded operation of `driver` from `namespace` and starts the shard
+    /// writers. `base_name` is the sanitised driver name (as the Lease uses).
+    pub async fn load(
+        client: Client,
+        namespace: &str,
+        base_name: &str,
+        driver: &str,
+        record_timeout: Duration,
+    ) -> Result<Self, JournalError> {
+        let api: Api<ProvisioningJournal> = Api::namespaced(client, namespace);
+        let selector = format!("{DRIVER_LABEL}={base_name}");
+        let existing = api
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|source| JournalError::Load {
+                namespace: namespace.to_owned(),
+                source,
+            })?;
+        let registry = InFlightRegistry::default();
+        let mut by_name: BTreeMap<String, ProvisioningJournal> = BTreeMap::new();
+        for shard in existing.items {
+            for record in &shard.spec.operations {
+                match record.to_in_flight() {
+                    Ok(operation) => registry.restore(operation),
+                    Err(error) => {
+                        warn!(shard = shard.name_any(), %error, "journal record kept but not replayable")
+                    }
+                }
+            }
+            by_name.insert(shard.name_any(), shard);
+        }
+        if !registry.is_empty() {
+            info!(
+                operations = registry.len(),
+                "recovered operations in flight from the journal"
+            );
+        }
+        let labels: BTreeMap<String, String> =
+            [(DRIVER_LABEL.to_owned(), base_name.to_owned())].into();
+        let mut shards = Vec::with_capacity(SHARDS);
+        let mut shard_names = Vec::with_capacity(SHARDS);
+        for index in 0..SHARDS {
+            let name = format!("{base_name}-{index}");
+            let (sender, queue) = mpsc::unbounded_channel();
+            let writer = ShardWriter {
+                api: api.clone(),
+                name: name.clone(),
+                driver: driver.to_owned(),
+                labels: labels.clone(),
+                current: by_name.remove(&name),
+            };
+            tokio::spawn(writer.run(queue));
+            shards.push(sender);
+            shard_names.push(name);
+        }
+        Ok(Journal {
+            registry,
+            shards,
+            shard_names,
+            namespace: namespace.to_owned(),
+            record_timeout,
+        })
+    }
+
+    /// Makes the operation durable, then marks it busy for the caller. CreateVolume may be
+    /// sent only after this returns `Ok`.
+    pub async fn record(&self, operation: InFlight) -> Result<Busy<'_>, JournalError> {
+        let record = OperationRecord::from_in_flight(&operation, Timestamp::now());
+        let (durable, stored) = oneshot::channel();
+        self.queue(
+            &operation.volume_name,
+            Change::Upsert(record),
+            Some(durable),
+        )?;
+        match tokio::time::timeout(self.record_timeout, stored).await {
+            Ok(Ok(())) => Ok(self.registry.record(operation)),
+            Ok(Err(_)) => Err(JournalError::WriterGone),
+            Err(_) => Err(JournalError::NotDurable(self.record_timeout)),
+        }
+    }
+
+    /// The outcome is safe: forget the operation. Not waited for: if the process dies before
+    /// the removal is stored, recovery finds the PV (or the final answer) again.
+    pub fn complete(&self, volume_name: &str) {
+        self.registry.complete(volume_name);
+        let _ = self.queue(
+            volume_name,
+            Change::Remove {
+                volume_name: volume_name.to_owned(),
+            },
+            None,
+        );
+    }
+
+    /// Records a failed attempt so `kubectl get provisioningjournals` shows it.
+    pub fn note_failure(&self, volume_name: &str, phase: Phase, error: &str) {
+        let change = Change::Failure {
+            volume_name: volume_name.to_owned(),
+            phase,
+            error: error.to_owned(),
+        };
+        let _ = self.queue(volume_name, change, None);
+    }
+
+    pub fn registry(&self) -> &InFlightRegistry {
+        &self.registry
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The shard object holding a volume's operation: what events about orphans regard.
+    pub fn shard_reference(&self, volume_name: &str) -> ObjectReference {
+        ObjectReference {
+            api_version: Some(ProvisioningJournal::api_version(&()).into_owned()),
+            kind: Some(ProvisioningJournal::kind(&()).into_owned()),
+            namespace: Some(self.namespace.clone()),
+            name: Some(self.shard_names[shard_of(volume_name, self.shard_names.len())].clone()),
+            ..ObjectReference::default()
+        }
+    }
+
+    fn queue(
+        &self,
+        volume_name: &str,
+        change: Change,
+        durable: Option<oneshot::Sender<()>>,
+    ) -> Result<(), JournalError> {
+        self.shards[shard_of(volume_name, self.shards.len())]
+            .send(Queued { change, durable })
+            .map_err(|_| JournalError::WriterGone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    const SHIPPED_CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml");
+
+    /// deploy/crd.yaml is generated from the Rust type; regenerate it with
+    /// `UPDATE_CRD=1 cargo test --lib journal`.
+    #[test]
+    fn the_shipped_crd_is_the_one_the_code_defines() {
+        let yaml = serde_saphyr::to_string(&ProvisioningJournal::crd()).expect("the CRD serializes");
+        let generated = format!("# Generated from src/journal/record.rs; do not edit by hand.\n{yaml}");
+        if std::env::var_os("UPDATE_CRD").is_some() {
+            std::fs::write(SHIPPED_CRD, &generated).expect("deploy/crd.yaml is writable");
+        }
+        let shipped = std::fs::read_to_string(SHIPPED_CRD).unwrap_or_default();
+        assert!(shipped == generated, "deploy/crd.yaml is stale: run UPDATE_CRD=1 cargo test --lib journal");
+    }
+}

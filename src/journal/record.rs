@@ -1,0 +1,499 @@
+//! The journal's persisted format and the pure operations on it.
+//!
+//! Operations are kept in a few shard objects (`ProvisioningJournal`, namespaced, in the
+//! sidecar's namespace) rather than one object per operation: a shard write carries every
+//! change queued while the previous write was in flight, so with many claims at once the
+//! journal costs a small fraction of a write per volume (see docs/journal.md).
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use k8s_openapi::jiff::Timestamp;
+use kube::CustomResource;
+use prost::Message;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::controller::inflight::InFlight;
+use crate::csi;
+use crate::provision::SecretRef;
+
+/// Version of [`OperationRecord`] written by this build. Older records are still read: every
+/// field added since version 1 has a default.
+pub const RECORD_FORMAT: u32 = 1;
+
+/// One shard of the journal of operations in flight.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "provisioner.csi-rs.dev",
+    version = "v1alpha1",
+    kind = "ProvisioningJournal",
+    namespaced,
+    printcolumn = r#"{"name":"Driver","type":"string","jsonPath":".spec.driver"}"#,
+    printcolumn = r#"{"name":"In flight","type":"integer","jsonPath":".spec.summary.inFlight"}"#,
+    printcolumn = r#"{"name":"Orphaned","type":"integer","jsonPath":".spec.summary.orphaned"}"#,
+    printcolumn = r#"{"name":"Oldest claim","type":"string","jsonPath":".spec.summary.oldestClaim"}"#,
+    printcolumn = r#"{"name":"Attempts","type":"integer","jsonPath":".spec.summary.maxAttempts"}"#,
+    printcolumn = r#"{"name":"Last error","type":"string","jsonPath":".spec.summary.lastError","priority":0}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProvisioningJournalSpec {
+    /// The CSI driver whose operations this shard holds.
+    pub driver: String,
+    #[serde(default)]
+    pub operations: Vec<OperationRecord>,
+    /// Derived from `operations` on every write, for `kubectl get`.
+    #[serde(default)]
+    pub summary: Summary,
+}
+
+/// One CreateVolume that was sent (or is about to be) and not yet seen through.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OperationRecord {
+    #[serde(default = "first_format")]
+    pub format_version: u32,
+    /// CreateVolume `name`, also the PV name.
+    pub volume_name: String,
+    /// `<namespace>/<name>` of the claim.
+    pub claim: String,
+    pub claim_uid: String,
+    pub storage_class: String,
+    /// The CreateVolume request, protobuf-encoded then base64, with `secrets` emptied.
+    pub request: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioner_secret: Option<SecretReference>,
+    #[serde(default)]
+    pub phase: Phase,
+    #[serde(default)]
+    pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the operation was first recorded (RFC 3339).
+    #[serde(default)]
+    pub since: String,
+}
+
+fn first_format() -> u32 {
+    1
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct SecretReference {
+    pub name: String,
+    pub namespace: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    /// The claim exists; the claim reconciler owns the operation.
+    #[default]
+    Provisioning,
+    /// The claim is gone; the orphan reaper replays CreateVolume and deletes the volume.
+    Orphaned,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub in_flight: u32,
+    pub orphaned: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_claim: Option<String>,
+    pub max_attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// A change to a shard, queued by the controllers and applied by the shard's writer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    Upsert(OperationRecord),
+    Remove {
+        volume_name: String,
+    },
+    /// A failed attempt: bump `attempts`, keep the error, set the phase.
+    Failure {
+        volume_name: String,
+        phase: Phase,
+        error: String,
+    },
+}
+
+#[derive(Debug, Error, PartialEq)]
+pub enum RecordError {
+    #[error("journal record {volume}: request is not valid base64: {reason}")]
+    Base64 { volume: String, reason: String },
+    #[error("journal record {volume}: request is not a CreateVolumeRequest: {reason}")]
+    Protobuf { volume: String, reason: String },
+    #[error("journal record {volume}: claim {claim:?} is not <namespace>/<name>")]
+    Claim { volume: String, claim: String },
+    #[error(
+        "journal record {volume} has format {found}, newer than this build understands ({RECORD_FORMAT})"
+    )]
+    NewerFormat { volume: String, found: u32 },
+}
+
+/// Longest error text kept per operation; the full text is in the sidecar's log and events.
+const MAX_ERROR_LEN: usize = 512;
+
+impl OperationRecord {
+    pub fn from_in_flight(operation: &InFlight, since: Timestamp) -> Self {
+        let request = csi::CreateVolumeRequest {
+            secrets: Default::default(),
+            ..operation.request.clone()
+        };
+        OperationRecord {
+            format_version: RECORD_FORMAT,
+            volume_name: operation.volume_name.clone(),
+            claim: format!("{}/{}", operation.claim_namespace, operation.claim_name),
+            claim_uid: operation.claim_uid.clone(),
+            storage_class: operation.class_name.clone(),
+            request: STANDARD.encode(request.encode_to_vec()),
+            provisioner_secret: operation.provisioner_secret.as_ref().map(
+                |SecretRef { name, namespace }| SecretReference {
+                    name: name.clone(),
+                    namespace: namespace.clone(),
+                },
+            ),
+            phase: Phase::Provisioning,
+            attempts: 0,
+            last_error: None,
+            since: since.to_string(),
+        }
+    }
+
+    /// The operation as the controllers use it. Fails on a record this build cannot replay
+    /// exactly (such a record is kept untouched for a newer build or a human).
+    pub fn to_in_flight(&self) -> Result<InFlight, RecordError> {
+        let volume = || self.volume_name.clone();
+        if self.format_version > RECORD_FORMAT {
+            return Err(RecordError::NewerFormat {
+                volume: volume(),
+                found: self.format_version,
+            });
+        }
+        let bytes = STANDARD
+            .decode(&self.request)
+            .map_err(|error| RecordError::Base64 {
+                volume: volume(),
+                reason: error.to_string(),
+            })?;
+        let request = csi::CreateVolumeRequest::decode(bytes.as_slice()).map_err(|error| {
+            RecordError::Protobuf {
+                volume: volume(),
+                reason: error.to_string(),
+            }
+        })?;
+        let Some((namespace, name)) = self
+            .claim
+            .split_once('/')
+            .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
+        else {
+            return Err(RecordError::Claim {
+                volume: volume(),
+                claim: self.claim.clone(),
+            });
+        };
+        Ok(InFlight {
+            volume_name: self.volume_name.clone(),
+            claim_namespace: namespace.to_owned(),
+            claim_name: name.to_owned(),
+            claim_uid: self.claim_uid.clone(),
+            class_name: self.storage_class.clone(),
+            request,
+            provisioner_secret: self.provisioner_secret.as_ref().map(
+                |SecretReference { name, namespace }| SecretRef {
+                    name: name.clone(),
+                    namespace: namespace.clone(),
+                },
+            ),
+        })
+    }
+}
+
+/// Applies queued changes to a shard's operations, in order. Returns whether anything changed
+/// (an unchanged shard needs no write). Upserting an operation that is already recorded keeps
+/// its history (since, attempts, last error).
+pub fn apply(spec: &mut ProvisioningJournalSpec, changes: &[Change]) -> bool {
+    let mut operations: BTreeMap<String, OperationRecord> = spec
+        .operations
+        .drain(..)
+        .map(|record| (record.volume_name.clone(), record))
+        .collect();
+    let before = operations.clone();
+    for change in changes {
+        match change {
+            Change::Upsert(record) => match operations.get_mut(&record.volume_name) {
+                Some(existing) => {
+                    existing.request.clone_from(&record.request);
+                    existing
+                        .provisioner_secret
+                        .clone_from(&record.provisioner_secret);
+                    existing.format_version = record.format_version;
+                    existing.phase = Phase::Provisioning;
+                }
+                None => {
+                    operations.insert(record.volume_name.clone(), record.clone());
+                }
+            },
+            Change::Remove { volume_name } => {
+                operations.remove(volume_name);
+            }
+            Change::Failure {
+                volume_name,
+                phase,
+                error,
+            } => {
+                if let Some(existing) = operations.get_mut(volume_name) {
+                    existing.attempts = existing.attempts.saturating_add(1);
+                    existing.phase = *phase;
+                    existing.last_error = Some(truncate(error));
+                }
+            }
+        }
+    }
+    let changed = operations != before;
+    spec.operations = operations.into_values().collect();
+    spec.summary = summarize(&spec.operations);
+    changed
+}
+
+pub fn summarize(operations: &[OperationRecord]) -> Summary {
+    let oldest = operations.iter().min_by(|a, b| a.since.cmp(&b.since));
+    let latest_error = operations
+        .iter()
+        .filter(|record| record.last_error.is_some())
+        .max_by_key(|record| record.attempts)
+        .and_then(|record| record.last_error.clone());
+    Summary {
+        in_flight: u32::try_from(operations.len()).unwrap_or(u32::MAX),
+        orphaned: u32::try_from(
+            operations
+                .iter()
+                .filter(|record| record.phase == Phase::Orphaned)
+                .count(),
+        )
+        .unwrap_or(u32::MAX),
+        oldest_claim: oldest.map(|record| record.claim.clone()),
+        max_attempts: operations
+            .iter()
+            .map(|record| record.attempts)
+            .max()
+            .unwrap_or(0),
+        last_error: latest_error,
+    }
+}
+
+fn truncate(text: &str) -> String {
+    if text.len() <= MAX_ERROR_LEN {
+        return text.to_owned();
+    }
+    let mut end = MAX_ERROR_LEN;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// Which shard holds a volume's operation: FNV-1a of the name, stable across builds.
+pub fn shard_of(volume_name: &str, shards: usize) -> usize {
+    let hash = volume_name.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
+    usize::try_from(hash).unwrap_or(0) % shards.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn operation(name: &str) -> InFlight {
+        InFlight {
+            volume_name: name.to_owned(),
+            claim_namespace: "ns".into(),
+            claim_name: "claim".into(),
+            claim_uid: "uid-1".into(),
+            class_name: "fast".into(),
+            request: csi::CreateVolumeRequest {
+                name: name.to_owned(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: 1 << 30,
+                    limit_bytes: 0,
+                }),
+                parameters: [("type".to_string(), "ssd".to_string())].into(),
+                secrets: [("password".to_string(), "s3cr3t".to_string())].into(),
+                ..Default::default()
+            },
+            provisioner_secret: Some(SecretRef {
+                name: "creds".into(),
+                namespace: "ns".into(),
+            }),
+        }
+    }
+
+    fn record(name: &str) -> OperationRecord {
+        OperationRecord::from_in_flight(&operation(name), Timestamp::UNIX_EPOCH)
+    }
+
+    #[test]
+    fn a_record_round_trips_without_its_secret_values() {
+        let record = record("pvc-1");
+        let json = serde_json::to_string(&record).expect("serializable");
+        assert!(!json.contains("s3cr3t"), "secret value persisted: {json}");
+        let back = record.to_in_flight().expect("decodes");
+        let mut expected = operation("pvc-1");
+        expected.request.secrets = HashMap::new();
+        assert_eq!(back, expected);
+    }
+
+    #[test]
+    fn a_record_of_the_first_format_without_later_fields_is_recovered() {
+        // What format 1 writers minimally stored: no phase, attempts, error, or since.
+        let request = STANDARD.encode(
+            csi::CreateVolumeRequest {
+                name: "pvc-9".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        let json = serde_json::json!({
+            "volumeName": "pvc-9", "claim": "ns/claim", "claimUid": "u", "storageClass": "c", "request": request
+        });
+        let record: OperationRecord = serde_json::from_value(json).expect("old record parses");
+        assert_eq!(record.format_version, 1);
+        assert_eq!(record.phase, Phase::Provisioning);
+        let operation = record.to_in_flight().expect("old record is usable");
+        assert_eq!(operation.request.name, "pvc-9");
+        assert_eq!(
+            (
+                operation.claim_namespace.as_str(),
+                operation.claim_name.as_str()
+            ),
+            ("ns", "claim")
+        );
+    }
+
+    #[test]
+    fn a_record_from_a_newer_build_is_refused_not_misread() {
+        let mut record = record("pvc-1");
+        record.format_version = RECORD_FORMAT + 1;
+        assert!(matches!(
+            record.to_in_flight(),
+            Err(RecordError::NewerFormat { .. })
+        ));
+    }
+
+    #[test]
+    fn corrupt_records_give_typed_errors() {
+        let mut bad_base64 = record("a");
+        bad_base64.request = "%%%".into();
+        assert!(matches!(
+            bad_base64.to_in_flight(),
+            Err(RecordError::Base64 { .. })
+        ));
+        let mut bad_proto = record("b");
+        bad_proto.request = STANDARD.encode([0xff, 0xff, 0xff]);
+        assert!(matches!(
+            bad_proto.to_in_flight(),
+            Err(RecordError::Protobuf { .. })
+        ));
+        let mut bad_claim = record("c");
+        bad_claim.claim = "no-slash".into();
+        assert!(matches!(
+            bad_claim.to_in_flight(),
+            Err(RecordError::Claim { .. })
+        ));
+    }
+
+    #[test]
+    fn apply_upserts_removes_and_counts_failures() {
+        let mut spec = ProvisioningJournalSpec::default();
+        assert!(apply(
+            &mut spec,
+            &[Change::Upsert(record("a")), Change::Upsert(record("b"))]
+        ));
+        assert_eq!(spec.summary.in_flight, 2);
+        assert!(apply(
+            &mut spec,
+            &[Change::Failure {
+                volume_name: "a".into(),
+                phase: Phase::Orphaned,
+                error: "boom".into()
+            }]
+        ));
+        assert_eq!(spec.summary.orphaned, 1);
+        assert_eq!(spec.summary.max_attempts, 1);
+        assert_eq!(spec.summary.last_error.as_deref(), Some("boom"));
+        assert!(apply(
+            &mut spec,
+            &[Change::Remove {
+                volume_name: "a".into()
+            }]
+        ));
+        assert_eq!(spec.operations.len(), 1);
+        assert_eq!(spec.summary.orphaned, 0);
+    }
+
+    #[test]
+    fn re_recording_an_operation_keeps_its_history_and_needs_no_write() {
+        let mut spec = ProvisioningJournalSpec::default();
+        apply(&mut spec, &[Change::Upsert(record("a"))]);
+        apply(
+            &mut spec,
+            &[Change::Failure {
+                volume_name: "a".into(),
+                phase: Phase::Provisioning,
+                error: "x".into(),
+            }],
+        );
+        let mut again = record("a");
+        again.since = "2099-01-01T00:00:00Z".into();
+        assert!(
+            !apply(&mut spec, &[Change::Upsert(again)]),
+            "identical inputs: nothing to write"
+        );
+        assert_eq!(spec.operations[0].attempts, 1);
+        assert_eq!(spec.operations[0].since, Timestamp::UNIX_EPOCH.to_string());
+    }
+
+    #[test]
+    fn changes_to_unknown_operations_are_no_ops() {
+        let mut spec = ProvisioningJournalSpec::default();
+        assert!(!apply(
+            &mut spec,
+            &[Change::Remove {
+                volume_name: "x".into()
+            }]
+        ));
+        assert!(!apply(
+            &mut spec,
+            &[Change::Failure {
+                volume_name: "x".into(),
+                phase: Phase::Orphaned,
+                error: "e".into()
+            }]
+        ));
+    }
+
+    #[test]
+    fn long_errors_are_truncated_on_a_char_boundary() {
+        let text = "é".repeat(MAX_ERROR_LEN);
+        let kept = truncate(&text);
+        assert!(kept.len() <= MAX_ERROR_LEN + '…'.len_utf8());
+        assert!(kept.ends_with('…'));
+    }
+
+    #[test]
+    fn shards_are_stable_and_in_range() {
+        assert_eq!(shard_of("pvc-1", 8), shard_of("pvc-1", 8));
+        for name in ["a", "pvc-123", "", "ééé"] {
+            assert!(shard_of(name, 8) < 8);
+        }
+        assert_eq!(shard_of("anything", 0), 0);
+    }
+}

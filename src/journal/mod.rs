@@ -205,12 +205,17 @@ mod tests {
     /// `UPDATE_CRD=1 cargo test --lib journal`.
     #[test]
     fn the_shipped_crd_is_the_one_the_code_defines() {
-        let yaml = serde_saphyr::to_string(&ProvisioningJournal::crd()).expect("the CRD serializes");
-        let generated = format!("# Generated from src/journal/record.rs; do not edit by hand.\n{yaml}");
+        let yaml =
+            serde_saphyr::to_string(&ProvisioningJournal::crd()).expect("the CRD serializes");
+        let generated =
+            format!("# Generated from src/journal/record.rs; do not edit by hand.\n{yaml}");
         if std::env::var_os("UPDATE_CRD").is_some() {
             std::fs::write(SHIPPED_CRD, &generated).expect("deploy/crd.yaml is writable");
         }
         let shipped = std::fs::read_to_string(SHIPPED_CRD).unwrap_or_default();
-        assert!(shipped == generated, "deploy/crd.yaml is stale: run UPDATE_CRD=1 cargo test --lib journal");
+        assert!(
+            shipped == generated,
+            "deploy/crd.yaml is stale: run UPDATE_CRD=1 cargo test --lib journal"
+        );
     }
 }

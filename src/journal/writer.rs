@@ -1,11 +1,14 @@
 //! One task per shard applies queued changes to the shard object. Every change that arrives
 //! while a write is in flight goes into the next write (group commit), so the number of
-//! writes follows the API server's latency, not the number of operations.
+//! writes follows the API server's latency, not the number of operations. Only records a
+//! caller waits for (before CreateVolume) trigger a write; removals and failure notes join
+//! the next write, or are flushed a few seconds later.
 
 use std::time::Duration;
 
 use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::record::{Change, ProvisioningJournal, ProvisioningJournalSpec, apply};
@@ -17,6 +20,9 @@ pub(super) struct Queued {
 }
 
 const RETRY_START: Duration = Duration::from_millis(100);
+/// Longest a change nobody waits for stays unwritten. A removal not yet written is harmless:
+/// recovery finds the PV (or the final answer) and drops the record again.
+const LAZY_FLUSH: Duration = Duration::from_secs(5);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
 pub(super) struct ShardWriter {
@@ -30,16 +36,53 @@ pub(super) struct ShardWriter {
 
 impl ShardWriter {
     pub async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Queued>) {
-        while let Some(first) = queue.recv().await {
-            let mut batch = vec![first];
-            while let Ok(more) = queue.try_recv() {
-                batch.push(more);
+        // Changes nobody waits for (removals, failure notes) ride along with the next urgent
+        // write, or are flushed after `LAZY_FLUSH` if none comes.
+        let mut lazy: Vec<Queued> = Vec::new();
+        let mut flush_at: Option<Instant> = None;
+        loop {
+            let next = match flush_at {
+                Some(deadline) => tokio::select! {
+                    next = queue.recv() => next,
+                    () = tokio::time::sleep_until(deadline) => {
+                        self.commit_all(std::mem::take(&mut lazy), &mut queue).await;
+                        flush_at = None;
+                        continue;
+                    }
+                },
+                None => queue.recv().await,
+            };
+            let Some(queued) = next else {
+                self.commit_all(lazy, &mut queue).await;
+                return;
+            };
+            if queued.durable.is_none() {
+                lazy.push(queued);
+                flush_at.get_or_insert_with(|| Instant::now() + LAZY_FLUSH);
+                continue;
             }
-            self.commit(&mut batch, &mut queue).await;
-            for queued in batch {
-                if let Some(durable) = queued.durable {
-                    let _ = durable.send(());
-                }
+            let mut batch = std::mem::take(&mut lazy);
+            batch.push(queued);
+            flush_at = None;
+            self.commit_all(batch, &mut queue).await;
+        }
+    }
+
+    async fn commit_all(
+        &mut self,
+        mut batch: Vec<Queued>,
+        queue: &mut mpsc::UnboundedReceiver<Queued>,
+    ) {
+        if batch.is_empty() {
+            return;
+        }
+        while let Ok(more) = queue.try_recv() {
+            batch.push(more);
+        }
+        self.commit(&mut batch, queue).await;
+        for queued in batch {
+            if let Some(durable) = queued.durable {
+                let _ = durable.send(());
             }
         }
     }

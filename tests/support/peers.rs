@@ -1,0 +1,773 @@
+//! The peers of an integration test: the reference driver and the sidecar as separate OS
+//! processes talking over a real unix socket, against the test binary's control plane, plus
+//! builders and waits for the Kubernetes objects they act on.
+//!
+//! Every test gets a driver of its own with a unique name (`t-<random>.csi.example.com`), so
+//! tests running in parallel on the shared control plane never act on each other's claims or
+//! volumes. Children are started through `setpriv --pdeathsig KILL`, so the kernel kills them
+//! when the test's thread ends even if `Drop` never runs; `Drop` kills them as well and, when
+//! the test is failing, prints the tail of their logs.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use csi_provisioner::driver::{VolumeRecord, load_state};
+use k8s_openapi::api::core::v1::{
+    Event, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tempfile::TempDir;
+
+/// The generous bound of every wait on the cluster or a process (2 shared cores).
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(100);
+const LOG_TAIL_ON_FAILURE: usize = 60;
+
+// ------------------------------------------------------------------------------ processes
+
+/// One child process and its log file (appended to across restarts); killed on drop.
+struct Process {
+    label: String,
+    program: PathBuf,
+    args: Vec<OsString>,
+    env: Vec<(&'static str, String)>,
+    /// Run in a UTS namespace of its own with this hostname (the leader-election identity).
+    hostname: Option<String>,
+    log: PathBuf,
+    child: Option<Child>,
+    starts: usize,
+}
+
+impl Process {
+    fn spawn(&mut self) {
+        let mut out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("opening {}: {e}", self.log.display()));
+        self.starts += 1;
+        let _ = writeln!(out, "===== start #{} of {} =====", self.starts, self.label);
+        let err = out
+            .try_clone()
+            .unwrap_or_else(|e| panic!("duplicating {}: {e}", self.log.display()));
+        let mut cmd = match &self.hostname {
+            // `unshare` and `sh` exec into the program, so the pid stays the child's and the
+            // death signal set by setpriv (last, after the namespace change) sticks.
+            Some(hostname) => {
+                let mut cmd = Command::new("unshare");
+                cmd.args(["--user", "--map-root-user", "--uts", "--", "sh", "-c"])
+                    .arg(r#"hostname "$0" && exec setpriv --pdeathsig KILL -- "$@""#)
+                    .arg(hostname);
+                cmd
+            }
+            None => {
+                let mut cmd = Command::new("setpriv");
+                cmd.args(["--pdeathsig", "KILL", "--"]);
+                cmd
+            }
+        };
+        cmd.arg(&self.program)
+            .args(&self.args)
+            // Our own process group: a Ctrl-C in the terminal must not start a drain mid-test.
+            .process_group(0)
+            .env_remove("KUBECONFIG")
+            .env_remove("POD_NAMESPACE")
+            .env_remove("RUST_LOG")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.label));
+        self.child = Some(child);
+    }
+
+    fn pid(&self) -> Option<Pid> {
+        let id = self.child.as_ref()?.id();
+        Some(Pid::from_raw(i32::try_from(id).ok()?))
+    }
+
+    fn signal(&self, signal: Signal) {
+        let pid = self
+            .pid()
+            .unwrap_or_else(|| panic!("{} is not running", self.label));
+        kill(pid, signal).unwrap_or_else(|e| panic!("sending {signal} to {}: {e}", self.label));
+    }
+
+    /// The exit status once the process has exited (reaped; later calls return the same).
+    fn try_exit(&mut self) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        child
+            .try_wait()
+            .unwrap_or_else(|e| panic!("waiting for {}: {e}", self.label))
+    }
+
+    fn is_running(&mut self) -> bool {
+        self.child.is_some() && self.try_exit().is_none()
+    }
+
+    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.try_exit() {
+                return status;
+            }
+            if started.elapsed() > timeout {
+                panic!("{} did not exit within {timeout:?}", self.label);
+            }
+            tokio::time::sleep(POLL / 2).await;
+        }
+    }
+
+    /// SIGKILL (if still running) and reap.
+    fn kill_now(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+
+    fn log_text(&self) -> String {
+        fs::read(&self.log)
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default()
+    }
+
+    fn dump_tail(&self) {
+        let text = self.log_text();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(LOG_TAIL_ON_FAILURE)..];
+        eprintln!(
+            "----- last {} lines of {} ({}) -----\n{}",
+            tail.len(),
+            self.label,
+            self.log.display(),
+            tail.join("\n")
+        );
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill_now();
+        if std::thread::panicking() {
+            self.dump_tail();
+        }
+    }
+}
+
+fn unique_suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
+}
+
+fn temp_dir(prefix: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .unwrap_or_else(|e| panic!("creating a temporary directory: {e}"))
+}
+
+// ------------------------------------------------------------------------------ driver
+
+/// The reference CSI driver (`csi-reference-driver`) with a unique name, its own socket and
+/// state directory. Logs every request at debug level (secret keys only, never values).
+pub struct Driver {
+    name: String,
+    socket: PathBuf,
+    state_dir: PathBuf,
+    // Declared before `dir` so the process is killed before its directory goes.
+    process: Process,
+    _dir: TempDir,
+}
+
+/// One finished RPC, as the driver logged it.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub at: Timestamp,
+    /// `Ok` or the gRPC code name, e.g. `Internal`.
+    pub code: String,
+}
+
+impl Driver {
+    /// Starts a driver with `extra` flags (e.g. `--delay CreateVolume=2s`) and waits until its
+    /// socket accepts connections.
+    pub async fn start(extra: &[&str]) -> Driver {
+        let dir = temp_dir("csi-driver-");
+        let name = format!("t-{}.csi.example.com", unique_suffix());
+        let socket = dir.path().join("csi.sock");
+        let state_dir = dir.path().join("state");
+        let mut args: Vec<OsString> = vec![
+            "--endpoint".into(),
+            socket.clone().into(),
+            "--state-dir".into(),
+            state_dir.clone().into(),
+            "--driver-name".into(),
+            name.clone().into(),
+        ];
+        args.extend(extra.iter().map(OsString::from));
+        let mut driver = Driver {
+            process: Process {
+                label: format!("driver {name}"),
+                program: PathBuf::from(env!("CARGO_BIN_EXE_csi-reference-driver")),
+                args,
+                env: vec![("RUST_LOG", "info,csi_provisioner::driver=debug".to_owned())],
+                hostname: None,
+                log: dir.path().join("driver.log"),
+                child: None,
+                starts: 0,
+            },
+            name,
+            socket,
+            state_dir,
+            _dir: dir,
+        };
+        driver.process.spawn();
+        driver.wait_ready().await;
+        driver
+    }
+
+    async fn wait_ready(&mut self) {
+        let started = Instant::now();
+        // A socket left by a killed driver exists but refuses connections.
+        while UnixStream::connect(&self.socket).is_err() {
+            if let Some(status) = self.process.try_exit() {
+                panic!("{} exited during start-up: {status}", self.process.label);
+            }
+            if started.elapsed() > TIMEOUT {
+                panic!("{} did not listen within {TIMEOUT:?}", self.process.label);
+            }
+            tokio::time::sleep(POLL / 2).await;
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    /// Replaces every fault and delay rule at runtime (control-file syntax, one rule a line),
+    /// written atomically as the driver expects.
+    pub fn set_faults(&self, rules: &str) {
+        let target = self.state_dir.join("faults.txt");
+        let temp = self.state_dir.join(".faults.txt.tmp");
+        fs::write(&temp, rules).unwrap_or_else(|e| panic!("writing {}: {e}", temp.display()));
+        fs::rename(&temp, &target)
+            .unwrap_or_else(|e| panic!("renaming to {}: {e}", target.display()));
+    }
+
+    /// Removes every rule (also those given as flags at start).
+    pub fn clear_faults(&self) {
+        // The rules from flags are only replaced by a control file; an empty one clears them.
+        self.set_faults("# no rules\n");
+    }
+
+    /// The volumes in the driver's durable state.
+    pub fn volumes(&self) -> Vec<VolumeRecord> {
+        load_state(&self.state_dir)
+            .unwrap_or_else(|e| panic!("reading the state of {}: {e}", self.name))
+            .volumes
+            .into_values()
+            .collect()
+    }
+
+    pub fn volume_count(&self) -> usize {
+        self.volumes().len()
+    }
+
+    pub fn log(&self) -> String {
+        self.process.log_text()
+    }
+
+    /// Every finished call of `method` (e.g. `CreateVolume`), oldest first.
+    pub fn calls(&self, method: &str) -> Vec<Call> {
+        let method_field = format!("method=\"{method}\"");
+        self.log()
+            .lines()
+            .filter(|line| line.contains("CSI call finished") && line.contains(&method_field))
+            .filter_map(|line| {
+                let at = line.split_whitespace().next()?.parse().ok()?;
+                let code = line.split("code=").nth(1)?.split_whitespace().next()?;
+                Some(Call {
+                    at,
+                    code: code.to_owned(),
+                })
+            })
+            .collect()
+    }
+
+    /// The debug lines of every `method` request received (secret values are redacted by the
+    /// driver, keys are visible).
+    pub fn requests(&self, method: &str) -> Vec<String> {
+        let marker = format!("CSI call method=\"{method}\" request=");
+        self.log()
+            .lines()
+            .filter(|line| line.contains(&marker))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// SIGKILL, as a crash: no socket clean-up, calls in flight are lost.
+    pub async fn kill(&mut self) {
+        self.process.signal(Signal::SIGKILL);
+        self.process.wait_exit(TIMEOUT).await;
+        self.process.child = None;
+    }
+
+    /// Starts the driver again with the same flags, socket and state directory.
+    pub async fn restart(&mut self) {
+        if self.process.is_running() {
+            self.kill().await;
+        }
+        self.process.spawn();
+        self.wait_ready().await;
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+}
+
+// ------------------------------------------------------------------------------ sidecar
+
+/// How to start a sidecar beyond the connection flags every sidecar gets.
+#[derive(Debug, Clone, Default)]
+pub struct SidecarOptions {
+    /// Extra flags, e.g. `--retry-interval-max=3s`.
+    pub args: Vec<String>,
+    /// Serve metrics on a free local port (`--http-endpoint`).
+    pub metrics: bool,
+    /// Run in a UTS namespace with this hostname: the leader-election identity is the
+    /// hostname, so two replicas on one machine need different ones, as two pods have.
+    pub hostname: Option<String>,
+}
+
+impl SidecarOptions {
+    pub fn args(args: &[&str]) -> Self {
+        SidecarOptions {
+            args: args.iter().map(|s| (*s).to_owned()).collect(),
+            ..SidecarOptions::default()
+        }
+    }
+}
+
+/// One `csi-provisioner` process for a driver, using the control plane's admin kubeconfig.
+pub struct Sidecar {
+    http: Option<SocketAddr>,
+    process: Process,
+    _dir: TempDir,
+}
+
+impl Sidecar {
+    pub fn start(driver: &Driver, args: &[&str]) -> Sidecar {
+        Self::start_with(driver, SidecarOptions::args(args))
+    }
+
+    pub fn start_with(driver: &Driver, options: SidecarOptions) -> Sidecar {
+        let dir = temp_dir("csi-sidecar-");
+        let mut args: Vec<OsString> = vec![
+            "--csi-address".into(),
+            driver.socket().into(),
+            "--kubeconfig".into(),
+            super::control_plane().kubeconfig_path().into(),
+            "-v=2".into(),
+        ];
+        let http = options.metrics.then(free_local_port);
+        if let Some(address) = http {
+            args.push(format!("--http-endpoint={address}").into());
+        }
+        args.extend(options.args.iter().map(OsString::from));
+        let label = match &options.hostname {
+            Some(host) => format!("sidecar {host} of {}", driver.name()),
+            None => format!("sidecar of {}", driver.name()),
+        };
+        let mut process = Process {
+            label,
+            program: PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner")),
+            args,
+            env: Vec::new(),
+            hostname: options.hostname,
+            log: dir.path().join("sidecar.log"),
+            child: None,
+            starts: 0,
+        };
+        process.spawn();
+        Sidecar {
+            http,
+            process,
+            _dir: dir,
+        }
+    }
+
+    pub fn signal(&self, signal: Signal) {
+        self.process.signal(signal);
+    }
+
+    pub async fn kill(&mut self) {
+        self.process.signal(Signal::SIGKILL);
+        self.process.wait_exit(TIMEOUT).await;
+        self.process.child = None;
+    }
+
+    /// Starts the sidecar again with the same flags (and the same metrics port).
+    pub async fn restart(&mut self) {
+        if self.process.is_running() {
+            self.kill().await;
+        }
+        self.process.spawn();
+    }
+
+    pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        self.process.wait_exit(timeout).await
+    }
+
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        self.process.try_exit()
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+
+    pub fn log(&self) -> String {
+        self.process.log_text()
+    }
+
+    /// Fails the test if the process has exited, with its status and log tail.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self.process.try_exit() {
+            panic!("{} exited unexpectedly: {status}", self.process.label);
+        }
+    }
+
+    /// The metrics page; `Err` while the server is not up yet.
+    pub fn metrics(&self) -> Result<String, String> {
+        let address = self
+            .http
+            .unwrap_or_else(|| panic!("{} serves no metrics", self.process.label));
+        http_get(address, "/metrics")
+    }
+
+    /// Polls until the metrics server answers.
+    pub async fn wait_metrics(&mut self) -> String {
+        let started = Instant::now();
+        loop {
+            match self.metrics() {
+                Ok(page) => return page,
+                Err(error) if started.elapsed() > TIMEOUT => {
+                    panic!("metrics of {} not served: {error}", self.process.label)
+                }
+                Err(_) => {
+                    self.assert_running();
+                    tokio::time::sleep(POLL).await;
+                }
+            }
+        }
+    }
+}
+
+/// `"exit status: 0"` style text plus the signal, for failure messages.
+pub fn describe(status: ExitStatus) -> String {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit code {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        (None, None) => status.to_string(),
+    }
+}
+
+fn free_local_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .unwrap_or_else(|e| panic!("finding a free local port: {e}"))
+}
+
+/// A minimal HTTP/1.0 GET; returns the body of a 200 answer.
+fn http_get(address: SocketAddr, path: &str) -> Result<String, String> {
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))
+        .map_err(|e| format!("connecting to {address}: {e}"))?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")
+        .map_err(|e| format!("sending to {address}: {e}"))?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| format!("reading from {address}: {e}"))?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP header end in {answer:?}"))?;
+    if head
+        .lines()
+        .next()
+        .is_some_and(|status| status.contains(" 200 "))
+    {
+        Ok(body.to_owned())
+    } else {
+        Err(format!("GET {path}: {head}"))
+    }
+}
+
+/// One sample of a Prometheus/OpenMetrics text page.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// Parses the sample lines of a metrics page (comments skipped).
+pub fn parse_metrics(page: &str) -> Vec<Sample> {
+    page.lines()
+        .filter(|line| !line.starts_with('#') && !line.trim().is_empty())
+        .filter_map(parse_sample)
+        .collect()
+}
+
+fn parse_sample(line: &str) -> Option<Sample> {
+    let (name, labels, rest) = match line.split_once('{') {
+        Some((name, rest)) => {
+            let (labels, rest) = rest.rsplit_once('}')?;
+            (name, parse_labels(labels)?, rest)
+        }
+        None => {
+            let (name, rest) = line.split_once(' ')?;
+            (name, BTreeMap::new(), rest)
+        }
+    };
+    let value = rest.split_whitespace().next()?.parse().ok()?;
+    Some(Sample {
+        name: name.to_owned(),
+        labels,
+        value,
+    })
+}
+
+fn parse_labels(text: &str) -> Option<BTreeMap<String, String>> {
+    let mut labels = BTreeMap::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let (key, after) = rest.split_once("=\"")?;
+        let mut value = String::new();
+        let mut chars = after.char_indices();
+        let end = loop {
+            let (i, c) = chars.next()?;
+            match c {
+                '\\' => value.push(chars.next()?.1),
+                '"' => break i,
+                c => value.push(c),
+            }
+        };
+        labels.insert(key.trim().to_owned(), value);
+        rest = after[end + 1..].trim_start_matches(',').trim();
+    }
+    Some(labels)
+}
+
+/// The sum of the samples named `name` whose labels include every pair of `labels`.
+pub fn metric_sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.name == name)
+        .filter(|s| {
+            labels
+                .iter()
+                .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|s| s.value)
+        .sum()
+}
+
+// ------------------------------------------------------------------------------ objects
+
+/// An Immediate-binding class of `driver`; `parameters` as given.
+pub fn storage_class(
+    name: &str,
+    driver: &Driver,
+    reclaim_policy: &str,
+    parameters: &[(&str, &str)],
+) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        provisioner: driver.name().to_owned(),
+        reclaim_policy: Some(reclaim_policy.to_owned()),
+        volume_binding_mode: Some("Immediate".to_owned()),
+        parameters: (!parameters.is_empty()).then(|| {
+            parameters
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        }),
+        ..StorageClass::default()
+    }
+}
+
+pub async fn create_class(client: &Client, class: &StorageClass) {
+    Api::<StorageClass>::all(client.clone())
+        .create(&PostParams::default(), class)
+        .await
+        .unwrap_or_else(|e| panic!("creating StorageClass {:?}: {e}", class.metadata.name));
+}
+
+/// A ReadWriteOnce claim of `size` in `class`; `volume_mode` None leaves the API default.
+pub fn claim(
+    name: &str,
+    class: &str,
+    size: &str,
+    volume_mode: Option<&str>,
+) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            storage_class_name: Some(class.to_owned()),
+            volume_mode: volume_mode.map(str::to_owned),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity(size.to_owned()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    }
+}
+
+pub async fn create_claim(
+    claims: &Api<PersistentVolumeClaim>,
+    claim: &PersistentVolumeClaim,
+) -> PersistentVolumeClaim {
+    claims
+        .create(&PostParams::default(), claim)
+        .await
+        .unwrap_or_else(|e| panic!("creating PVC {:?}: {e}", claim.metadata.name))
+}
+
+/// Waits until the claim is Bound and returns it.
+pub async fn wait_bound(claims: &Api<PersistentVolumeClaim>, name: &str) -> PersistentVolumeClaim {
+    super::eventually(&format!("PVC {name} to be Bound"), TIMEOUT, || async {
+        let pvc = claims.get(name).await.map_err(|e| e.to_string())?;
+        let phase = pvc.status.as_ref().and_then(|s| s.phase.clone());
+        if phase.as_deref() == Some("Bound") {
+            Ok(pvc)
+        } else {
+            Err(format!("phase {phase:?}"))
+        }
+    })
+    .await
+}
+
+/// Events whose involved object is the named object in `namespace`, oldest first.
+pub async fn events_of(client: &Client, namespace: &str, name: &str) -> Result<Vec<Event>, String> {
+    let params = ListParams::default().fields(&format!("involvedObject.name={name}"));
+    let mut events = Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&params)
+        .await
+        .map_err(|e| format!("listing events: {e}"))?
+        .items;
+    events.sort_by_key(|e| e.first_timestamp.as_ref().map(|t| t.0));
+    Ok(events)
+}
+
+/// `reason: message (xN)` lines, for failure messages.
+pub fn summarize(events: &[Event]) -> String {
+    events
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {}: {} (x{})",
+                e.type_.as_deref().unwrap_or("?"),
+                e.reason.as_deref().unwrap_or("?"),
+                e.message.as_deref().unwrap_or(""),
+                e.count.unwrap_or(1)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Waits for an event on `name` with `reason` whose message satisfies `matches`.
+pub async fn wait_event(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+    matches: impl Fn(&str) -> bool,
+) -> Event {
+    super::eventually(
+        &format!("a {reason} event on {namespace}/{name}"),
+        TIMEOUT,
+        || async {
+            let events = events_of(client, namespace, name).await?;
+            events
+                .iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && matches(e.message.as_deref().unwrap_or(""))
+                })
+                .cloned()
+                .ok_or_else(|| summarize(&events))
+        },
+    )
+    .await
+}
+
+/// The PVs whose CSI driver is `driver` (every test has its own driver).
+pub async fn driver_pvs(client: &Client, driver: &Driver) -> Result<Vec<PersistentVolume>, String> {
+    Ok(Api::<PersistentVolume>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("listing PVs: {e}"))?
+        .items
+        .into_iter()
+        .filter(|pv| {
+            pv.spec
+                .as_ref()
+                .and_then(|spec| spec.csi.as_ref())
+                .is_some_and(|csi| csi.driver == driver.name())
+        })
+        .collect())
+}
+
+/// The name of the PV the sidecar creates for a claim: `pvc-<uid>`.
+pub fn pv_name(pvc: &PersistentVolumeClaim) -> String {
+    format!(
+        "pvc-{}",
+        pvc.metadata
+            .uid
+            .as_deref()
+            .unwrap_or_else(|| panic!("PVC {:?} has no uid", pvc.metadata.name))
+    )
+}

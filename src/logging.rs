@@ -13,6 +13,8 @@
 //! The environment variable `RUST_LOG`, when set, replaces the filter (ours; upstream has
 //! `--vmodule` for per-file levels instead, which is accepted but not built yet).
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LoggingFormat;
@@ -53,7 +55,9 @@ pub fn init(verbosity: i32, format: LoggingFormat) -> Result<(), LoggingError> {
     let filter = env_filter(verbosity, rust_log.as_deref())?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: container logs are read by log collectors.
+        .with_ansi(std::io::stderr().is_terminal());
     let installed = match format {
         LoggingFormat::Text => builder.try_init(),
         LoggingFormat::Json => builder.json().try_init(),

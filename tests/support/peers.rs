@@ -266,10 +266,6 @@ impl Driver {
         &self.socket
     }
 
-    pub fn state_dir(&self) -> &Path {
-        &self.state_dir
-    }
-
     /// Replaces every fault and delay rule at runtime (control-file syntax, one rule a line),
     /// written atomically as the driver expects.
     pub fn set_faults(&self, rules: &str) {
@@ -345,10 +341,6 @@ impl Driver {
         }
         self.process.spawn();
         self.wait_ready().await;
-    }
-
-    pub fn is_running(&mut self) -> bool {
-        self.process.is_running()
     }
 }
 
@@ -445,10 +437,6 @@ impl Sidecar {
         self.process.wait_exit(timeout).await
     }
 
-    pub fn try_exit(&mut self) -> Option<ExitStatus> {
-        self.process.try_exit()
-    }
-
     pub fn is_running(&mut self) -> bool {
         self.process.is_running()
     }
@@ -490,7 +478,7 @@ impl Sidecar {
     }
 }
 
-/// `"exit status: 0"` style text plus the signal, for failure messages.
+/// "exit code N" or "killed by signal N", for messages.
 pub fn describe(status: ExitStatus) -> String {
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit code {code}"),
@@ -769,5 +757,48 @@ pub fn pv_name(pvc: &PersistentVolumeClaim) -> String {
             .uid
             .as_deref()
             .unwrap_or_else(|| panic!("PVC {:?} has no uid", pvc.metadata.name))
+    )
+}
+
+// ------------------------------------------------------------------------------ journal
+
+/// Every operation recorded in the journal shards of `driver` in `namespace` (the sidecar's
+/// namespace: `--leader-election-namespace`), as `kubectl get provisioningjournals` shows them.
+pub async fn journal_operations(
+    client: &Client,
+    namespace: &str,
+    driver: &Driver,
+) -> Result<Vec<csi_provisioner::journal::OperationRecord>, String> {
+    let selector = format!(
+        "{}={}",
+        csi_provisioner::journal::DRIVER_LABEL,
+        csi_provisioner::leader::lease_name(driver.name())
+    );
+    Ok(
+        Api::<csi_provisioner::journal::ProvisioningJournal>::namespaced(client.clone(), namespace)
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| format!("listing journal shards: {e}"))?
+            .items
+            .into_iter()
+            .flat_map(|shard| shard.spec.operations)
+            .collect(),
+    )
+}
+
+/// The holder of `driver`'s leader-election Lease in `namespace` ("" when released or absent).
+pub async fn lease_holder(
+    client: &Client,
+    namespace: &str,
+    driver: &Driver,
+) -> Result<String, String> {
+    let name = csi_provisioner::leader::lease_name(driver.name());
+    Ok(
+        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), namespace)
+            .get_opt(&name)
+            .await
+            .map_err(|e| format!("reading Lease {name}: {e}"))?
+            .and_then(|lease| lease.spec?.holder_identity)
+            .unwrap_or_default(),
     )
 }

@@ -1,0 +1,312 @@
+//! Leader election and shutdown of real `csi-provisioner` processes against the control plane:
+//! two replicas share one Lease, the leader hands it over on SIGTERM, and the two-stage
+//! shutdown lets a CreateVolume in flight finish (first signal) or aborts (second signal).
+//!
+//! The leader-election identity is the hostname, as upstream's; two replicas on one machine
+//! get different hostnames from UTS namespaces (`unshare`), as two pods would have.
+
+mod support;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::Client;
+use kube::api::Api;
+use nix::sys::signal::Signal;
+
+use support::peers::{
+    Driver, Sidecar, SidecarOptions, TIMEOUT, claim, create_claim, create_class, describe,
+    driver_pvs, pv_name, storage_class, wait_bound, wait_event,
+};
+
+/// Short lease timings so a failover takes seconds (flag validation: lease > renew > 1.2 × retry).
+const FAST_LEASE: [&str; 3] = [
+    "--leader-election-lease-duration=4s",
+    "--leader-election-renew-deadline=3s",
+    "--leader-election-retry-period=1s",
+];
+
+fn leader_args(namespace: &str) -> Vec<String> {
+    let mut args = vec![
+        "--leader-election".to_owned(),
+        format!("--leader-election-namespace={namespace}"),
+    ];
+    args.extend(FAST_LEASE.iter().map(|s| (*s).to_owned()));
+    args
+}
+
+/// `t-abc.csi.example.com` → `t-abc-csi-example-com`.
+fn lease_name(driver: &Driver) -> String {
+    driver.name().replace('.', "-")
+}
+
+async fn lease_holder(leases: &Api<Lease>, name: &str) -> Result<Option<String>, String> {
+    let lease = leases
+        .get_opt(name)
+        .await
+        .map_err(|e| format!("reading Lease {name}: {e}"))?;
+    Ok(lease.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default()))
+}
+
+fn require_uts_namespaces() {
+    let works = Command::new("unshare")
+        .args(["--user", "--map-root-user", "--uts", "true"])
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(
+        works,
+        "this test runs two replicas with different hostnames in user+UTS namespaces \
+         (`unshare --user --map-root-user --uts`), which this machine does not allow"
+    );
+}
+
+async fn create_claims(
+    claims: &Api<PersistentVolumeClaim>,
+    prefix: &str,
+    class: &str,
+    count: usize,
+) -> Vec<String> {
+    let mut names = Vec::new();
+    for i in 0..count {
+        let name = format!("{prefix}-{i}");
+        create_claim(claims, &claim(&name, class, "1Gi", None)).await;
+        names.push(name);
+    }
+    names
+}
+
+fn count_lines(log: &str, needle: &str) -> usize {
+    log.lines().filter(|line| line.contains(needle)).count()
+}
+
+#[tokio::test]
+async fn one_replica_leads_and_hands_over_on_sigterm() {
+    require_uts_namespaces();
+    let (client, ns) = support::test_namespace("leader").await;
+    let driver = Driver::start(&[]).await;
+    let replica = |host: &str| {
+        Sidecar::start_with(
+            &driver,
+            SidecarOptions {
+                args: leader_args(ns.name()),
+                hostname: Some(host.to_owned()),
+                ..SidecarOptions::default()
+            },
+        )
+    };
+    let mut a = replica("replica-a");
+    let mut b = replica("replica-b");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    let lease = lease_name(&driver);
+
+    let first = support::eventually("one replica to hold the Lease", TIMEOUT, || async {
+        match lease_holder(&leases, &lease).await? {
+            Some(holder) if !holder.is_empty() => Ok(holder),
+            other => Err(format!("holder {other:?}")),
+        }
+    })
+    .await;
+    let (leader, follower, follower_host) = match first.as_str() {
+        "replica-a" => (&mut a, &mut b, "replica-b"),
+        "replica-b" => (&mut b, &mut a, "replica-a"),
+        other => panic!("Lease {lease} held by {other:?}, not by a replica"),
+    };
+    eprintln!("{first} leads Lease {}/{lease}", ns.name());
+
+    let class = format!("{ns}-class");
+    create_class(&client, &storage_class(&class, &driver, "Delete", &[])).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns.name());
+    for name in create_claims(&claims, "before", &class, 3).await {
+        wait_bound(&claims, &name).await;
+    }
+    assert_eq!(
+        count_lines(&leader.log(), "became leader, starting controllers"),
+        1
+    );
+    assert_eq!(
+        count_lines(&follower.log(), "became leader"),
+        0,
+        "the follower must not lead while the leader renews"
+    );
+    assert_eq!(
+        count_lines(&follower.log(), "provisioned"),
+        0,
+        "only the leader provisions"
+    );
+    assert_eq!(
+        driver.volume_count(),
+        3,
+        "one volume per claim, no duplicate"
+    );
+
+    leader.signal(Signal::SIGTERM);
+    let handover = Instant::now();
+    support::eventually("the follower to take the Lease over", TIMEOUT, || async {
+        match lease_holder(&leases, &lease).await? {
+            Some(holder) if holder == follower_host => Ok(()),
+            other => Err(format!("holder {other:?}")),
+        }
+    })
+    .await;
+    let failover = handover.elapsed();
+    eprintln!(
+        "failover took {:.1}s (lease duration 4s, retry period 1s)",
+        failover.as_secs_f64()
+    );
+    assert!(
+        failover < Duration::from_secs(15),
+        "failover took {failover:?}; a released Lease is taken within about a retry period"
+    );
+    let status = leader.wait_exit(TIMEOUT).await;
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the old leader ended with {}",
+        describe(status)
+    );
+    assert_eq!(
+        count_lines(&leader.log(), "released leader lease"),
+        1,
+        "the old leader released the Lease on SIGTERM"
+    );
+
+    for name in create_claims(&claims, "after", &class, 3).await {
+        wait_bound(&claims, &name).await;
+    }
+    assert_eq!(
+        count_lines(&follower.log(), "became leader, starting controllers"),
+        1
+    );
+    assert_eq!(
+        driver.volume_count(),
+        6,
+        "one volume per claim, no duplicate"
+    );
+    let transitions = leases
+        .get(&lease)
+        .await
+        .expect("reading the Lease")
+        .spec
+        .and_then(|s| s.lease_transitions);
+    assert!(
+        transitions.is_some_and(|t| t >= 1),
+        "leaseTransitions {transitions:?}"
+    );
+    follower.assert_running();
+}
+
+#[tokio::test]
+async fn first_sigterm_waits_for_the_create_volume_in_flight() {
+    let (client, ns) = support::test_namespace("drain").await;
+    let driver = Driver::start(&["--delay", "CreateVolume=2s"]).await;
+    let mut sidecar = Sidecar::start_with(
+        &driver,
+        SidecarOptions {
+            args: leader_args(ns.name()),
+            ..SidecarOptions::default()
+        },
+    );
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
+    let lease = lease_name(&driver);
+    let class = format!("{ns}-class");
+    create_class(&client, &storage_class(&class, &driver, "Delete", &[])).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns.name());
+    let created = create_claim(&claims, &claim("slow", &class, "1Gi", None)).await;
+
+    // The Provisioning event is written right before CreateVolume, which then takes 2 s.
+    wait_event(&client, ns.name(), "slow", "Provisioning", |_| true).await;
+    sidecar.signal(Signal::SIGTERM);
+    let signalled = Instant::now();
+    let status = sidecar.wait_exit(TIMEOUT).await;
+    let took = signalled.elapsed();
+    let volume = pv_name(&created);
+    let pv_at_exit = pv_exists(&client, &volume).await;
+    eprintln!("exited {took:?} after SIGTERM with {}", describe(status));
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "drain ended with {}",
+        describe(status)
+    );
+    assert!(
+        pv_at_exit,
+        "the sidecar exited before the PV {volume} of the call in flight was created"
+    );
+    let codes: Vec<String> = driver
+        .calls("CreateVolume")
+        .into_iter()
+        .map(|c| c.code)
+        .collect();
+    assert_eq!(codes, ["Ok"], "the call in flight ran to completion");
+    assert_eq!(driver.volume_count(), 1);
+    let holder = lease_holder(&leases, &lease)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        holder.as_deref(),
+        Some(""),
+        "the Lease is released on the way out"
+    );
+    wait_bound(&claims, "slow").await;
+}
+
+#[tokio::test]
+async fn second_signal_aborts_at_once() {
+    let (client, ns) = support::test_namespace("abort").await;
+    let driver = Driver::start(&["--delay", "CreateVolume=30s"]).await;
+    let mut sidecar = Sidecar::start(&driver, &[]);
+    let class = format!("{ns}-class");
+    create_class(&client, &storage_class(&class, &driver, "Delete", &[])).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns.name());
+    let created = create_claim(&claims, &claim("stuck", &class, "1Gi", None)).await;
+
+    wait_event(&client, ns.name(), "stuck", "Provisioning", |_| true).await;
+    sidecar.signal(Signal::SIGTERM);
+    support::eventually("the sidecar to start draining", TIMEOUT, || async {
+        if sidecar.log().contains("shutting down") {
+            Ok(())
+        } else {
+            Err("no drain message in the log yet".to_owned())
+        }
+    })
+    .await;
+    assert!(
+        sidecar.is_running(),
+        "one signal must not end a drain with a call in flight"
+    );
+    sidecar.signal(Signal::SIGTERM);
+    let signalled = Instant::now();
+    // The call in flight would take 30 s more; an abort ends long before.
+    let status = sidecar.wait_exit(Duration::from_secs(10)).await;
+    eprintln!(
+        "aborted {:?} after the second signal with {}",
+        signalled.elapsed(),
+        describe(status)
+    );
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "an abort exits non-zero (130, documented); got {}",
+        describe(status)
+    );
+    assert!(
+        !pv_exists(&client, &pv_name(&created)).await,
+        "no PV: the call was abandoned"
+    );
+    assert!(
+        driver_pvs(&client, &driver)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .is_empty()
+    );
+}
+
+async fn pv_exists(client: &Client, name: &str) -> bool {
+    Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(client.clone())
+        .get_opt(name)
+        .await
+        .unwrap_or_else(|e| panic!("reading PV {name}: {e}"))
+        .is_some()
+}

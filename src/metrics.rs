@@ -302,6 +302,7 @@ mod tests {
                 "controller_persistentvolumeclaim_provision_duration_seconds_sum",
                 "controller_persistentvolumeclaim_provision_failed_total",
                 "controller_persistentvolumeclaim_provision_total",
+                "csi_provisioner_orphaned_volumes_deleted_total",
                 "csi_sidecar_operations_seconds_bucket",
                 "csi_sidecar_operations_seconds_count",
                 "csi_sidecar_operations_seconds_sum",

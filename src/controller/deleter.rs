@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use either::Either;
 use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -136,8 +137,10 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
         }),
         ..DeleteParams::default()
     };
-    match api.delete(&name, &uid_precondition).await {
-        Ok(_) => {}
+    let remaining = match api.delete(&name, &uid_precondition).await {
+        // Still there, held by finalizers: the response is the object as it is now.
+        Ok(Either::Left(terminating)) => terminating,
+        Ok(Either::Right(_)) => return Ok(true),
         Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
             return Ok(true);
         }
@@ -148,19 +151,9 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
                 source,
             });
         }
-    }
-    // The PV now waits for its finalizers; ours is done.
-    if fresh.finalizers().iter().any(|f| f == PV_FINALIZER)
-        && let Some(current) = api
-            .get_opt(&name)
-            .await
-            .map_err(|source| VolumeError::Api {
-                action: "read",
-                name: name.clone(),
-                source,
-            })?
-    {
-        set_finalizer(&api, &current, false).await?;
+    };
+    if remaining.finalizers().iter().any(|f| f == PV_FINALIZER) {
+        set_finalizer(&api, &remaining, false).await?;
     }
     Ok(true)
 }

@@ -22,10 +22,11 @@ use crate::csi;
 use crate::csi_client::{CallError, ErrorClass};
 use crate::journal::{JournalError, Phase};
 use crate::provision::{
-    Decision, DecisionError, PROVISIONING_FINALIZER, ProvisionError, ProvisionPlan, SecretError,
-    SecretRef, VolumeError, already_exists_is_ours, build_create_volume_request,
-    build_persistent_volume, claim_class_name, has_provisioning_finalizer, may_release_finalizer,
-    needs_finalizer, plan_provision, secret_data, should_provision, volume_name,
+    ANN_BETA_STORAGE_PROVISIONER, ANN_STORAGE_PROVISIONER, Decision, DecisionError,
+    PROVISIONING_FINALIZER, ProvisionError, ProvisionPlan, SecretError, SecretRef, VolumeError,
+    already_exists_is_ours, build_create_volume_request, build_persistent_volume, claim_class_name,
+    has_provisioning_finalizer, may_release_finalizer, needs_finalizer, plan_provision,
+    secret_data, should_provision, volume_name,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -163,7 +164,13 @@ enum Outcome {
 }
 
 async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome, ClaimError> {
-    if has_provisioning_finalizer(pvc) {
+    // Every sidecar sees every claim, and another driver's sidecar has none of this claim's
+    // operations in flight: only the claim's own provisioner may let the finalizer go.
+    let ours = [ANN_STORAGE_PROVISIONER, ANN_BETA_STORAGE_PROVISIONER]
+        .into_iter()
+        .find_map(|key| pvc.annotations().get(key))
+        .is_some_and(|provisioner| *provisioner == ctx.config.driver_name);
+    if ours && has_provisioning_finalizer(pvc) {
         let in_flight = volume_name(
             &ctx.config.volume_name_prefix,
             ctx.config.volume_name_uuid_length,
@@ -205,13 +212,12 @@ async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome
     {
         return Ok(Outcome::Nothing);
     }
-    // The cache may lag: a claim bound, deleted or re-created since must never get a new
-    // volume (upstream #1469). A quorum read decides.
-    let Some(fresh) = claim_still_wanting_a_volume(pvc, ctx).await? else {
-        return Ok(Outcome::Nothing);
-    };
-    if needs_finalizer(&fresh, ctx.consistency_by_default) {
-        set_claim_finalizer(ctx, &fresh, true).await?;
+    // No quorum read here: the cache may lag, but a stale claim cannot cost a volume. The
+    // name is fixed by the claim UID (CreateVolume is idempotent per name), the operation is
+    // journaled before the call (a claim found gone later gets its volume deleted), and a PV
+    // create that meets another PV of that name deletes the new volume. See docs/design.md.
+    if needs_finalizer(pvc, ctx.consistency_by_default) {
+        set_claim_finalizer(ctx, pvc, true).await?;
     }
 
     let secrets = read_provisioner_secret(ctx, plan.secrets.provisioner.as_ref()).await?;
@@ -271,29 +277,6 @@ async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome
     Ok(Outcome::Provisioned {
         volume: plan.volume_name,
     })
-}
-
-/// A fresh read: the claim, if it still exists with the same UID, is not bound, and is not
-/// being deleted.
-async fn claim_still_wanting_a_volume(
-    pvc: &PersistentVolumeClaim,
-    ctx: &Context,
-) -> Result<Option<PersistentVolumeClaim>, ClaimError> {
-    let namespace = pvc.namespace().unwrap_or_default();
-    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &namespace);
-    let fresh = api
-        .get_opt(&pvc.name_any())
-        .await
-        .map_err(|error| ClaimError::ClaimRead(claim_key(pvc), error))?;
-    Ok(fresh.filter(|fresh| {
-        fresh.uid() == pvc.uid()
-            && fresh.metadata.deletion_timestamp.is_none()
-            && fresh
-                .spec
-                .as_ref()
-                .and_then(|spec| spec.volume_name.as_deref())
-                .is_none_or(str::is_empty)
-    }))
 }
 
 /// Adds or removes the provisioning-consistency finalizer. The patch carries the claim's

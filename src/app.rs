@@ -11,7 +11,7 @@ use crate::config::{Args, ConsistencyDefault, Gate};
 use crate::controller::{self, Settings};
 use crate::csi_client::{ClientOptions, CsiClient, DriverInfo, parse_csi_address};
 use crate::http;
-use crate::kube_client;
+use crate::kube_client::{self, RateLimitLayer};
 use crate::leader::{self, Elector, LeaderConfig, LeaderWatch};
 use crate::metrics::Metrics;
 use crate::provision::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
@@ -59,8 +59,8 @@ async fn serve(args: Args, shutdown: Shutdown) -> ExitCode {
             "the driver reports no CONTROLLER_SERVICE or CREATE_DELETE_VOLUME: every provisioning will fail"
         );
     }
-    let client = match kube_client::client_from_args(&args).await {
-        Ok(client) => client,
+    let (client, rate_limit) = match kube_client::client_from_args(&args).await {
+        Ok(built) => built,
         Err(error) => return fatal(&error),
     };
 
@@ -90,7 +90,7 @@ async fn serve(args: Args, shutdown: Shutdown) -> ExitCode {
         });
     }
 
-    let settings = match settings(&args, &info) {
+    let settings = match settings(&args, &info, rate_limit) {
         Ok(settings) => settings,
         Err(message) => return fatal(&message),
     };
@@ -153,7 +153,11 @@ async fn serve(args: Args, shutdown: Shutdown) -> ExitCode {
 }
 
 /// The reconcilers' settings from flags and what the driver reported.
-fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, String> {
+fn settings(
+    args: &Args,
+    info: &DriverInfo,
+    rate_limit: RateLimitLayer,
+) -> Result<Settings, String> {
     let gates = args.feature_gates();
     let caps = DriverCapabilities {
         controller_service: info.supports_controller_service(),
@@ -185,6 +189,7 @@ fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, String> {
             .unwrap_or(usize::MAX),
         event_component: format!("{}_{}_{}", info.name, hostname, uuid::Uuid::new_v4()),
         hostname,
+        rate_limit,
         consistency_by_default: args.provisioning_consistency_default == ConsistencyDefault::Enable,
         journal_namespace: leader::resolve_namespace(
             &args.leader_election_namespace,

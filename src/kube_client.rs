@@ -115,15 +115,14 @@ impl ConfigSource {
     }
 }
 
-/// Builds the client for the flags in `args` (all API traffic goes through the limiter).
-pub async fn client_from_args(args: &Args) -> Result<Client, KubeClientError> {
+/// Builds the client for the flags in `args` (all API traffic goes through the limiter),
+/// and the limiter's handle for callers that can wait for spare capacity.
+pub async fn client_from_args(args: &Args) -> Result<(Client, RateLimitLayer), KubeClientError> {
     let env = std::env::var("KUBECONFIG").ok();
     let source = ConfigSource::decide(&args.kubeconfig, &args.master, env.as_deref());
     let config = source.load().await?;
-    build_client(
-        config,
-        RateLimitLayer::from_flags(args.kube_api_qps, args.kube_api_burst),
-    )
+    let limit = RateLimitLayer::from_flags(args.kube_api_qps, args.kube_api_burst);
+    Ok((build_client(config, limit.clone())?, limit))
 }
 
 /// kube's default stack (auth, retries on 429/503/504, tracing) wrapped in `limit`.
@@ -161,17 +160,28 @@ impl TokenBucket {
     /// Takes one token at `now`: `None` = go ahead, `Some(wait)` = a token is reserved,
     /// send the request after `wait`.
     pub fn take(&mut self, now: Instant) -> Option<Duration> {
-        if now > self.last {
-            let refill = now.duration_since(self.last).as_secs_f64() * self.qps;
-            self.tokens = (self.tokens + refill).min(self.burst);
-            self.last = now;
-        }
+        self.refill(now);
         self.tokens -= 1.0;
         if self.tokens >= 0.0 {
             return None;
         }
         let wait = Duration::try_from_secs_f64(-self.tokens / self.qps).unwrap_or(MAX_WAIT);
         Some(wait.min(MAX_WAIT))
+    }
+
+    /// Whether a request sent at `now` would go out at once without making anyone wait:
+    /// a whole token is available and none is owed to requests already waiting.
+    pub fn has_spare(&mut self, now: Instant) -> bool {
+        self.refill(now);
+        self.tokens >= 1.0
+    }
+
+    fn refill(&mut self, now: Instant) {
+        if now > self.last {
+            let refill = now.duration_since(self.last).as_secs_f64() * self.qps;
+            self.tokens = (self.tokens + refill).min(self.burst);
+            self.last = now;
+        }
     }
 }
 
@@ -205,6 +215,17 @@ impl RateLimitLayer {
 
     pub fn unlimited() -> Self {
         Self { bucket: None }
+    }
+
+    /// See [`TokenBucket::has_spare`]; always true without a limit. Lets low-priority traffic
+    /// (events) yield to the requests that make progress (PV creates), as both share one budget.
+    pub fn has_spare(&self) -> bool {
+        self.bucket.as_ref().is_none_or(|bucket| {
+            bucket
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .has_spare(Instant::now())
+        })
     }
 }
 
@@ -309,6 +330,21 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn spare_capacity_means_a_whole_token_nobody_waits_for() {
+        let t0 = Instant::now();
+        let mut bucket = TokenBucket::new(2.0, 1, t0);
+        assert!(bucket.has_spare(t0));
+        assert_eq!(bucket.take(t0), None);
+        assert!(!bucket.has_spare(t0), "the only token is gone");
+        assert!(bucket.take(t0).is_some(), "this request now waits");
+        assert!(
+            !bucket.has_spare(t0 + Duration::from_millis(500)),
+            "the refill is owed to the waiter"
+        );
+        assert!(bucket.has_spare(t0 + Duration::from_secs(1)));
     }
 
     #[test]

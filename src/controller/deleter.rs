@@ -77,14 +77,12 @@ impl VolumeReconciler {
                         | VolumeError::SecretData(_)
                         | VolumeError::Driver(_)
                 ) {
-                    ctx.events
-                        .publish(
-                            &pv.object_ref(&()),
-                            EventType::Warning,
-                            VOLUME_FAILED_DELETE,
-                            &message,
-                        )
-                        .await;
+                    ctx.events.publish(
+                        &pv.object_ref(&()),
+                        EventType::Warning,
+                        VOLUME_FAILED_DELETE,
+                        &message,
+                    );
                 }
                 let delay = ctx.volume_backoff().failure(name.clone());
                 warn!(volume = name, error = %message, retry_in = ?delay, "volume deletion failed");

@@ -1,10 +1,15 @@
 //! Kubernetes events on claims and volumes, written as core/v1 Events like upstream's
 //! client-go recorder (so upstream's RBAC, which grants core `events`, keeps working).
-//! Repeats of the same event within ten minutes bump `count` instead of creating new
-//! objects, as client-go's aggregation does, which keeps event writes per claim bounded.
+//!
+//! Events are written by a background task, never by the reconcile that reports them, and they
+//! yield to the requests that make progress: under the client-side rate limit
+//! (`--kube-api-qps`), an event is sent only when a token is spare, or once it has waited
+//! `MAX_DEFERRAL`. Both sidecars spend the same budget on the same events; ours spends it on
+//! PVs first, so claims are bound sooner and the events follow. Each event keeps the time it
+//! happened. Repeats of the same event within ten minutes bump `count` instead of creating
+//! new objects, as client-go's aggregation does.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
@@ -12,12 +17,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use tokio::sync::mpsc;
 use tracing::{debug, warn};
+
+use crate::kube_client::RateLimitLayer;
 
 /// Events older than this are not aggregated into (client-go uses the same window).
 const AGGREGATION_WINDOW: Duration = Duration::from_secs(600);
 /// Upper bound on remembered events; the oldest are forgotten first.
 const MAX_REMEMBERED: usize = 4096;
+/// Longest an event waits for spare capacity before it takes its turn like any request.
+const MAX_DEFERRAL: Duration = Duration::from_secs(30);
+const SPARE_POLL: Duration = Duration::from_millis(20);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventType {
@@ -36,7 +47,7 @@ impl EventType {
 
 #[derive(Debug, PartialEq, Eq, Hash, Clone)]
 struct EventKey {
-    object_uid: String,
+    object: String,
     type_: EventType,
     reason: String,
     message: String,
@@ -50,35 +61,80 @@ struct Recorded {
     first_seen: Instant,
 }
 
+struct Pending {
+    regarding: ObjectReference,
+    type_: EventType,
+    reason: String,
+    message: String,
+    at: Timestamp,
+    queued: Instant,
+}
+
+/// Where reconcilers report events; cheap, never blocks.
 pub struct EventRecorder {
-    client: Client,
-    component: String,
-    host: String,
-    recent: Mutex<HashMap<EventKey, Recorded>>,
+    queue: mpsc::UnboundedSender<Pending>,
 }
 
 impl EventRecorder {
-    /// `component` is the event source, e.g. `<driver>_<hostname>_<uuid>` as upstream's library uses.
-    pub fn new(client: Client, component: String, host: String) -> Self {
-        Self {
+    /// `component` is the event source, e.g. `<driver>_<hostname>_<uuid>` as upstream's library
+    /// uses; `limit` is the client's rate limiter, to find spare capacity.
+    pub fn new(client: Client, component: String, host: String, limit: RateLimitLayer) -> Self {
+        let (queue, pending) = mpsc::unbounded_channel();
+        let writer = Writer {
             client,
             component,
             host,
-            recent: Mutex::new(HashMap::new()),
-        }
+            limit,
+            recent: HashMap::new(),
+        };
+        tokio::spawn(writer.run(pending));
+        Self { queue }
     }
 
-    /// Records an event; failures are logged and otherwise ignored, as event delivery
-    /// must never block or fail an operation.
-    pub async fn publish(
+    /// Queues an event. Delivery failures are logged: events never fail an operation.
+    pub fn publish(
         &self,
         regarding: &ObjectReference,
         type_: EventType,
         reason: &str,
         message: &str,
     ) {
+        let pending = Pending {
+            regarding: regarding.clone(),
+            type_,
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            at: Timestamp::now(),
+            queued: Instant::now(),
+        };
+        if self.queue.send(pending).is_err() {
+            debug!(reason, "event dropped: the event writer has stopped");
+        }
+    }
+}
+
+struct Writer {
+    client: Client,
+    component: String,
+    host: String,
+    limit: RateLimitLayer,
+    recent: HashMap<EventKey, Recorded>,
+}
+
+impl Writer {
+    async fn run(mut self, mut pending: mpsc::UnboundedReceiver<Pending>) {
+        while let Some(event) = pending.recv().await {
+            while !self.limit.has_spare() && event.queued.elapsed() < MAX_DEFERRAL {
+                tokio::time::sleep(SPARE_POLL).await;
+            }
+            self.write(event).await;
+        }
+    }
+
+    async fn write(&mut self, event: Pending) {
+        let regarding = &event.regarding;
         // Objects referenced without a uid (journal shards) are keyed by namespace and name.
-        let object_key = regarding.uid.clone().unwrap_or_else(|| {
+        let object = regarding.uid.clone().unwrap_or_else(|| {
             format!(
                 "{}/{}",
                 regarding.namespace.as_deref().unwrap_or_default(),
@@ -86,14 +142,13 @@ impl EventRecorder {
             )
         });
         let key = EventKey {
-            object_uid: object_key,
-            type_,
-            reason: reason.to_string(),
-            message: message.to_string(),
+            object,
+            type_: event.type_,
+            reason: event.reason.clone(),
+            message: event.message.clone(),
         };
-        let now = Timestamp::now();
         if let Some((namespace, name, count)) = self.bump(&key) {
-            let patch = serde_json::json!({ "count": count, "lastTimestamp": Time(now) });
+            let patch = serde_json::json!({ "count": count, "lastTimestamp": Time(event.at) });
             let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
             match api
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -108,43 +163,41 @@ impl EventRecorder {
             .clone()
             .unwrap_or_else(|| "default".to_string());
         let object_name = regarding.name.clone().unwrap_or_default();
-        let event = Event {
+        let object = Event {
             metadata: ObjectMeta {
-                name: Some(format!("{object_name}.{:x}", now.as_nanosecond())),
+                name: Some(format!("{object_name}.{:x}", event.at.as_nanosecond())),
                 namespace: Some(namespace.clone()),
                 ..ObjectMeta::default()
             },
             involved_object: regarding.clone(),
-            reason: Some(reason.to_string()),
-            message: Some(message.to_string()),
-            type_: Some(type_.as_str().to_string()),
+            reason: Some(event.reason.clone()),
+            message: Some(event.message.clone()),
+            type_: Some(event.type_.as_str().to_string()),
             source: Some(EventSource {
                 component: Some(self.component.clone()),
                 host: Some(self.host.clone()),
             }),
-            first_timestamp: Some(Time(now)),
-            last_timestamp: Some(Time(now)),
+            first_timestamp: Some(Time(event.at)),
+            last_timestamp: Some(Time(event.at)),
             count: Some(1),
             reporting_component: Some(self.component.clone()),
             reporting_instance: Some(self.host.clone()),
             ..Event::default()
         };
         let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-        match api.create(&PostParams::default(), &event).await {
+        match api.create(&PostParams::default(), &object).await {
             Ok(created) => self.remember(key, namespace, created.metadata.name.unwrap_or_default()),
-            Err(err) => warn!(%err, reason, object = object_name, "failed to record event"),
+            Err(err) => {
+                warn!(%err, reason = event.reason, object = object_name, "failed to record event")
+            }
         }
     }
 
     /// If an identical event was recorded recently, returns where it is and its new count.
-    fn bump(&self, key: &EventKey) -> Option<(String, String, i32)> {
-        let mut recent = self
-            .recent
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let recorded = recent.get_mut(key)?;
+    fn bump(&mut self, key: &EventKey) -> Option<(String, String, i32)> {
+        let recorded = self.recent.get_mut(key)?;
         if recorded.first_seen.elapsed() > AGGREGATION_WINDOW {
-            recent.remove(key);
+            self.recent.remove(key);
             return None;
         }
         recorded.count = recorded.count.saturating_add(1);
@@ -155,18 +208,15 @@ impl EventRecorder {
         ))
     }
 
-    fn remember(&self, key: EventKey, namespace: String, name: String) {
-        let mut recent = self
-            .recent
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if recent.len() >= MAX_REMEMBERED {
-            recent.retain(|_, recorded| recorded.first_seen.elapsed() <= AGGREGATION_WINDOW);
-            if recent.len() >= MAX_REMEMBERED {
-                recent.clear();
+    fn remember(&mut self, key: EventKey, namespace: String, name: String) {
+        if self.recent.len() >= MAX_REMEMBERED {
+            self.recent
+                .retain(|_, recorded| recorded.first_seen.elapsed() <= AGGREGATION_WINDOW);
+            if self.recent.len() >= MAX_REMEMBERED {
+                self.recent.clear();
             }
         }
-        recent.insert(
+        self.recent.insert(
             key,
             Recorded {
                 namespace,

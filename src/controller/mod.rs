@@ -29,6 +29,7 @@ use tracing::{debug, warn};
 
 use crate::csi_client::CsiController;
 use crate::journal::{Journal, JournalError};
+use crate::kube_client::RateLimitLayer;
 use crate::metrics::Metrics;
 use crate::provision::{DriverCapabilities, ProvisionerConfig, claim_class_name};
 use backoff::{Backoff, InfeasibleSet};
@@ -71,6 +72,8 @@ pub struct Settings {
     /// Source component of events: `<driver>_<hostname>_<uuid>` as upstream's library writes.
     pub event_component: String,
     pub hostname: String,
+    /// The API client's rate limiter: events wait for spare capacity.
+    pub rate_limit: RateLimitLayer,
     pub consistency_by_default: bool,
     /// Where the journal shards live (the sidecar's namespace) and their name prefix.
     pub journal_namespace: String,
@@ -122,7 +125,12 @@ pub async fn run(
     let (volumes, volume_stream) = watches.volumes;
     let (classes, class_stream) = watches.classes;
     let ctx = Arc::new(Context {
-        events: EventRecorder::new(client.clone(), settings.event_component, settings.hostname),
+        events: EventRecorder::new(
+            client.clone(),
+            settings.event_component,
+            settings.hostname,
+            settings.rate_limit,
+        ),
         client,
         driver,
         caps: settings.caps,

@@ -150,8 +150,7 @@ async fn delete_orphan(ctx: &Context, operation: &InFlight) -> Result<(), ClaimE
                 "Deleted volume {volume_id} ({}) created for claim {}/{} (uid {}), which no longer exists",
                 operation.volume_name, operation.claim_namespace, operation.claim_name, operation.claim_uid
             ),
-        )
-        .await;
+        );
     Ok(())
 }
 

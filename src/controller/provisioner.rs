@@ -123,30 +123,24 @@ impl ClaimReconciler {
         let reference = pvc.object_ref(&());
         match &error {
             ClaimError::Plan(plan) if plan.is_ignored() => {
-                ctx.events
-                    .publish(
-                        &reference,
-                        EventType::Normal,
-                        PROVISIONING,
-                        "Assuming an external populator will provision the volume",
-                    )
-                    .await;
+                ctx.events.publish(
+                    &reference,
+                    EventType::Normal,
+                    PROVISIONING,
+                    "Assuming an external populator will provision the volume",
+                );
                 debug!(claim = %claim_key(pvc), %message, "left to an external populator");
                 return Action::await_change();
             }
             ClaimError::Decision(_)
             | ClaimError::ClaimRead(..)
             | ClaimError::ClaimFinalizer(..) => {}
-            _ => {
-                ctx.events
-                    .publish(
-                        &reference,
-                        EventType::Warning,
-                        PROVISIONING_FAILED,
-                        &message,
-                    )
-                    .await
-            }
+            _ => ctx.events.publish(
+                &reference,
+                EventType::Warning,
+                PROVISIONING_FAILED,
+                &message,
+            ),
         }
         let delay = ctx.claim_backoff().failure(pvc.uid().unwrap_or_default());
         warn!(claim = %claim_key(pvc), error = %message, retry_in = ?delay, "provisioning failed");
@@ -223,17 +217,15 @@ async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome
     let secrets = read_provisioner_secret(ctx, plan.secrets.provisioner.as_ref()).await?;
     let request = build_create_volume_request(&plan, secrets, None);
     let _busy = ctx.journal.record(in_flight(pvc, &plan, &request)).await?;
-    ctx.events
-        .publish(
-            &pvc.object_ref(&()),
-            EventType::Normal,
-            PROVISIONING,
-            &format!(
-                "External provisioner is provisioning volume for claim \"{}\"",
-                claim_key(pvc)
-            ),
-        )
-        .await;
+    ctx.events.publish(
+        &pvc.object_ref(&()),
+        EventType::Normal,
+        PROVISIONING,
+        &format!(
+            "External provisioner is provisioning volume for claim \"{}\"",
+            claim_key(pvc)
+        ),
+    );
 
     let response = {
         let _permit = ctx.limits.acquire(&plan.class_name).await;
@@ -266,14 +258,12 @@ async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome
     };
     save_volume(ctx, &plan, pv, &request).await?;
     ctx.journal.complete(&plan.volume_name);
-    ctx.events
-        .publish(
-            &pvc.object_ref(&()),
-            EventType::Normal,
-            PROVISIONING_SUCCEEDED,
-            &format!("Successfully provisioned volume {}", plan.volume_name),
-        )
-        .await;
+    ctx.events.publish(
+        &pvc.object_ref(&()),
+        EventType::Normal,
+        PROVISIONING_SUCCEEDED,
+        &format!("Successfully provisioned volume {}", plan.volume_name),
+    );
     Ok(Outcome::Provisioned {
         volume: plan.volume_name,
     })

@@ -54,10 +54,19 @@ async fn serve(args: Args, shutdown: Shutdown) -> ExitCode {
         can_provision = info.can_provision(),
         "connected to the CSI driver"
     );
-    if !info.can_provision() {
-        warn!(
-            "the driver reports no CONTROLLER_SERVICE or CREATE_DELETE_VOLUME: every provisioning will fail"
-        );
+    // Upstream starts anyway and fails every operation; a provisioner for a driver that cannot
+    // provision is a deployment mistake, so we say so and stop.
+    if !info.supports_controller_service() {
+        return fatal(&format!(
+            "the CSI driver {:?} does not report the CONTROLLER_SERVICE plugin capability, so it cannot provision volumes (is --csi-address the node plugin's socket?)",
+            info.name
+        ));
+    }
+    if !info.supports_create_delete() {
+        return fatal(&format!(
+            "the CSI driver {:?} does not report the CREATE_DELETE_VOLUME controller capability, so it cannot provision volumes",
+            info.name
+        ));
     }
     let (client, rate_limit) = match kube_client::client_from_args(&args).await {
         Ok(built) => built,

@@ -1,0 +1,757 @@
+//! The shipped RBAC (deploy/, rendered by `kubectl kustomize`) is exactly what the sidecar
+//! needs. The rendered objects are applied to the local control plane in a test namespace, and
+//! the sidecar (support::peers) runs as the deploy/ ServiceAccount with a TokenRequest token.
+//! It provisions, deletes and leads with those rights. Every API request it sends is read from
+//! its log and compared with the rules, so a missing rule fails (403) and so does a rule nothing
+//! uses. A second test removes one verb and shows that provisioning then fails as forbidden.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
+    PatchParams, PostParams,
+};
+use kube::{Client, ResourceExt};
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use support::peers::{
+    Driver, Sidecar, SidecarOptions, TIMEOUT, claim, create_claim, create_class, describe,
+    events_of, journal_operations, lease_holder, pv_name, storage_class, summarize, wait_bound,
+    wait_event,
+};
+
+const DEPLOY_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
+const SERVICE_ACCOUNT: &str = "csi-provisioner";
+/// Files of deploy/ holding RBAC rules; each rule must say why it exists.
+const RULE_FILES: [&str; 2] = ["clusterrole.yaml", "role.yaml"];
+/// Kinds the tests create for real; the rest of deploy/ is only validated (dry run).
+const APPLIED_KINDS: [&str; 7] = [
+    "CustomResourceDefinition",
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+];
+/// Granted permissions the end-to-end run cannot exercise cheaply, each with the reason it is
+/// still needed. Everything else granted must show up in the sidecar's requests.
+const NOT_EXERCISED: [(&str, &str, &str, &str); 1] = [(
+    "provisioner.csi-rs.dev",
+    "provisioningjournals",
+    "get",
+    "journal/writer.rs re-reads a shard only after a conflicting or failed write (a previous \
+     leader wrote it meanwhile)",
+)];
+
+/// (API group, resource, verb) as RBAC sees a request.
+type Permission = (String, String, String);
+
+fn permission(group: &str, resource: &str, verb: &str) -> Permission {
+    (group.to_owned(), resource.to_owned(), verb.to_owned())
+}
+
+// ---------------------------------------------------------------------------------------------
+// deploy/: render, adapt to a test namespace, apply.
+
+/// kubectl from the control-plane build (the same directory the testbed uses).
+fn kubectl() -> PathBuf {
+    if let Some(dir) = std::env::var_os(csi_testbed::BIN_DIR_ENV) {
+        return PathBuf::from(dir).join("kubectl");
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/build-control-plane.sh");
+    let output = Command::new("bash")
+        .arg(script)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running hack/build-control-plane.sh");
+    assert!(
+        output.status.success(),
+        "hack/build-control-plane.sh failed"
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let dir = stdout
+        .lines()
+        .last()
+        .expect("the build script names its directory");
+    PathBuf::from(dir.trim()).join("kubectl")
+}
+
+/// Every object `kubectl kustomize deploy/` renders.
+fn render_deploy() -> Vec<Value> {
+    let output = Command::new(kubectl())
+        .args(["kustomize", DEPLOY_DIR])
+        .output()
+        .expect("running kubectl kustomize");
+    assert!(
+        output.status.success(),
+        "kubectl kustomize deploy/ failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
+    serde_saphyr::from_multiple::<Value>(&text).expect("kustomize prints YAML documents")
+}
+
+fn kind(object: &Value) -> &str {
+    object["kind"].as_str().unwrap_or_default()
+}
+
+/// Moves the rendered objects into namespace `ns`, so tests can run side by side: namespaced
+/// objects get `ns`, cluster-scoped ones a `<ns>-` name prefix (and the references to them
+/// follow), ServiceAccount subjects point into `ns`. The Namespace object becomes `ns` itself
+/// (its labels are applied to the test namespace); the CRD is shared as it is (its name is fixed
+/// by its group and plural).
+fn adapt(objects: &[Value], ns: &str) -> Vec<Value> {
+    let cluster_scoped = ["ClusterRole", "ClusterRoleBinding", "StorageClass"];
+    objects
+        .iter()
+        .cloned()
+        .map(|mut object| {
+            let prefixed =
+                |name: &Value| Value::from(format!("{ns}-{}", name.as_str().unwrap_or_default()));
+            match kind(&object) {
+                "CustomResourceDefinition" => return object,
+                "Namespace" => {
+                    object["metadata"]["name"] = Value::from(ns);
+                    return object;
+                }
+                _ => {}
+            }
+            if cluster_scoped.contains(&kind(&object)) {
+                object["metadata"]["name"] = prefixed(&object["metadata"]["name"]);
+            } else {
+                object["metadata"]["namespace"] = Value::from(ns);
+            }
+            if object["roleRef"]["kind"] == "ClusterRole" {
+                object["roleRef"]["name"] = prefixed(&object["roleRef"]["name"]);
+            }
+            if let Some(subjects) = object.get_mut("subjects").and_then(Value::as_array_mut) {
+                for subject in subjects
+                    .iter_mut()
+                    .filter(|s| s["kind"] == "ServiceAccount")
+                {
+                    subject["namespace"] = Value::from(ns);
+                }
+            }
+            object
+        })
+        .collect()
+}
+
+/// Removes `verb` on `resource` from every rule (the negative test's broken RBAC).
+fn without_verb(objects: &[Value], resource: &str, verb: &str) -> Vec<Value> {
+    let mut objects = objects.to_vec();
+    for object in &mut objects {
+        let Some(rules) = object.get_mut("rules").and_then(Value::as_array_mut) else {
+            continue;
+        };
+        for rule in rules {
+            let names = |key: &str| rule[key].as_array().cloned().unwrap_or_default();
+            if names("resources").iter().any(|r| r == resource) {
+                let verbs: Vec<Value> = names("verbs").into_iter().filter(|v| v != verb).collect();
+                rule["verbs"] = Value::from(verbs);
+            }
+        }
+    }
+    objects
+}
+
+/// Every (group, resource, verb) the roles grant.
+fn granted(objects: &[Value]) -> BTreeSet<Permission> {
+    let strings = |value: &Value| -> Vec<String> {
+        value
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|item| item.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut permissions = BTreeSet::new();
+    for object in objects
+        .iter()
+        .filter(|o| ["ClusterRole", "Role"].contains(&kind(o)))
+    {
+        for rule in object["rules"].as_array().into_iter().flatten() {
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    for verb in strings(&rule["verbs"]) {
+                        permissions.insert((group.clone(), resource.clone(), verb));
+                    }
+                }
+            }
+        }
+    }
+    permissions
+}
+
+/// Server-side applies every object with strict field validation: the namespace labels, the CRD
+/// and the RBAC objects for real (waiting until the CRD serves), the rest (Deployment,
+/// StorageClass) as a dry run, so the API server checks the whole of deploy/ against its schemas
+/// without running anything. The Deployment's pod is also dry-run created, so Pod Security
+/// admission judges it under the namespace's `restricted` enforcement.
+async fn apply(client: &Client, objects: &[Value]) {
+    for object in objects {
+        let dynamic: DynamicObject =
+            serde_json::from_value(object.clone()).expect("a rendered object is a k8s object");
+        let types = dynamic
+            .types
+            .clone()
+            .expect("rendered objects carry apiVersion and kind");
+        let gvk = GroupVersionKind::try_from(&types).expect("a valid apiVersion");
+        let resource = ApiResource::from_gvk(&gvk);
+        let api: Api<DynamicObject> = match dynamic.namespace() {
+            Some(ns) => Api::namespaced_with(client.clone(), &ns, &resource),
+            None => Api::all_with(client.clone(), &resource),
+        };
+        // Forced: tests/support installs the same CRD at start-up under another manager.
+        let mut params = PatchParams::apply("rbac-test").force().validation_strict();
+        params.dry_run = !APPLIED_KINDS.contains(&types.kind.as_str());
+        if let Err(e) = api
+            .patch(&dynamic.name_any(), &params, &Patch::Apply(&dynamic))
+            .await
+        {
+            panic!("applying {} {}: {e}", types.kind, dynamic.name_any());
+        }
+        match types.kind.as_str() {
+            "CustomResourceDefinition" => wait_established(client, &dynamic.name_any()).await,
+            "Deployment" => dry_run_pod(client, object).await,
+            _ => {}
+        }
+    }
+}
+
+/// A pod of the Deployment's template, created as a dry run (admission runs, nothing is stored).
+async fn dry_run_pod(client: &Client, deployment: &Value) {
+    let namespace = deployment["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or_default();
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "pod-security-check", "namespace": namespace},
+        "spec": deployment["spec"]["template"]["spec"],
+    }))
+    .expect("the Deployment's template is a pod spec");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    if let Err(e) = Api::<Pod>::namespaced(client.clone(), namespace)
+        .create(&dry_run, &pod)
+        .await
+    {
+        panic!("a pod of deploy/deployment.yaml is not admitted: {e}");
+    }
+}
+
+async fn wait_established(client: &Client, name: &str) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    support::eventually("the CRD to be established", TIMEOUT, || async {
+        let crd = crds.get(name).await.map_err(|e| e.to_string())?;
+        let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+            .ok_or(format!("{conditions:?}"))
+    })
+    .await;
+}
+
+/// A kubeconfig for the apiserver that authenticates as the ServiceAccount with a bearer token
+/// from the TokenRequest API (what the kubelet mounts into a pod, minus the refresh).
+async fn service_account_kubeconfig(client: &Client, ns: &str, dir: &Path) -> PathBuf {
+    let token = Api::<ServiceAccount>::namespaced(client.clone(), ns)
+        .create_token_request(
+            SERVICE_ACCOUNT,
+            &PostParams::default(),
+            &TokenRequest::default(),
+        )
+        .await
+        .expect("TokenRequest for the ServiceAccount")
+        .status
+        .expect("a TokenRequest answer has a status")
+        .token;
+    let control_plane = support::control_plane();
+    let admin = kube::config::Kubeconfig::read_from(control_plane.kubeconfig_path())
+        .expect("reading the admin kubeconfig");
+    let ca = admin.clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|cluster| cluster.certificate_authority.clone())
+        .expect("the admin kubeconfig names the serving CA");
+    let kubeconfig = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": {
+            "server": control_plane.apiserver_url(),
+            "certificate-authority": ca,
+        }}],
+        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": SERVICE_ACCOUNT}}],
+        "current-context": "test",
+    });
+    let path = dir.join("service-account.kubeconfig");
+    std::fs::write(&path, kubeconfig.to_string()).expect("writing the kubeconfig");
+    path
+}
+
+// ---------------------------------------------------------------------------------------------
+// API requests seen in the sidecar's log.
+
+/// The RBAC attributes of one request (`None` for non-resource URLs such as /version).
+fn rbac_attributes(method: &str, url: &str) -> Option<Permission> {
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    let path = path.find("/api").map(|at| &path[at..])?;
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match parts.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => return None,
+    };
+    let rest = match rest {
+        ["namespaces", _ns, resource, tail @ ..] => [&[*resource][..], tail].concat(),
+        _ => rest.to_vec(),
+    };
+    let (resource, named) = match rest.as_slice() {
+        [resource] => (resource.to_string(), false),
+        [resource, _name] => (resource.to_string(), true),
+        [resource, _name, sub] => (format!("{resource}/{sub}"), true),
+        _ => return None,
+    };
+    let watch = query
+        .split('&')
+        .any(|pair| pair == "watch=true" || pair == "watch=1");
+    let verb = match (method, named) {
+        ("GET", _) if watch => "watch",
+        ("GET", true) => "get",
+        ("GET", false) => "list",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", true) => "delete",
+        ("DELETE", false) => "deletecollection",
+        _ => return None,
+    };
+    Some(permission(group, &resource, verb))
+}
+
+/// Every request the sidecar logged (kube-client's "requesting" line inside its HTTP span).
+fn requests_in_log(log: &str) -> BTreeSet<Permission> {
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .filter(|line| line["fields"]["message"] == "requesting")
+        .filter_map(|line| {
+            let span = &line["span"];
+            rbac_attributes(span["http.method"].as_str()?, span["http.url"].as_str()?)
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests.
+
+/// The sidecar as the ServiceAccount (a later `--kubeconfig` wins over the admin one peers
+/// passes), with JSON logs at -v=4: one line per API request.
+fn start_sidecar(driver: &Driver, kubeconfig: &Path, ns: &str, extra: &[&str]) -> Sidecar {
+    let mut args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        // Where the Lease and the journal live; the Deployment sets POD_NAMESPACE instead,
+        // which resolves the same way.
+        format!("--leader-election-namespace={ns}"),
+        "--logging-format=json".to_owned(),
+        "-v=4".to_owned(),
+    ];
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+    Sidecar::start_with(
+        driver,
+        SidecarOptions {
+            args,
+            ..SidecarOptions::default()
+        },
+    )
+}
+
+/// Everything deploy/ sets up for the sidecar in a fresh namespace (`broken` edits the rendered
+/// objects first), and a kubeconfig of its ServiceAccount in `dir`.
+async fn deployed(
+    prefix: &str,
+    broken: impl Fn(Vec<Value>) -> Vec<Value>,
+    dir: &Path,
+) -> (Client, support::TestNamespace, Vec<Value>, PathBuf) {
+    let (client, ns) = support::test_namespace(prefix).await;
+    let objects = broken(adapt(&render_deploy(), ns.name()));
+    apply(&client, &objects).await;
+    let kubeconfig = service_account_kubeconfig(&client, ns.name(), dir).await;
+    (client, ns, objects, kubeconfig)
+}
+
+/// The end-to-end run as the ServiceAccount. A claim first fails for a missing provisioner
+/// secret (events created, then aggregated by patch), then provisions once the secret exists,
+/// with the provisioning-consistency finalizer (claim patches) and the journal (shard create
+/// and update); deleting it deletes the PV and the backend volume. A second claim is deleted
+/// while its volume is in flight, and the orphan reaper deletes that volume. The sidecar leads
+/// with a Lease in its namespace and releases it on SIGTERM. No request is forbidden, and every
+/// granted permission is used (except `NOT_EXERCISED`).
+#[tokio::test]
+async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
+    let started = Instant::now();
+    let dir = test_dir();
+    let (client, ns, objects, kubeconfig) = deployed("rbac-e2e", |o| o, dir.path()).await;
+    let ns = ns.name();
+    let driver = Driver::start(&[]).await;
+    let secret_name = "provisioner-secret";
+    let class = format!("{ns}-class");
+    create_class(
+        &client,
+        &storage_class(
+            &class,
+            &driver,
+            "Delete",
+            &[
+                ("csi.storage.k8s.io/provisioner-secret-name", secret_name),
+                ("csi.storage.k8s.io/provisioner-secret-namespace", ns),
+            ],
+        ),
+    )
+    .await;
+    let mut sidecar = start_sidecar(&driver, &kubeconfig, ns, &["--leader-election"]);
+
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let data = create_claim(&claims, &consistent_claim("data", &class)).await;
+
+    // The Lease: get (absent), create, then update on every renewal.
+    support::eventually("the sidecar to hold the Lease", TIMEOUT, || async {
+        assert_not_refused(&sidecar);
+        let holder = lease_holder(&client, ns, &driver).await?;
+        (!holder.is_empty())
+            .then_some(())
+            .ok_or("not held".to_owned())
+    })
+    .await;
+
+    // Missing secret: the same ProvisioningFailed twice is one event with count 2 (patch).
+    support::eventually(
+        "an aggregated ProvisioningFailed event",
+        TIMEOUT,
+        || async {
+            assert_not_refused(&sidecar);
+            let events = events_of(&client, ns, "data").await?;
+            events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("ProvisioningFailed") && e.count >= Some(2))
+                .then_some(())
+                .ok_or_else(|| summarize(&events))
+        },
+    )
+    .await;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(secret_name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        string_data: Some([("token".to_owned(), "not-a-real-secret".to_owned())].into()),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("creating the provisioner secret");
+
+    wait_bound(&claims, "data").await;
+    wait_event(&client, ns, "data", "ProvisioningSucceeded", |_| true).await;
+    // The operation was journaled before CreateVolume (shard create) and dropped once the PV
+    // existed (shard update).
+    support::eventually("an empty journal", TIMEOUT, || async {
+        assert_not_refused(&sidecar);
+        let operations = journal_operations(&client, ns, &driver).await?;
+        operations
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("{operations:?}"))
+    })
+    .await;
+
+    claims
+        .delete("data", &DeleteParams::default())
+        .await
+        .expect("deleting the claim");
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let volume_name = pv_name(&data);
+    support::eventually("the PV to be gone", TIMEOUT, || async {
+        assert_not_refused(&sidecar);
+        match volumes
+            .get_opt(&volume_name)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            None => Ok(()),
+            Some(pv) => Err(format!("phase {:?}", pv.status.and_then(|s| s.phase))),
+        }
+    })
+    .await;
+    wait_driver_empty(&driver).await;
+
+    // An orphan: the driver creates the volume but answers DEADLINE_EXCEEDED, so the operation
+    // stays in flight; the claim is deleted meanwhile. The orphan reaper reads the claim fresh
+    // (claim get), finds no PV (PV get), replays CreateVolume and deletes the volume.
+    driver.set_faults("fault CreateVolume=after:deadline-exceeded\n");
+    create_claim(&claims, &consistent_claim("orphan", &class)).await;
+    wait_event(&client, ns, "orphan", "ProvisioningFailed", |message| {
+        message.contains("DeadlineExceeded") || message.contains("deadline")
+    })
+    .await;
+    claims
+        .delete("orphan", &DeleteParams::default())
+        .await
+        .expect("deleting the orphan's claim");
+    driver.clear_faults();
+    support::eventually("the orphan's claim to be gone", TIMEOUT, || async {
+        assert_not_refused(&sidecar);
+        match claims.get_opt("orphan").await.map_err(|e| e.to_string())? {
+            None => Ok(()),
+            Some(claim) => Err(format!("finalizers {:?}", claim.metadata.finalizers)),
+        }
+    })
+    .await;
+    wait_driver_empty(&driver).await;
+
+    // SIGTERM: the Lease is released (an update), the sidecar exits 0.
+    sidecar.signal(Signal::SIGTERM);
+    let status = sidecar.wait_exit(TIMEOUT).await;
+    assert!(
+        status.success(),
+        "the sidecar ended with {}",
+        describe(status)
+    );
+    let holder = lease_holder(&client, ns, &driver)
+        .await
+        .expect("reading the Lease");
+    assert!(holder.is_empty(), "the Lease is still held by {holder:?}");
+
+    assert_not_refused(&sidecar);
+    let log = sidecar.log();
+    let used = requests_in_log(&log);
+    let granted = granted(&objects);
+    let excused: BTreeSet<Permission> = NOT_EXERCISED
+        .iter()
+        .map(|(group, resource, verb, _why)| permission(group, resource, verb))
+        .collect();
+    let missing: Vec<_> = used.difference(&granted).collect();
+    let unused: Vec<_> = granted
+        .difference(&used)
+        .filter(|p| !excused.contains(*p))
+        .collect();
+    let stale: Vec<_> = excused.difference(&granted).collect();
+    assert!(
+        missing.is_empty(),
+        "sent without a rule in deploy/: {missing:?}"
+    );
+    assert!(
+        unused.is_empty(),
+        "granted in deploy/ but never sent: {unused:?}; remove the rule, or exercise the code \
+         path that needs it in this test"
+    );
+    assert!(
+        stale.is_empty(),
+        "NOT_EXERCISED names permissions deploy/ no longer grants: {stale:?}"
+    );
+    eprintln!("requests the sidecar sent: {used:?}");
+    eprintln!(
+        "the deploy/ RBAC end to end took {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Without `create` on persistentvolumes the driver creates the volume but no PV appears, and
+/// the claim's ProvisioningFailed event says "forbidden".
+#[tokio::test]
+async fn without_pv_create_provisioning_fails_as_forbidden() {
+    let dir = test_dir();
+    let (client, ns, objects, kubeconfig) = deployed(
+        "rbac-no-pv-create",
+        |o| without_verb(&o, "persistentvolumes", "create"),
+        dir.path(),
+    )
+    .await;
+    assert!(!granted(&objects).contains(&permission("", "persistentvolumes", "create")));
+    let ns = ns.name();
+    let driver = Driver::start(&[]).await;
+    let class = format!("{ns}-class");
+    create_class(&client, &storage_class(&class, &driver, "Delete", &[])).await;
+    let sidecar = start_sidecar(&driver, &kubeconfig, ns, &[]);
+
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let data = create_claim(&claims, &claim("data", &class, "1Gi", None)).await;
+    wait_event(&client, ns, "data", "ProvisioningFailed", |message| {
+        message.contains("forbidden")
+    })
+    .await;
+    let pv = Api::<PersistentVolume>::all(client.clone())
+        .get_opt(&pv_name(&data))
+        .await
+        .expect("reading the PV");
+    assert!(
+        pv.is_none(),
+        "a PV appeared without the permission to create it"
+    );
+    assert!(
+        sidecar.log().contains("is forbidden"),
+        "the sidecar logged no 403"
+    );
+}
+
+/// A 1Gi claim with the provisioning-consistency finalizer, which the sidecar adds and removes
+/// by patch.
+fn consistent_claim(name: &str, class: &str) -> PersistentVolumeClaim {
+    let mut pvc = claim(name, class, "1Gi", None);
+    pvc.metadata.annotations = Some(
+        [(
+            "volume.kubernetes.io/provisioning-consistency".to_owned(),
+            "enable".to_owned(),
+        )]
+        .into(),
+    );
+    pvc
+}
+
+async fn wait_driver_empty(driver: &Driver) {
+    support::eventually("the driver to hold no volume", TIMEOUT, || async {
+        let count = driver.volume_count();
+        (count == 0).then_some(()).ok_or(format!("{count} volumes"))
+    })
+    .await;
+}
+
+/// Fails at once (rather than at a wait's timeout) when the API server refused a request.
+fn assert_not_refused(sidecar: &Sidecar) {
+    let log = sidecar.log();
+    let refused: Vec<&str> = log.lines().filter(|l| l.contains("is forbidden")).collect();
+    assert!(
+        refused.is_empty(),
+        "the API server refused the sidecar a request:\n{}",
+        refused.join("\n")
+    );
+}
+
+fn test_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("csi-rbac-")
+        .tempdir()
+        .expect("creating a temp dir")
+}
+
+/// Each rule in deploy/ carries a comment saying which code path needs it.
+#[test]
+fn every_rule_says_why() {
+    for file in RULE_FILES {
+        let text =
+            std::fs::read_to_string(Path::new(DEPLOY_DIR).join(file)).expect("reading deploy/");
+        let lines: Vec<&str> = text.lines().collect();
+        for (at, line) in lines.iter().enumerate() {
+            if line.trim_start().starts_with("- apiGroups:") {
+                let above = at.checked_sub(1).map(|i| lines[i].trim_start());
+                assert!(
+                    above.is_some_and(|l| l.starts_with('#')),
+                    "deploy/{file}:{}: a rule without a comment saying why",
+                    at + 1
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn requests_map_to_rbac_attributes() {
+    let server = "https://127.0.0.1:6443";
+    let cases = [
+        (
+            "GET",
+            "/api/v1/persistentvolumeclaims?resourceVersion=0",
+            ("", "persistentvolumeclaims", "list"),
+        ),
+        (
+            "GET",
+            "/api/v1/persistentvolumes?&watch=true&timeoutSeconds=290",
+            ("", "persistentvolumes", "watch"),
+        ),
+        (
+            "GET",
+            "/api/v1/namespaces/a/persistentvolumeclaims/b",
+            ("", "persistentvolumeclaims", "get"),
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/a/events?",
+            ("", "events", "create"),
+        ),
+        (
+            "PATCH",
+            "/api/v1/namespaces/a/events/e.1",
+            ("", "events", "patch"),
+        ),
+        (
+            "PUT",
+            "/apis/coordination.k8s.io/v1/namespaces/a/leases/l",
+            ("coordination.k8s.io", "leases", "update"),
+        ),
+        (
+            "DELETE",
+            "/api/v1/persistentvolumes/pvc-1",
+            ("", "persistentvolumes", "delete"),
+        ),
+        (
+            "POST",
+            "/api/v1/namespaces/a/serviceaccounts/s/token",
+            ("", "serviceaccounts/token", "create"),
+        ),
+        (
+            "GET",
+            "/apis/storage.k8s.io/v1/storageclasses?watch=1",
+            ("storage.k8s.io", "storageclasses", "watch"),
+        ),
+    ];
+    for (method, path, (group, resource, verb)) in cases {
+        assert_eq!(
+            rbac_attributes(method, &format!("{server}{path}")),
+            Some(permission(group, resource, verb)),
+            "{method} {path}"
+        );
+    }
+    assert_eq!(rbac_attributes("GET", &format!("{server}/version")), None);
+}
+
+#[test]
+fn adapting_moves_everything_into_the_test_namespace() {
+    let rendered = vec![
+        serde_json::json!({"kind": "Namespace", "metadata": {"name": "csi-provisioner"}}),
+        serde_json::json!({"kind": "ClusterRoleBinding", "metadata": {"name": "csi-provisioner"},
+            "roleRef": {"kind": "ClusterRole", "name": "csi-provisioner"},
+            "subjects": [{"kind": "ServiceAccount", "name": "csi-provisioner", "namespace": "csi-provisioner"}]}),
+        serde_json::json!({"kind": "RoleBinding", "metadata": {"name": "csi-provisioner", "namespace": "csi-provisioner"},
+            "roleRef": {"kind": "Role", "name": "csi-provisioner"},
+            "subjects": [{"kind": "ServiceAccount", "name": "csi-provisioner", "namespace": "csi-provisioner"}]}),
+    ];
+    let adapted = adapt(&rendered, "t");
+    assert_eq!(adapted[0]["metadata"]["name"], "t");
+    assert_eq!(adapted[1]["metadata"]["name"], "t-csi-provisioner");
+    assert_eq!(adapted[1]["roleRef"]["name"], "t-csi-provisioner");
+    assert_eq!(adapted[1]["subjects"][0]["namespace"], "t");
+    assert_eq!(adapted[2]["metadata"]["namespace"], "t");
+    assert_eq!(adapted[2]["roleRef"]["name"], "csi-provisioner");
+    assert_eq!(adapted[2]["subjects"][0]["namespace"], "t");
+}

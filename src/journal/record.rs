@@ -22,7 +22,7 @@ use crate::provision::SecretRef;
 
 /// Version of [`OperationRecord`] written by this build. Older records are still read: every
 /// field added since version 1 has a default.
-pub const RECORD_FORMAT: u32 = 1;
+pub const RECORD_FORMAT: i32 = 1;
 
 /// One shard of the journal of operations in flight.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -55,7 +55,7 @@ pub struct ProvisioningJournalSpec {
 #[serde(rename_all = "camelCase")]
 pub struct OperationRecord {
     #[serde(default = "first_format")]
-    pub format_version: u32,
+    pub format_version: i32,
     /// CreateVolume `name`, also the PV name.
     pub volume_name: String,
     /// `<namespace>/<name>` of the claim.
@@ -69,7 +69,7 @@ pub struct OperationRecord {
     #[serde(default)]
     pub phase: Phase,
     #[serde(default)]
-    pub attempts: u32,
+    pub attempts: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// When the operation was first recorded (RFC 3339).
@@ -77,7 +77,7 @@ pub struct OperationRecord {
     pub since: String,
 }
 
-fn first_format() -> u32 {
+fn first_format() -> i32 {
     1
 }
 
@@ -99,11 +99,11 @@ pub enum Phase {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
-    pub in_flight: u32,
-    pub orphaned: u32,
+    pub in_flight: i32,
+    pub orphaned: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oldest_claim: Option<String>,
-    pub max_attempts: u32,
+    pub max_attempts: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
 }
@@ -134,7 +134,7 @@ pub enum RecordError {
     #[error(
         "journal record {volume} has format {found}, newer than this build understands ({RECORD_FORMAT})"
     )]
-    NewerFormat { volume: String, found: u32 },
+    NewerFormat { volume: String, found: i32 },
 }
 
 /// Longest error text kept per operation; the full text is in the sidecar's log and events.
@@ -270,14 +270,14 @@ pub fn summarize(operations: &[OperationRecord]) -> Summary {
         .max_by_key(|record| record.attempts)
         .and_then(|record| record.last_error.clone());
     Summary {
-        in_flight: u32::try_from(operations.len()).unwrap_or(u32::MAX),
-        orphaned: u32::try_from(
+        in_flight: i32::try_from(operations.len()).unwrap_or(i32::MAX),
+        orphaned: i32::try_from(
             operations
                 .iter()
                 .filter(|record| record.phase == Phase::Orphaned)
                 .count(),
         )
-        .unwrap_or(u32::MAX),
+        .unwrap_or(i32::MAX),
         oldest_claim: oldest.map(|record| record.claim.clone()),
         max_attempts: operations
             .iter()

@@ -210,6 +210,11 @@ impl Driver {
     /// Starts a driver with `extra` flags (e.g. `--delay CreateVolume=2s`) and waits until its
     /// socket accepts connections.
     pub async fn start(extra: &[&str]) -> Driver {
+        Self::start_logging(extra, "info,csi_provisioner::driver=debug").await
+    }
+
+    /// As [`Driver::start`], with the driver's log filter (`RUST_LOG`), e.g. `trace`.
+    pub async fn start_logging(extra: &[&str], log_filter: &str) -> Driver {
         let dir = temp_dir("csi-driver-");
         let name = format!("t-{}.csi.example.com", unique_suffix());
         let socket = dir.path().join("csi.sock");
@@ -228,7 +233,7 @@ impl Driver {
                 label: format!("driver {name}"),
                 program: PathBuf::from(env!("CARGO_BIN_EXE_csi-reference-driver")),
                 args,
-                env: vec![("RUST_LOG", "info,csi_provisioner::driver=debug".to_owned())],
+                env: vec![("RUST_LOG", log_filter.to_owned())],
                 hostname: None,
                 log: dir.path().join("driver.log"),
                 child: None,

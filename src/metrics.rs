@@ -52,6 +52,12 @@ struct DeleteLabels {
     class: String,
 }
 
+/// Labels of the leader-election gauge (client-go's `name`: the Lease name).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseLabels {
+    name: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn csi_operation_histogram() -> Histogram {
@@ -74,6 +80,7 @@ pub struct Metrics {
     delete_failed: Family<DeleteLabels, Counter>,
     delete_duration: HistogramFamily<DeleteLabels>,
     orphans_deleted: Counter,
+    leader: Family<LeaseLabels, Gauge>,
 }
 
 impl Metrics {
@@ -142,6 +149,13 @@ impl Metrics {
             orphans_deleted.clone(),
         );
 
+        let leader = Family::<LeaseLabels, Gauge>::default();
+        registry.register(
+            "leader_election_master_status",
+            "Whether this replica holds the leader Lease (1) or not (0)",
+            leader.clone(),
+        );
+
         let process_start_time = Gauge::<f64, AtomicU64>::default();
         process_start_time.set(
             SystemTime::now()
@@ -165,7 +179,17 @@ impl Metrics {
             delete_failed,
             delete_duration,
             orphans_deleted,
+            leader,
         }
+    }
+
+    /// Records whether this replica leads, as client-go's `leader_election_master_status`.
+    pub fn set_leading(&self, lease: &str, leading: bool) {
+        self.leader
+            .get_or_create(&LeaseLabels {
+                name: lease.to_owned(),
+            })
+            .set(i64::from(leading));
     }
 
     /// Counts a volume deleted by the orphan reaper.

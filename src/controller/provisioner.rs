@@ -107,16 +107,12 @@ impl ClaimReconciler {
                     Outcome::Provisioned { .. } | Outcome::Nothing => Action::await_change(),
                 })
             }
-            Err(error) => Ok(Self::report_failure(&pvc, &ctx, error).await),
+            Err(error) => Ok(Self::report_failure(&pvc, &ctx, error)),
         }
     }
 
     /// The single mapping of claim failures to events, metrics and retry timing.
-    async fn report_failure(
-        pvc: &PersistentVolumeClaim,
-        ctx: &Context,
-        error: ClaimError,
-    ) -> Action {
+    fn report_failure(pvc: &PersistentVolumeClaim, ctx: &Context, error: ClaimError) -> Action {
         let class = claim_class_name(pvc);
         ctx.metrics.provision_failed(class, data_source_kind(pvc));
         let message = error.to_string();

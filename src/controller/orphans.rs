@@ -87,6 +87,16 @@ enum ClaimState {
 
 async fn reap(ctx: &Context, operation: &InFlight) -> Result<Reaped, ClaimError> {
     let ClaimState::Gone(deleting_claim) = claim_state(ctx, operation).await? else {
+        // A PV holds the volume, so the outcome is safe: only the record's removal was lost
+        // (a crash, or an exit before the journal's lazy flush).
+        if ctx
+            .volumes
+            .get(&ObjectRef::new(&operation.volume_name))
+            .is_some()
+        {
+            ctx.journal.complete(&operation.volume_name);
+            return Ok(Reaped::Done);
+        }
         return Ok(Reaped::NotAnOrphan);
     };
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());

@@ -53,6 +53,7 @@ pub struct ControlPlane {
     keep: bool,
     kubeconfig: PathBuf,
     apiserver_url: String,
+    controller_manager_url: String,
     logs: Vec<(Component, PathBuf)>,
     startup: Duration,
 }
@@ -112,26 +113,27 @@ impl ControlPlane {
         let apiserver_url = https_url(apiserver_port);
 
         let kubeconfig = layout.kubeconfig();
-        run.launch(
-            Component::ControllerManager,
-            1,
-            CONTROLLER_MANAGER_READY_TIMEOUT,
-            |ports| {
-                let args = args::controller_manager(&args::ControllerManager {
-                    kubeconfig: &kubeconfig,
-                    port: ports[0],
-                    cert_dir: &layout.controller_manager_certs(),
-                    pki: &pki_files,
-                });
-                let probe =
-                    health_client(ports[0], pki.serving_ca_der()).map(|client| Probe::Https {
-                        client,
-                        path: "/healthz",
+        let controller_manager_port = run
+            .launch(
+                Component::ControllerManager,
+                1,
+                CONTROLLER_MANAGER_READY_TIMEOUT,
+                |ports| {
+                    let args = args::controller_manager(&args::ControllerManager {
+                        kubeconfig: &kubeconfig,
+                        port: ports[0],
+                        cert_dir: &layout.controller_manager_certs(),
+                        pki: &pki_files,
                     });
-                std::future::ready(probe.map(|probe| (args, probe)))
-            },
-        )
-        .await?;
+                    let probe =
+                        health_client(ports[0], pki.serving_ca_der()).map(|client| Probe::Https {
+                            client,
+                            path: "/healthz",
+                        });
+                    std::future::ready(probe.map(|probe| (args, probe)))
+                },
+            )
+            .await?[0];
 
         let startup = started.elapsed();
         eprintln!(
@@ -153,6 +155,7 @@ impl ControlPlane {
             keep,
             kubeconfig,
             apiserver_url,
+            controller_manager_url: https_url(controller_manager_port),
             logs,
             startup,
         })
@@ -171,6 +174,12 @@ impl ControlPlane {
 
     pub fn apiserver_url(&self) -> &str {
         &self.apiserver_url
+    }
+
+    /// The controller manager's HTTPS endpoint (serving certificate from this run's CA);
+    /// `/healthz` and `/metrics` answer without credentials.
+    pub fn controller_manager_url(&self) -> &str {
+        &self.controller_manager_url
     }
 
     /// Log file of each component (its stdout and stderr).

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use csi_testbed::ControlPlane;
 
+mod bench;
+
 #[derive(Parser)]
 #[command(about = "A real local Kubernetes control plane for the CSI provisioner")]
 struct Cli {
@@ -18,12 +20,16 @@ enum Command {
     /// Ctrl-C or SIGTERM; then stop everything and remove the run's directory
     /// (kept with CSI_TESTBED_KEEP=1).
     Up,
+    /// Benchmark our sidecar against upstream external-provisioner v6.3.0 and write
+    /// docs/benchmarks.md (see that file for the method).
+    Bench(bench::BenchArgs),
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Up => up().await,
+        Command::Bench(args) => bench::run(args).await,
     }
 }
 

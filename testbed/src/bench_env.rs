@@ -1,0 +1,248 @@
+//! What the benchmark runs and on what: the three programs (ours, upstream's, the reference
+//! driver), built or found before the first run, and a description of the machine for the
+//! report.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::BenchError;
+
+pub const UPSTREAM_VERSION: &str = "v6.3.0";
+
+pub struct Programs {
+    pub ours: PathBuf,
+    pub upstream: PathBuf,
+    pub driver: PathBuf,
+    /// From the control-plane build: applies our CRDs (deploy/crd.yaml) to every cluster.
+    pub kubectl: PathBuf,
+}
+
+/// Variables `cargo run` sets for the program it runs. Build scripts (ring's, for one) declare
+/// `rerun-if-env-changed` on some of them, so a nested `cargo build` that inherits them would
+/// rebuild those crates and everything above them, and the next plain build would do it again.
+const CARGO_RUN_VARS: [&str; 7] = [
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_CRATE_NAME",
+    "CARGO_BIN_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "OUT_DIR",
+];
+
+/// The workspace root: the parent of this crate's directory.
+pub fn workspace_root() -> PathBuf {
+    let testbed = Path::new(env!("CARGO_MANIFEST_DIR"));
+    testbed.parent().unwrap_or(testbed).to_owned()
+}
+
+/// Builds ours and the driver in release mode (unless `no_build`), and upstream's from the Go
+/// module proxy through `hack/build-upstream-provisioner.sh` (cached after the first time).
+pub fn prepare(no_build: bool) -> Result<Programs, BenchError> {
+    let root = workspace_root();
+    if !no_build {
+        // `cargo run` exports CARGO; fall back to whatever cargo is on PATH.
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        eprintln!("[bench] building csi-provisioner and csi-reference-driver (release) ...");
+        let mut build = Command::new(cargo);
+        for (key, _) in std::env::vars_os() {
+            let key_str = key.to_string_lossy();
+            if key_str.starts_with("CARGO_PKG_") || CARGO_RUN_VARS.contains(&key_str.as_ref()) {
+                build.env_remove(&key);
+            }
+        }
+        let status = build
+            .current_dir(&root)
+            .args([
+                "build",
+                "--release",
+                "-p",
+                "csi-provisioner-rs",
+                "--bin",
+                "csi-provisioner",
+                "--bin",
+                "csi-reference-driver",
+            ])
+            .status()
+            .map_err(|source| BenchError::Io {
+                what: "running cargo build".into(),
+                source,
+            })?;
+        if !status.success() {
+            return Err(BenchError::Step {
+                step: "building ours (cargo build --release)".into(),
+                detail: format!("cargo exited with {status}"),
+            });
+        }
+    }
+    let release = root.join("target").join("release");
+    let ours = release.join("csi-provisioner");
+    let driver = release.join("csi-reference-driver");
+    for program in [&ours, &driver] {
+        if !program.is_file() {
+            return Err(BenchError::Step {
+                step: "finding our binaries".into(),
+                detail: format!(
+                    "{} is missing; run `cargo build --release` (or drop --no-build)",
+                    program.display()
+                ),
+            });
+        }
+    }
+    let upstream =
+        run_build_script(&root, "build-upstream-provisioner.sh")?.join("csi-provisioner");
+    let control_plane = match std::env::var_os(csi_testbed::BIN_DIR_ENV) {
+        Some(dir) => PathBuf::from(dir),
+        None => run_build_script(&root, "build-control-plane.sh")?,
+    };
+    Ok(Programs {
+        ours,
+        upstream,
+        driver,
+        kubectl: control_plane.join("kubectl"),
+    })
+}
+
+/// Runs a build script of hack/, forwarding its progress (stderr); its last stdout line is the
+/// directory holding the binaries (both return at once when they are cached).
+fn run_build_script(root: &Path, name: &str) -> Result<PathBuf, BenchError> {
+    let script = root.join("hack").join(name);
+    let output = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|source| BenchError::Io {
+            what: format!("running {}", script.display()),
+            source,
+        })?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    match stdout.lines().last() {
+        Some(dir) if output.status.success() => Ok(PathBuf::from(dir.trim())),
+        _ => Err(BenchError::Step {
+            step: format!("running hack/{name}"),
+            detail: format!(
+                "{} failed ({}); its messages are above",
+                script.display(),
+                output.status
+            ),
+        }),
+    }
+}
+
+/// Facts about the machine and the programs, as `(what, value)` lines for the report.
+pub fn describe(programs: &Programs) -> Vec<(String, String)> {
+    let mut facts = Vec::new();
+    let mut add = |what: &str, value: String| facts.push((what.to_owned(), value));
+    add(
+        "CPU",
+        format!(
+            "{} × {}",
+            std::thread::available_parallelism().map_or(0, usize::from),
+            cpu_model().unwrap_or_else(|| "unknown".into())
+        ),
+    );
+    add("memory", mem_total().unwrap_or_else(|| "unknown".into()));
+    add(
+        "kernel",
+        first_line("uname", &["-r"]).unwrap_or_else(|| "unknown".into()),
+    );
+    add(
+        "ours",
+        format!(
+            "csi-provisioner-rs {} (git {})",
+            first_line(&programs.ours.to_string_lossy(), &["--version"])
+                .and_then(|l| l.split_whitespace().last().map(str::to_owned))
+                .unwrap_or_else(|| "?".into()),
+            git_revision().unwrap_or_else(|| "unknown".into())
+        ),
+    );
+    add(
+        "upstream",
+        format!(
+            "external-provisioner {UPSTREAM_VERSION} built by hack/build-upstream-provisioner.sh with {}",
+            first_line("go", &["env", "GOVERSION"]).unwrap_or_else(|| "go ?".into())
+        ),
+    );
+    add(
+        "rustc",
+        first_line("rustc", &["--version"]).unwrap_or_else(|| "unknown".into()),
+    );
+    add(
+        "control plane",
+        "Kubernetes 1.36.3, etcd 3.6.16 (docs/control-plane.md)".into(),
+    );
+    facts
+}
+
+fn first_line(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    let text = if out.stdout.is_empty() {
+        out.stderr
+    } else {
+        out.stdout
+    };
+    String::from_utf8_lossy(&text)
+        .lines()
+        .next()
+        .map(|l| l.trim().to_owned())
+}
+
+fn git_revision() -> Option<String> {
+    let root = workspace_root();
+    let rev = Command::new("git")
+        .current_dir(&root)
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()?;
+    let dirty = Command::new("git")
+        .current_dir(&root)
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .ok()?;
+    let rev = String::from_utf8_lossy(&rev.stdout).trim().to_owned();
+    Some(if dirty.stdout.is_empty() {
+        rev
+    } else {
+        format!("{rev} + uncommitted changes")
+    })
+}
+
+fn cpu_model() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_owned())
+}
+
+fn mem_total() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(format!("{:.1} GiB", kib / 1024.0 / 1024.0))
+}
+
+/// The 1-minute load average, to show how busy the machine was around a run.
+pub fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(f64::NAN)
+}
+
+/// A directory for the driver's state: tmpfs when there is one, so that the driver's fsync per
+/// change costs both sidecars nothing and the disk never is what is measured.
+pub fn scratch_parent() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    let writable = tempfile::tempdir_in(shm).is_ok();
+    if writable {
+        shm.to_owned()
+    } else {
+        std::env::temp_dir()
+    }
+}

@@ -1,0 +1,75 @@
+# Draws the benchmark's PNG plots from its CSV files (run by `testbed bench`, see
+# testbed/src/bench_plot.rs). Usage: python bench_plot.py <dir with the CSVs> <output dir>
+# Prints one line per written PNG: "<file>\t<caption>".
+import csv
+import sys
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLORS = {"ours": "#1f77b4", "upstream": "#ff7f0e"}
+data_dir, out_dir = sys.argv[1], sys.argv[2]
+
+
+def read(name):
+    with open(f"{data_dir}/{name}", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+curves = defaultdict(lambda: defaultdict(list))  # curve -> (impl, round) -> [(t, v)]
+for row in read("curves.csv"):
+    curves[row["curve"]][(row["impl"], row["round"])].append(
+        (float(row["t"]), float(row["value"]))
+    )
+
+
+def line_plot(curve, file, caption, xlabel, ylabel, step=False):
+    series = curves.get(curve)
+    if not series:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    seen = set()
+    for (impl, rnd), points in sorted(series.items()):
+        xs = [p[0] for p in points]
+        ys = [p[1] for p in points]
+        label = impl if impl not in seen else None
+        seen.add(impl)
+        draw = ax.step if step else ax.plot
+        kwargs = {"where": "post"} if step else {}
+        draw(xs, ys, color=COLORS.get(impl, "gray"), alpha=0.8, linewidth=1.4,
+             label=label, **kwargs)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(caption)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(f"{out_dir}/{file}")
+    plt.close(fig)
+    print(f"{file}\t{caption}")
+
+
+line_plot("a_bound", "a-time-to-bound.png",
+          "(a) claims Bound over time, default QPS (one line per run)",
+          "seconds since the first claim was created", "claims Bound", step=True)
+line_plot("b_bound", "b-time-to-bound.png",
+          "(b) claims Bound over time, --kube-api-qps 500 --kube-api-burst 1000",
+          "seconds since the first claim was created", "claims Bound", step=True)
+line_plot("c_remaining", "c-deletion.png",
+          "(c) PVs left after all claims were deleted, default QPS",
+          "seconds since the first claim was deleted", "PVs left", step=True)
+line_plot("c_remaining_fast", "c-deletion-fast.png",
+          "(c) PVs left after all claims were deleted, QPS 500",
+          "seconds since the first claim was deleted", "PVs left", step=True)
+line_plot("d_rss", "d-rss.png",
+          "(d) resident memory with the claims and PVs present",
+          "seconds since start", "RSS (MiB)")
+line_plot("a_rss", "a-rss.png",
+          "(a) resident memory while provisioning and deleting, default QPS",
+          "seconds since start", "RSS (MiB)")
+line_plot("b_rss", "b-rss.png",
+          "(b) resident memory while provisioning and deleting, QPS 500",
+          "seconds since start", "RSS (MiB)")

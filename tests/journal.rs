@@ -1,0 +1,908 @@
+//! The journal of operations in flight and the provisioning-consistency finalizer, end to end:
+//! the leaks of upstream issue #486 (reference: upstream-behaviour §3.9, timelines B and C)
+//! reproduced on a real control plane with the reference driver and the sidecar as processes,
+//! and shown not to leak.
+//!
+//! Every sidecar runs with `--leader-election-namespace=<test namespace>`, so its journal shards
+//! live in the test's namespace; each test has its own driver, so its shards are its own.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use csi_provisioner::csi;
+use csi_provisioner::csi::controller_client::ControllerClient;
+use csi_provisioner::csi::volume_capability::{
+    AccessMode, AccessType, MountVolume, access_mode::Mode,
+};
+use csi_provisioner::journal::{
+    DRIVER_LABEL, OperationRecord, Phase, ProvisioningJournal, SHARDS, shard_of,
+};
+use csi_provisioner::provision::{ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER};
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
+use kube::{Client, Resource};
+use prost::Message;
+use tonic::transport::{Channel, Endpoint};
+
+use support::peers::{
+    Driver, Sidecar, SidecarOptions, TIMEOUT, claim, create_claim, create_class, driver_pvs,
+    journal_operations, metric_sum, parse_metrics, pv_name, storage_class, wait_bound,
+};
+
+const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
+const ORPHANS_METRIC: &str = "csi_provisioner_orphaned_volumes_deleted_total";
+
+struct Cluster {
+    client: Client,
+    ns: support::TestNamespace,
+    claims: Api<PersistentVolumeClaim>,
+}
+
+impl Cluster {
+    async fn new(prefix: &str) -> Cluster {
+        let (client, ns) = support::test_namespace(prefix).await;
+        Cluster {
+            claims: Api::namespaced(client.clone(), ns.name()),
+            client,
+            ns,
+        }
+    }
+
+    fn ns(&self) -> &str {
+        self.ns.name()
+    }
+
+    /// The sidecar flags of every test here: journal in the test namespace, fast retries.
+    fn sidecar_options(&self, extra: &[&str], metrics: bool) -> SidecarOptions {
+        let mut args = vec![
+            format!("--leader-election-namespace={}", self.ns()),
+            "--retry-interval-start=200ms".to_owned(),
+            "--retry-interval-max=2s".to_owned(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        SidecarOptions {
+            args,
+            metrics,
+            hostname: None,
+        }
+    }
+
+    /// An Immediate class of `driver` with reclaim policy Delete, named after the namespace.
+    async fn class(&self, driver: &Driver) -> String {
+        let name = format!("{}-journal", self.ns());
+        create_class(&self.client, &storage_class(&name, driver, "Delete", &[])).await;
+        name
+    }
+
+    /// Creates a 1Gi claim, with the consistency annotation set to `consistency` if given.
+    async fn claim(
+        &self,
+        name: &str,
+        class: &str,
+        consistency: Option<&str>,
+    ) -> PersistentVolumeClaim {
+        let mut pvc = claim(name, class, "1Gi", None);
+        if let Some(value) = consistency {
+            pvc.metadata.annotations =
+                Some([(ANN_PROVISIONING_CONSISTENCY.to_owned(), value.to_owned())].into());
+        }
+        create_claim(&self.claims, &pvc).await
+    }
+
+    async fn get_claim(&self, name: &str) -> Option<PersistentVolumeClaim> {
+        self.claims
+            .get_opt(name)
+            .await
+            .unwrap_or_else(|e| panic!("reading PVC {name}: {e}"))
+    }
+
+    async fn delete_claim(&self, name: &str) {
+        self.claims
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting PVC {name}: {e}"));
+    }
+
+    async fn patch_claim(&self, name: &str, patch: serde_json::Value) {
+        self.claims
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("patching PVC {name} with {patch}: {e}"));
+    }
+
+    async fn wait_claim_gone(&self, name: &str) {
+        support::eventually(&format!("PVC {name} to be gone"), TIMEOUT, || async {
+            match self.claims.get_opt(name).await {
+                Ok(None) => Ok(()),
+                Ok(Some(pvc)) => Err(format!(
+                    "still there: deletionTimestamp {:?}, finalizers {:?}",
+                    pvc.metadata.deletion_timestamp, pvc.metadata.finalizers
+                )),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await;
+    }
+
+    async fn operations(&self, driver: &Driver) -> Vec<OperationRecord> {
+        journal_operations(&self.client, self.ns(), driver)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Waits until the journal holds the operation of `volume` and `accept` likes it.
+    async fn wait_operation(
+        &self,
+        driver: &Driver,
+        volume: &str,
+        what: &str,
+        accept: impl Fn(&OperationRecord) -> bool,
+    ) -> OperationRecord {
+        support::eventually(
+            &format!("the journal to show {volume} {what}"),
+            TIMEOUT,
+            || async {
+                let operations = journal_operations(&self.client, self.ns(), driver).await?;
+                operations
+                    .iter()
+                    .find(|op| op.volume_name == volume && accept(op))
+                    .cloned()
+                    .ok_or_else(|| format!("{operations:?}"))
+            },
+        )
+        .await
+    }
+
+    /// Waits until the journal holds no operation (removals are written after the fact).
+    async fn wait_nothing_in_journal(&self, driver: &Driver) {
+        support::eventually("the journal to be empty", TIMEOUT, || async {
+            let operations = journal_operations(&self.client, self.ns(), driver).await?;
+            if operations.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{operations:?}"))
+            }
+        })
+        .await;
+    }
+
+    /// Waits until nothing of `driver` is left: no volume on the driver, no PV, no journal
+    /// operation.
+    async fn wait_nothing_left(&self, driver: &Driver) {
+        support::eventually(
+            "no volume, PV or journal operation to be left",
+            TIMEOUT,
+            || async {
+                let volumes = driver.volumes();
+                let pvs = driver_pvs(&self.client, driver).await?;
+                let operations = journal_operations(&self.client, self.ns(), driver).await?;
+                if volumes.is_empty() && pvs.is_empty() && operations.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "driver volumes {:?}, PVs {:?}, journal {operations:?}",
+                        volumes.iter().map(|v| &v.name).collect::<Vec<_>>(),
+                        pvs.iter().map(|pv| &pv.metadata.name).collect::<Vec<_>>()
+                    ))
+                }
+            },
+        )
+        .await;
+    }
+
+    /// `OrphanedVolumeDeleted` events in the journal namespace.
+    async fn orphan_events(&self) -> Vec<Event> {
+        Api::<Event>::namespaced(self.client.clone(), self.ns())
+            .list(&ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("listing events: {e}"))
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(ORPHAN_DELETED))
+            .collect()
+    }
+
+    async fn wait_orphan_event(&self, volume: &str) -> Event {
+        support::eventually(
+            &format!("an {ORPHAN_DELETED} event about {volume}"),
+            TIMEOUT,
+            || async {
+                let events = self.orphan_events().await;
+                events
+                    .iter()
+                    .find(|e| e.message.as_deref().is_some_and(|m| m.contains(volume)))
+                    .cloned()
+                    .ok_or_else(|| format!("{ORPHAN_DELETED} events: {events:?}"))
+            },
+        )
+        .await
+    }
+}
+
+fn has_finalizer(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == PROVISIONING_FINALIZER))
+}
+
+fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
+}
+
+/// Waits until the driver has received a CreateVolume for `volume` (it logs requests as they
+/// arrive, before any injected delay).
+async fn wait_create_received(driver: &Driver, volume: &str) {
+    let needle = format!("name: \"{volume}\"");
+    support::eventually(
+        &format!("the driver to receive CreateVolume for {volume}"),
+        TIMEOUT,
+        || async {
+            let requests = driver.requests("CreateVolume");
+            if requests.iter().any(|line| line.contains(&needle)) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} CreateVolume requests, none for {volume}",
+                    requests.len()
+                ))
+            }
+        },
+    )
+    .await;
+}
+
+async fn wait_driver_has(driver: &Driver, volume: &str) {
+    support::eventually(
+        &format!("the driver to hold volume {volume}"),
+        TIMEOUT,
+        || async {
+            let volumes = driver.volumes();
+            if volumes.iter().any(|v| v.name == volume) {
+                Ok(())
+            } else {
+                Err(format!("{volumes:?}"))
+            }
+        },
+    )
+    .await;
+}
+
+async fn orphans_deleted_metric(sidecar: &mut Sidecar) -> f64 {
+    let page = sidecar.wait_metrics().await;
+    metric_sum(&parse_metrics(&page), ORPHANS_METRIC, &[])
+}
+
+// ------------------------------------------------------------------------------ the driver, directly
+
+async fn driver_channel(socket: &Path) -> Channel {
+    let socket: PathBuf = socket.to_path_buf();
+    Endpoint::from_static("http://reference-driver.invalid")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let socket = socket.clone();
+            async move {
+                Ok::<_, std::io::Error>(TokioIo::new(
+                    tokio::net::UnixStream::connect(socket).await?,
+                ))
+            }
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("connecting to the driver socket: {e}"))
+}
+
+/// Sends `request` to the driver until it answers other than ABORTED (another call on the same
+/// name still running), as a backend that finishes an operation its caller gave up on.
+async fn create_on_driver(driver: &Driver, request: csi::CreateVolumeRequest) -> csi::Volume {
+    let mut client = ControllerClient::new(driver_channel(driver.socket()).await);
+    support::eventually(
+        &format!("CreateVolume {} to succeed on the driver", request.name),
+        TIMEOUT,
+        || {
+            let mut client = client.clone();
+            let request = request.clone();
+            async move {
+                match client.create_volume(request).await {
+                    Ok(reply) => reply
+                        .into_inner()
+                        .volume
+                        .ok_or_else(|| "a reply without a volume".to_owned()),
+                    Err(status) if status.code() == tonic::Code::Aborted => {
+                        Err(status.message().to_owned())
+                    }
+                    Err(status) => panic!("CreateVolume failed: {status}"),
+                }
+            }
+        },
+    )
+    .await;
+    // The last answer was Ok; ask once more (idempotent) to hand the volume back.
+    client
+        .create_volume(request)
+        .await
+        .unwrap_or_else(|e| panic!("repeating CreateVolume: {e}"))
+        .into_inner()
+        .volume
+        .unwrap_or_else(|| panic!("a reply without a volume"))
+}
+
+fn decode_request(record: &OperationRecord) -> csi::CreateVolumeRequest {
+    let bytes = STANDARD
+        .decode(&record.request)
+        .unwrap_or_else(|e| panic!("journal request is not base64: {e}"));
+    csi::CreateVolumeRequest::decode(bytes.as_slice())
+        .unwrap_or_else(|e| panic!("journal request is not a CreateVolumeRequest: {e}"))
+}
+
+// ------------------------------------------------------------------------------ the leaks of #486
+
+/// Timeline C: the sidecar dies while CreateVolume is pending, the claim is deleted, the
+/// backend finishes the volume, the sidecar comes back. Upstream has no trace of the operation
+/// any more and leaks the volume; the journal makes the new process delete it.
+#[tokio::test]
+async fn a_volume_created_while_the_sidecar_was_dead_for_a_deleted_claim_is_deleted() {
+    let cluster = Cluster::new("journal-restart").await;
+    let driver = Driver::start(&["--delay", "CreateVolume=4s"]).await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
+    let class = cluster.class(&driver).await;
+    let created = cluster.claim("data", &class, None).await;
+    let volume = pv_name(&created);
+    let uid = created.metadata.uid.clone().unwrap_or_default();
+
+    let record = cluster
+        .wait_operation(&driver, &volume, "recorded", |op| op.claim_uid == uid)
+        .await;
+    assert_eq!(record.claim, format!("{}/data", cluster.ns()));
+    assert_eq!(record.storage_class, class);
+    wait_create_received(&driver, &volume).await;
+    sidecar.kill().await;
+
+    cluster.delete_claim("data").await;
+    cluster.wait_claim_gone("data").await;
+    // The reference driver abandons a call whose caller went away; a real backend usually
+    // finishes it. The test plays the backend with the very request the journal holds.
+    let request = decode_request(&record);
+    assert_eq!(
+        request.name, volume,
+        "the journal holds the CreateVolume request"
+    );
+    let backend_volume = create_on_driver(&driver, request).await;
+    assert_eq!(driver.volume_count(), 1);
+    assert!(
+        driver_pvs(&cluster.client, &driver)
+            .await
+            .unwrap_or_default()
+            .is_empty(),
+        "no PV was created for the deleted claim"
+    );
+
+    sidecar.restart().await;
+    cluster.wait_nothing_left(&driver).await;
+    let event = cluster.wait_orphan_event(&volume).await;
+    let message = event.message.unwrap_or_default();
+    assert!(
+        message.contains(&backend_volume.volume_id) && message.contains(&uid),
+        "the event names the volume id and the claim uid: {message}"
+    );
+    assert_eq!(
+        event.involved_object.kind.as_deref(),
+        Some("ProvisioningJournal"),
+        "the event regards the journal shard"
+    );
+    assert_eq!(orphans_deleted_metric(&mut sidecar).await, 1.0);
+    assert!(
+        driver.calls("DeleteVolume").iter().any(|c| c.code == "Ok"),
+        "DeleteVolume was called"
+    );
+    sidecar.assert_running();
+}
+
+/// Timeline B: the claim is deleted while CreateVolume keeps answering DEADLINE_EXCEEDED
+/// (the volume exists, the answer is lost). The reaper keeps replaying CreateVolume, with the
+/// failure visible in the journal, until it learns the volume id and deletes the volume.
+#[tokio::test]
+async fn a_claim_deleted_while_create_volume_keeps_timing_out_leaves_nothing() {
+    let cluster = Cluster::new("journal-timeouts").await;
+    let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
+    let class = cluster.class(&driver).await;
+    let created = cluster.claim("data", &class, None).await;
+    let volume = pv_name(&created);
+
+    wait_driver_has(&driver, &volume).await;
+    cluster
+        .wait_operation(&driver, &volume, "with a failed attempt", |op| {
+            op.attempts >= 1 && op.last_error.is_some()
+        })
+        .await;
+    cluster.delete_claim("data").await;
+    cluster.wait_claim_gone("data").await;
+
+    let orphaned = cluster
+        .wait_operation(&driver, &volume, "orphaned", |op| {
+            op.phase == Phase::Orphaned
+        })
+        .await;
+    assert!(
+        orphaned
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.to_lowercase().contains("deadline")),
+        "the journal shows why the orphan is not deleted yet: {orphaned:?}"
+    );
+    assert_eq!(driver.volume_count(), 1, "the volume is still there");
+
+    driver.set_faults("fault CreateVolume=after:deadline-exceeded:2\n");
+    cluster.wait_nothing_left(&driver).await;
+    cluster.wait_orphan_event(&volume).await;
+    assert_eq!(orphans_deleted_metric(&mut sidecar).await, 1.0);
+    sidecar.assert_running();
+}
+
+// ------------------------------------------------------------------------------ the consistency finalizer
+
+/// `enable`: the finalizer is on the claim before CreateVolume is sent and comes off once the
+/// claim is Bound.
+#[tokio::test]
+async fn the_consistency_finalizer_guards_provisioning_and_goes_once_bound() {
+    let cluster = Cluster::new("journal-finalizer").await;
+    let driver = Driver::start(&["--delay", "CreateVolume=3s"]).await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let class = cluster.class(&driver).await;
+    let created = cluster.claim("data", &class, Some("enable")).await;
+    let volume = pv_name(&created);
+
+    wait_create_received(&driver, &volume).await;
+    let during = cluster
+        .get_claim("data")
+        .await
+        .unwrap_or_else(|| panic!("PVC gone"));
+    assert!(
+        has_finalizer(&during),
+        "the finalizer is added before CreateVolume: {:?}",
+        during.metadata.finalizers
+    );
+
+    wait_bound(&cluster.claims, "data").await;
+    support::eventually(
+        "the finalizer to be removed from the Bound claim",
+        TIMEOUT,
+        || async {
+            let pvc = cluster.get_claim("data").await.ok_or("PVC gone")?;
+            if is_bound(&pvc) && !has_finalizer(&pvc) {
+                Ok(())
+            } else {
+                Err(format!("finalizers {:?}", pvc.metadata.finalizers))
+            }
+        },
+    )
+    .await;
+    cluster.wait_nothing_in_journal(&driver).await;
+    sidecar.assert_running();
+}
+
+/// `enable` on a claim deleted mid-provision: it stays Terminating while its orphan exists
+/// (the reaper cannot delete it while CreateVolume keeps failing), then goes.
+#[tokio::test]
+async fn a_deleted_claim_with_the_finalizer_stays_until_its_orphan_is_deleted() {
+    let cluster = Cluster::new("journal-terminating").await;
+    let driver = Driver::start(&[
+        "--delay",
+        "CreateVolume=1s",
+        "--fault",
+        "CreateVolume=after:deadline-exceeded",
+    ])
+    .await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
+    let class = cluster.class(&driver).await;
+    let created = cluster.claim("data", &class, Some("enable")).await;
+    let volume = pv_name(&created);
+
+    wait_driver_has(&driver, &volume).await;
+    cluster.delete_claim("data").await;
+    cluster
+        .wait_operation(&driver, &volume, "orphaned", |op| {
+            op.phase == Phase::Orphaned
+        })
+        .await;
+    let terminating = cluster
+        .get_claim("data")
+        .await
+        .unwrap_or_else(|| panic!("the claim went while its volume still exists"));
+    assert!(terminating.metadata.deletion_timestamp.is_some());
+    assert!(
+        has_finalizer(&terminating),
+        "{:?}",
+        terminating.metadata.finalizers
+    );
+    assert_eq!(driver.volume_count(), 1);
+
+    driver.clear_faults();
+    cluster.wait_claim_gone("data").await;
+    cluster.wait_nothing_left(&driver).await;
+    cluster.wait_orphan_event(&volume).await;
+    assert_eq!(orphans_deleted_metric(&mut sidecar).await, 1.0);
+    sidecar.assert_running();
+}
+
+/// `disable` set on a deleting claim: the finalizer goes at once, the claim with it, and the
+/// journal still deletes the volume once the driver lets it.
+#[tokio::test]
+async fn disable_on_a_deleting_claim_lets_it_go_and_the_journal_still_deletes_the_volume() {
+    let cluster = Cluster::new("journal-disable").await;
+    let driver = Driver::start(&[
+        "--delay",
+        "CreateVolume=1s",
+        "--fault",
+        "CreateVolume=after:deadline-exceeded",
+    ])
+    .await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let class = cluster.class(&driver).await;
+    let created = cluster.claim("data", &class, Some("enable")).await;
+    let volume = pv_name(&created);
+
+    wait_driver_has(&driver, &volume).await;
+    cluster.delete_claim("data").await;
+    cluster
+        .wait_operation(&driver, &volume, "orphaned", |op| {
+            op.phase == Phase::Orphaned
+        })
+        .await;
+    let terminating = cluster
+        .get_claim("data")
+        .await
+        .unwrap_or_else(|| panic!("PVC gone"));
+    assert!(
+        has_finalizer(&terminating),
+        "{:?}",
+        terminating.metadata.finalizers
+    );
+
+    cluster
+        .patch_claim(
+            "data",
+            serde_json::json!({"metadata": {"annotations": {ANN_PROVISIONING_CONSISTENCY: "disable"}}}),
+        )
+        .await;
+    cluster.wait_claim_gone("data").await;
+    assert_eq!(driver.volume_count(), 1, "the faults still keep the volume");
+    assert!(
+        cluster
+            .operations(&driver)
+            .await
+            .iter()
+            .any(|op| op.volume_name == volume),
+        "the journal still holds the operation"
+    );
+
+    driver.clear_faults();
+    cluster.wait_nothing_left(&driver).await;
+    cluster.wait_orphan_event(&volume).await;
+    sidecar.assert_running();
+}
+
+/// Every finalizer removed by hand (a force delete) while a successful CreateVolume is in
+/// flight: the PV is created for a claim that is gone, Released, and deleted with its volume.
+#[tokio::test]
+async fn a_force_deleted_claim_while_create_volume_succeeds_leaks_nothing() {
+    let cluster = Cluster::new("journal-force").await;
+    let driver = Driver::start(&["--delay", "CreateVolume=3s"]).await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let class = cluster.class(&driver).await;
+    let created = cluster.claim("data", &class, Some("enable")).await;
+    let volume = pv_name(&created);
+
+    wait_create_received(&driver, &volume).await;
+    cluster.delete_claim("data").await;
+    cluster
+        .patch_claim(
+            "data",
+            serde_json::json!({"metadata": {"finalizers": null}}),
+        )
+        .await;
+    cluster.wait_claim_gone("data").await;
+
+    cluster.wait_nothing_left(&driver).await;
+    assert!(
+        driver.calls("CreateVolume").iter().any(|c| c.code == "Ok")
+            && driver.calls("DeleteVolume").iter().any(|c| c.code == "Ok"),
+        "the volume was created and then deleted"
+    );
+    sidecar.assert_running();
+}
+
+/// The finalizer removed by hand while CreateVolume times out (volume created, answer lost):
+/// the reaper finds the claim gone and deletes the volume.
+#[tokio::test]
+async fn the_finalizer_removed_by_hand_while_create_volume_times_out_leaks_nothing() {
+    let cluster = Cluster::new("journal-unfinalized").await;
+    let driver = Driver::start(&[
+        "--delay",
+        "CreateVolume=3s",
+        "--fault",
+        "CreateVolume=after:deadline-exceeded:1",
+    ])
+    .await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
+    let class = cluster.class(&driver).await;
+    let created = cluster.claim("data", &class, Some("enable")).await;
+    let volume = pv_name(&created);
+
+    wait_create_received(&driver, &volume).await;
+    cluster
+        .patch_claim(
+            "data",
+            serde_json::json!({"metadata": {"finalizers": null}}),
+        )
+        .await;
+    cluster.delete_claim("data").await;
+    cluster.wait_claim_gone("data").await;
+
+    cluster.wait_nothing_left(&driver).await;
+    cluster.wait_orphan_event(&volume).await;
+    assert_eq!(orphans_deleted_metric(&mut sidecar).await, 1.0);
+    sidecar.assert_running();
+}
+
+/// `--provisioning-consistency-default enable`: claims without the annotation get the
+/// finalizer; `disable` still opts a claim out.
+#[tokio::test]
+async fn the_consistency_default_applies_to_claims_without_the_annotation() {
+    let cluster = Cluster::new("journal-default").await;
+    let driver = Driver::start(&["--delay", "CreateVolume=2s"]).await;
+    let mut sidecar = Sidecar::start_with(
+        &driver,
+        cluster.sidecar_options(&["--provisioning-consistency-default=enable"], false),
+    );
+    let class = cluster.class(&driver).await;
+    let plain = cluster.claim("plain", &class, None).await;
+    let opted_out = cluster.claim("opted-out", &class, Some("disable")).await;
+
+    wait_create_received(&driver, &pv_name(&plain)).await;
+    let during = cluster
+        .get_claim("plain")
+        .await
+        .unwrap_or_else(|| panic!("PVC gone"));
+    assert!(has_finalizer(&during), "{:?}", during.metadata.finalizers);
+    wait_create_received(&driver, &pv_name(&opted_out)).await;
+    let during = cluster
+        .get_claim("opted-out")
+        .await
+        .unwrap_or_else(|| panic!("PVC gone"));
+    assert!(!has_finalizer(&during), "{:?}", during.metadata.finalizers);
+
+    for name in ["plain", "opted-out"] {
+        wait_bound(&cluster.claims, name).await;
+        support::eventually(
+            &format!("{name} Bound without the finalizer"),
+            TIMEOUT,
+            || async {
+                let pvc = cluster.get_claim(name).await.ok_or("PVC gone")?;
+                if is_bound(&pvc) && !has_finalizer(&pvc) {
+                    Ok(())
+                } else {
+                    Err(format!("finalizers {:?}", pvc.metadata.finalizers))
+                }
+            },
+        )
+        .await;
+    }
+    sidecar.assert_running();
+}
+
+// ------------------------------------------------------------------------------ compatibility
+
+/// A record as the first journal format minimally wrote it (no formatVersion, phase, attempts,
+/// error or since), for a claim that does not exist and a volume that does: a sidecar started
+/// on it deletes the volume and the record.
+#[tokio::test]
+async fn a_record_of_the_first_format_is_recovered_at_start() {
+    let cluster = Cluster::new("journal-format1").await;
+    let driver = Driver::start(&[]).await;
+    let volume = format!("pvc-{}", uuid::Uuid::new_v4());
+    let claim_uid = uuid::Uuid::new_v4().to_string();
+    let request = csi::CreateVolumeRequest {
+        name: volume.clone(),
+        capacity_range: Some(csi::CapacityRange {
+            required_bytes: 1 << 30,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![csi::VolumeCapability {
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+        }],
+        ..Default::default()
+    };
+    let backend_volume = create_on_driver(&driver, request.clone()).await;
+
+    let base = csi_provisioner::leader::lease_name(driver.name());
+    let shard = format!("{base}-{}", shard_of(&volume, SHARDS));
+    let resource = ApiResource::erase::<ProvisioningJournal>(&());
+    let object = serde_json::json!({
+        "apiVersion": ProvisioningJournal::api_version(&()),
+        "kind": ProvisioningJournal::kind(&()),
+        "metadata": {"name": shard, "labels": {DRIVER_LABEL: base}},
+        "spec": {
+            "driver": driver.name(),
+            "operations": [{
+                "volumeName": volume,
+                "claim": format!("{}/gone", cluster.ns()),
+                "claimUid": claim_uid,
+                "storageClass": "no-such-class",
+                "request": STANDARD.encode(request.encode_to_vec()),
+            }],
+        },
+    });
+    let object: DynamicObject =
+        serde_json::from_value(object).unwrap_or_else(|e| panic!("a DynamicObject: {e}"));
+    Api::<DynamicObject>::namespaced_with(cluster.client.clone(), cluster.ns(), &resource)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap_or_else(|e| panic!("creating journal shard {shard}: {e}"));
+    let stored = cluster.operations(&driver).await;
+    assert_eq!(
+        stored.len(),
+        1,
+        "the hand-made record is read back: {stored:?}"
+    );
+
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
+    cluster.wait_nothing_left(&driver).await;
+    let event = cluster.wait_orphan_event(&volume).await;
+    assert!(
+        event
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains(&backend_volume.volume_id)),
+        "{event:?}"
+    );
+    assert_eq!(orphans_deleted_metric(&mut sidecar).await, 1.0);
+    sidecar.assert_running();
+}
+
+/// Every sidecar in a cluster sees every claim. The sidecar of another driver, whose default
+/// is `disable` and which has none of the claim's operations, must leave the finalizer alone,
+/// both while the claim is provisioned and while its orphan waits for deletion.
+#[tokio::test]
+async fn another_drivers_sidecar_leaves_the_finalizer_alone() {
+    let cluster = Cluster::new("journal-two-drivers").await;
+    let driver = Driver::start(&[
+        "--delay",
+        "CreateVolume=1s",
+        "--fault",
+        "CreateVolume=after:deadline-exceeded",
+    ])
+    .await;
+    let other = Driver::start(&[]).await;
+    let mut sidecar = Sidecar::start_with(
+        &driver,
+        cluster.sidecar_options(&["--provisioning-consistency-default=enable"], false),
+    );
+    let mut bystander = Sidecar::start_with(&other, cluster.sidecar_options(&[], false));
+    let class = cluster.class(&driver).await;
+    let created = cluster.claim("data", &class, None).await;
+    let volume = pv_name(&created);
+    let reconciled = format!(
+        "reconciled object=PersistentVolumeClaim.v1./data.{}",
+        cluster.ns()
+    );
+    let bystander_reconciles = |bystander: &Sidecar| bystander.log().matches(&reconciled).count();
+
+    wait_driver_has(&driver, &volume).await;
+    cluster
+        .wait_operation(&driver, &volume, "with a failed attempt", |op| {
+            op.attempts >= 1
+        })
+        .await;
+    let seen = bystander_reconciles(&bystander);
+    assert!(seen > 0, "the other driver's sidecar has seen the claim");
+    let pending = cluster
+        .get_claim("data")
+        .await
+        .unwrap_or_else(|| panic!("PVC gone"));
+    assert!(has_finalizer(&pending), "{:?}", pending.metadata.finalizers);
+
+    cluster.delete_claim("data").await;
+    cluster
+        .wait_operation(&driver, &volume, "orphaned", |op| {
+            op.phase == Phase::Orphaned
+        })
+        .await;
+    support::eventually(
+        "the other driver's sidecar to reconcile the deleting claim",
+        TIMEOUT,
+        || async {
+            let now = bystander_reconciles(&bystander);
+            if now > seen {
+                Ok(())
+            } else {
+                Err(format!("{now} reconciles"))
+            }
+        },
+    )
+    .await;
+    let terminating = cluster
+        .get_claim("data")
+        .await
+        .unwrap_or_else(|| panic!("the claim went while its volume still exists"));
+    assert!(
+        has_finalizer(&terminating),
+        "{:?}",
+        terminating.metadata.finalizers
+    );
+
+    driver.clear_faults();
+    cluster.wait_claim_gone("data").await;
+    cluster.wait_nothing_left(&driver).await;
+    sidecar.assert_running();
+    bystander.assert_running();
+}
+
+/// The sidecar died after the PV was saved but before the record's removal was written (the
+/// journal writes removals lazily). Recovery finds the PV and drops the record; the bound
+/// claim keeps its volume.
+#[tokio::test]
+async fn a_record_whose_removal_was_lost_is_dropped_once_its_pv_exists() {
+    let cluster = Cluster::new("journal-lost-removal").await;
+    let driver = Driver::start(&[]).await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let class = cluster.class(&driver).await;
+    let created = cluster.claim("data", &class, None).await;
+    let volume = pv_name(&created);
+    wait_bound(&cluster.claims, "data").await;
+    sidecar.kill().await;
+
+    // Put the record back as it was before its removal, whether or not that was written.
+    let shards: Api<ProvisioningJournal> = Api::namespaced(cluster.client.clone(), cluster.ns());
+    let shard_name = format!(
+        "{}-{}",
+        csi_provisioner::leader::lease_name(driver.name()),
+        shard_of(&volume, SHARDS)
+    );
+    let mut shard = shards
+        .get(&shard_name)
+        .await
+        .unwrap_or_else(|e| panic!("reading journal shard {shard_name}: {e}"));
+    // Only the name matters here: the PV is found before anything would be replayed.
+    let request = csi::CreateVolumeRequest {
+        name: volume.clone(),
+        ..Default::default()
+    };
+    shard.spec.operations.retain(|op| op.volume_name != volume);
+    shard.spec.operations.push(OperationRecord {
+        format_version: 1,
+        volume_name: volume.clone(),
+        claim: format!("{}/data", cluster.ns()),
+        claim_uid: created.metadata.uid.clone().unwrap_or_default(),
+        storage_class: class.clone(),
+        request: STANDARD.encode(request.encode_to_vec()),
+        ..OperationRecord::default()
+    });
+    shards
+        .replace(&shard_name, &PostParams::default(), &shard)
+        .await
+        .unwrap_or_else(|e| panic!("restoring the record: {e}"));
+    assert_eq!(cluster.operations(&driver).await.len(), 1);
+
+    sidecar.restart().await;
+    cluster.wait_nothing_in_journal(&driver).await;
+    let pvc = cluster
+        .get_claim("data")
+        .await
+        .unwrap_or_else(|| panic!("PVC gone"));
+    assert!(is_bound(&pvc), "the claim stays Bound");
+    assert_eq!(driver.volume_count(), 1, "the volume stays");
+    assert!(
+        cluster.orphan_events().await.is_empty(),
+        "nothing was treated as an orphan"
+    );
+    sidecar.assert_running();
+}

@@ -1,10 +1,11 @@
 //! The client against in-process tonic servers on temp unix sockets. Each fake driver runs on
 //! its own thread and runtime, so stopping it drops every connection like a crashed driver.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -600,13 +601,21 @@ async fn the_remaining_calls_and_the_controller_trait() {
         .unwrap();
 }
 
-/// A `MakeWriter` appending everything to one shared buffer.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
+thread_local! {
+    /// This thread's log capture, open while a test reads its own logs.
+    static CAPTURED_LOGS: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+}
 
-impl Write for Captured {
+/// Appends to the calling thread's capture when one is open, else discards.
+struct ThreadCapture;
+
+impl Write for ThreadCapture {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
+        CAPTURED_LOGS.with_borrow_mut(|captured| {
+            if let Some(buffer) = captured {
+                buffer.extend_from_slice(bytes);
+            }
+        });
         Ok(bytes.len())
     }
 
@@ -615,23 +624,36 @@ impl Write for Captured {
     }
 }
 
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-
-    fn make_writer(&'a self) -> Self::Writer {
-        self.clone()
-    }
+/// Opens a log capture on this thread, at TRACE for every target.
+///
+/// The subscriber is global rather than `set_default`: tracing caches per-callsite interest
+/// process-wide, and a callsite first hit by a parallel test while only a scoped subscriber
+/// existed elsewhere can be cached as disabled, silently losing this test's log lines.
+fn capture_logs_on_this_thread() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(|| ThreadCapture)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber)
+            .expect("no other test installs a global subscriber");
+    });
+    CAPTURED_LOGS.with_borrow_mut(|captured| *captured = Some(Vec::new()));
 }
 
-#[tokio::test]
+fn captured_logs() -> String {
+    let bytes = CAPTURED_LOGS
+        .with_borrow_mut(Option::take)
+        .unwrap_or_default();
+    String::from_utf8(bytes).expect("log output is UTF-8")
+}
+
+// Current-thread runtime: the client's log lines are written on this test's thread.
+#[tokio::test(flavor = "current_thread")]
 async fn requests_are_logged_without_secret_values() {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(captured.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    capture_logs_on_this_thread();
 
     let dir = tempfile::tempdir().unwrap();
     let path = socket_in(&dir);
@@ -656,7 +678,7 @@ async fn requests_are_logged_without_secret_values() {
         *driver.received_secrets.lock().unwrap(),
         [secrets.clone(), secrets]
     );
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured_logs();
     for marker in [
         "GRPC call",
         "GRPC response",

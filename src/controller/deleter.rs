@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use either::Either;
 use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -16,6 +16,7 @@ use tracing::{info, warn};
 
 use super::Context;
 use super::events::EventType;
+use super::finalizers::{add_finalizer, remove_finalizer};
 use super::provisioner::delete_backend_volume;
 use crate::csi_client::CallError;
 use crate::provision::{
@@ -99,10 +100,11 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
     }
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     match pv_finalizer_action(pv) {
-        FinalizerAction::Add => set_finalizer(&api, pv, true).await?,
-        FinalizerAction::Remove => set_finalizer(&api, pv, false).await?,
-        FinalizerAction::None => {}
+        FinalizerAction::Add => add_finalizer(&api, pv, PV_FINALIZER).await,
+        FinalizerAction::Remove => remove_finalizer(&api, pv, PV_FINALIZER).await,
+        FinalizerAction::None => Ok(()),
     }
+    .map_err(|source| finalizer_error(pv, source))?;
     if !should_delete(pv) {
         return Ok(false);
     }
@@ -150,44 +152,10 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
             });
         }
     };
-    if remaining.finalizers().iter().any(|f| f == PV_FINALIZER) {
-        set_finalizer(&api, &remaining, false).await?;
-    }
-    Ok(true)
-}
-
-/// Adds or removes our finalizer with the object's resourceVersion as precondition, so a
-/// concurrent change of the finalizer list is never overwritten.
-async fn set_finalizer(
-    api: &Api<PersistentVolume>,
-    pv: &PersistentVolume,
-    present: bool,
-) -> Result<(), VolumeError> {
-    let mut finalizers: Vec<String> = pv
-        .finalizers()
-        .iter()
-        .filter(|f| *f != PV_FINALIZER)
-        .cloned()
-        .collect();
-    if present {
-        finalizers.push(PV_FINALIZER.to_owned());
-    }
-    let patch = serde_json::json!({
-        "metadata": { "finalizers": finalizers, "resourceVersion": pv.resource_version() }
-    });
-    let name = pv.name_any();
-    match api
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+    remove_finalizer(&api, &remaining, PV_FINALIZER)
         .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(source) => Err(VolumeError::Api {
-            action: "update finalizers of",
-            name,
-            source,
-        }),
-    }
+        .map_err(|source| finalizer_error(&remaining, source))?;
+    Ok(true)
 }
 
 /// DeleteVolume's secrets. A Secret that cannot be read is logged and skipped, as upstream
@@ -224,6 +192,14 @@ async fn deletion_secrets(
             warn!(volume = pv.name_any(), %error, "deleting without secrets: the deletion secret is unreadable");
             Ok(HashMap::new())
         }
+    }
+}
+
+fn finalizer_error(pv: &PersistentVolume, source: kube::Error) -> VolumeError {
+    VolumeError::Api {
+        action: "update finalizers of",
+        name: pv.name_any(),
+        source,
     }
 }
 

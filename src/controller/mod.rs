@@ -10,6 +10,7 @@ pub mod backoff;
 pub mod cache;
 pub mod deleter;
 pub mod events;
+mod finalizers;
 pub mod inflight;
 pub mod limits;
 pub mod orphans;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::Context;
 use super::events::EventType;
+use super::finalizers::{add_finalizer, remove_finalizer};
 use super::inflight::InFlight;
 use crate::csi;
 use crate::csi_client::{CallError, ErrorClass};
@@ -265,39 +266,20 @@ async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome
     })
 }
 
-/// Adds or removes the provisioning-consistency finalizer. The patch carries the claim's
-/// resourceVersion, so a finalizer list changed meanwhile is never overwritten.
+/// Adds or removes the provisioning-consistency finalizer.
 pub(super) async fn set_claim_finalizer(
     ctx: &Context,
     pvc: &PersistentVolumeClaim,
     present: bool,
 ) -> Result<(), ClaimError> {
-    let mut finalizers: Vec<String> = pvc
-        .finalizers()
-        .iter()
-        .filter(|f| *f != PROVISIONING_FINALIZER)
-        .cloned()
-        .collect();
-    if present {
-        finalizers.push(PROVISIONING_FINALIZER.to_owned());
-    }
-    let patch = serde_json::json!({
-        "metadata": { "finalizers": finalizers, "resourceVersion": pvc.resource_version() }
-    });
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
-    match api
-        .patch(
-            &pvc.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(error) => Err(ClaimError::ClaimFinalizer(claim_key(pvc), error)),
+    if present {
+        add_finalizer(&api, pvc, PROVISIONING_FINALIZER).await
+    } else {
+        remove_finalizer(&api, pvc, PROVISIONING_FINALIZER).await
     }
+    .map_err(|error| ClaimError::ClaimFinalizer(claim_key(pvc), error))
 }
 
 pub(super) async fn read_provisioner_secret(

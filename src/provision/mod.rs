@@ -20,6 +20,7 @@ mod capabilities;
 mod claim;
 mod consistency;
 mod deletion;
+mod finalizers;
 mod naming;
 mod parameters;
 mod plan;
@@ -47,6 +48,7 @@ pub use deletion::{
     deletion_secret_from_class, deletion_secrets, deletion_target, is_provisioner_for_volume,
     pv_finalizer_action, should_delete,
 };
+pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
 pub use naming::{VolumeNameError, check_volume_name_flags, volume_name};
 pub use parameters::{
     ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,

@@ -53,6 +53,16 @@ driver_volumes() {
   python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["volumes"]))' "$work/driver/state.json" 2>/dev/null || echo 0
 }
 
+wait_until() { # description, command: polls for up to 60 s
+  for _ in $(seq 1 120); do eval "$2" && return 0; sleep 0.5; done
+  echo "timed out waiting for $1" >&2
+  exit 1
+}
+journal_in_flight() {
+  k get provisioningjournals -A -o jsonpath='{range .items[*]}{.spec.summary.inFlight}{"\n"}{end}' |
+    awk '{ total += $1 } END { print total + 0 }'
+}
+
 say "a StorageClass and three claims"
 k apply -f - <<'YAML'
 apiVersion: storage.k8s.io/v1
@@ -74,9 +84,11 @@ YAML
 done
 k wait --for=jsonpath='{.status.phase}'=Bound pvc/claim-1 pvc/claim-2 pvc/claim-3 --timeout=120s
 k get pvc,pv
+# A bound claim's journal record is removed in the next batched write (within 5 s).
+wait_until "the journal to drop the finished operations" '[ "$(journal_in_flight)" = 0 ]'
 
-say "the driver now takes 8 s per CreateVolume; a new claim starts provisioning"
-echo 'delay CreateVolume=8s' >"$work/driver/faults.txt"
+say "the driver now creates volumes but never answers (a lost reply); a new claim starts provisioning"
+echo 'fault CreateVolume=after:hang' >"$work/driver/faults.txt"
 k apply -f - <<'YAML'
 apiVersion: v1
 kind: PersistentVolumeClaim
@@ -86,28 +98,28 @@ spec:
   storageClassName: demo
   resources: {requests: {storage: 1Gi}}
 YAML
-for _ in $(seq 1 60); do
-  k get events --field-selector involvedObject.name=doomed,reason=Provisioning -o name | grep -q . && break
-  sleep 0.5
-done
-echo "CreateVolume is in flight; the journal records it:"
+wait_until "the backend volume of claim doomed" '[ "$(driver_volumes)" = 4 ]'
+echo "the backend created the volume, the sidecar is still waiting for the reply."
+echo "The journal recorded the operation before calling the driver:"
 k get provisioningjournals -A
 
-say "SIGKILL the sidecar and delete the claim while the driver is still creating its volume"
-kill -9 "$sidecar"
+say "SIGKILL the sidecar, then delete the claim"
+{ kill -9 "$sidecar" && wait "$sidecar"; } 2>/dev/null || true
 k delete pvc doomed --wait=true
-sleep 9
-echo "the driver finished creating the volume of a claim that no longer exists: $(driver_volumes) volumes, 3 PVs"
-k get provisioningjournals -A
+echo "the backend holds $(driver_volumes) volumes for 3 PVs: the volume of the deleted claim is an orphan."
+echo "A sidecar that keeps this state in memory (upstream, issue #486) has just leaked it."
 
 say "restarting the sidecar: it reads the journal, replays CreateVolume and deletes the orphan"
 : >"$work/driver/faults.txt"
 start_sidecar
-for _ in $(seq 1 120); do
-  [ "$(driver_volumes)" = 3 ] && break
-  sleep 0.5
-done
-k get provisioningjournals -A
+wait_until "the orphan to be deleted" '[ "$(driver_volumes)" = 3 ]'
 k get events -A --field-selector reason=OrphanedVolumeDeleted
+grep -i 'orphan' "$work/sidecar.log" | tail -n 3 || true
 echo "driver volumes: $(driver_volumes) (one per PV)"
 k get pv
+
+say "deleting claim-1: its Released PV and its backend volume are deleted"
+k delete pvc claim-1 --wait=true
+wait_until "the volume of claim-1 to be deleted" '[ "$(driver_volumes)" = 2 ]'
+k get pv
+echo "driver volumes: $(driver_volumes)"

@@ -3,8 +3,8 @@
 # Builds or reuses everything the tests need, then runs, in order:
 #   formatting and lint gates, the control-plane build, every unit and integration test
 #   (the integration tests start a real etcd + kube-apiserver + kube-controller-manager),
-#   csi-sanity against the reference driver (plain, then with 50 ms injected per call), and
-#   the image build (the static release binaries the Dockerfile builds, and hadolint).
+#   csi-sanity against the reference driver (plain, then with 50 ms injected per call), the
+#   demo (hack/demo.sh, which stops at the first step that does not happen), and the image build (the static release binaries the Dockerfile builds, and hadolint).
 # Ends with one summary line "N passed, N failed".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -30,6 +30,16 @@ stage "csi-sanity against the reference driver"
 set +e
 bash hack/csi-sanity.sh 2>&1 | tee "$log_dir/csi-sanity.log"
 sanity_status=${PIPESTATUS[0]}
+
+stage "the demo (hack/demo.sh)"
+bash hack/demo.sh >"$log_dir/demo.log" 2>&1
+demo_status=$?
+if [ "$demo_status" -eq 0 ]; then
+  echo "demo: every step happened"
+else
+  tail -n 40 "$log_dir/demo.log"
+  echo "demo: failed (exit $demo_status)"
+fi
 set -e
 
 stage "the image build: hack/build-static.sh (what the Dockerfile runs), then hadolint"
@@ -58,7 +68,9 @@ sanity_passed=$(grep -Eo '[0-9]+ Passed' "$log_dir/csi-sanity.log" | awk '{s+=$1
 sanity_failed=$(grep -Eo '[0-9]+ Failed' "$log_dir/csi-sanity.log" | awk '{s+=$1} END {print s+0}')
 if [ "$cargo_status" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi          # a build error
 if [ "$sanity_status" -ne 0 ] && [ "$sanity_failed" -eq 0 ]; then sanity_failed=1; fi
-printf '\ncargo test: %s passed, %s failed; csi-sanity: %s passed, %s failed; %ss\n' \
-  "$passed" "$failed" "$sanity_passed" "$sanity_failed" "$((SECONDS - started))"
-echo "$((passed + sanity_passed)) passed, $((failed + sanity_failed)) failed"
-[ "$cargo_status" -eq 0 ] && [ "$sanity_status" -eq 0 ]
+demo_passed=$((demo_status == 0 ? 1 : 0))
+printf '\ncargo test: %s passed, %s failed; csi-sanity: %s passed, %s failed; demo: %s; %ss\n' \
+  "$passed" "$failed" "$sanity_passed" "$sanity_failed" \
+  "$([ "$demo_passed" -eq 1 ] && echo passed || echo failed)" "$((SECONDS - started))"
+echo "$((passed + sanity_passed + demo_passed)) passed, $((failed + sanity_failed + 1 - demo_passed)) failed"
+[ "$cargo_status" -eq 0 ] && [ "$sanity_status" -eq 0 ] && [ "$demo_status" -eq 0 ]

@@ -411,6 +411,8 @@ pub enum FlagStatus {
     NotBuiltYet,
     /// Accepted and ignored by design (Go-runtime specific or no-op for us).
     Ignored,
+    /// One of our own flags, fully built (no upstream counterpart to compare with).
+    Built,
 }
 
 impl FlagStatus {
@@ -421,6 +423,7 @@ impl FlagStatus {
             FlagStatus::Different => "different",
             FlagStatus::NotBuiltYet => "not-built-yet",
             FlagStatus::Ignored => "ignored",
+            FlagStatus::Built => "built",
         }
     }
 }
@@ -506,8 +509,8 @@ pub const FLAGS: &[FlagInfo] = {
         up("log-text-info-buffer-size", NotBuiltYet),
         up("log-json-split-stream", NotBuiltYet),
         up("log-json-info-buffer-size", NotBuiltYet),
-        ours("max-concurrent-per-storage-class", NotBuiltYet),
-        ours("provisioning-consistency-default", NotBuiltYet),
+        ours("max-concurrent-per-storage-class", Built),
+        ours("provisioning-consistency-default", Built),
     ]
 };
 

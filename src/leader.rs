@@ -15,11 +15,12 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 
@@ -316,6 +317,8 @@ pub struct Elector {
     observed: Option<Observed>,
     /// The Lease as we last wrote it: its resourceVersion lets renewals skip the GET.
     written: Option<Lease>,
+    /// The resourceVersion of the Lease when we last found it held by another replica.
+    seen_version: Option<String>,
     leading: watch::Sender<bool>,
     renewed: watch::Sender<Option<Instant>>,
 }
@@ -335,6 +338,7 @@ impl Elector {
             cfg,
             observed: None,
             written: None,
+            seen_version: None,
             leading,
             renewed,
         };
@@ -366,7 +370,7 @@ impl Elector {
             tokio::select! {
                 biased;
                 () = &mut stop => return Outcome::StoppedBeforeLeading,
-                () = sleep(retry) => {}
+                () = self.wait_for_new_holder(retry) => {}
             }
         }
         tracing::info!(%lease, identity = %self.cfg.identity, "became leader");
@@ -503,6 +507,7 @@ impl Elector {
         match decision {
             Decision::Wait { holder } => {
                 tracing::trace!(%holder, "lease held by another replica");
+                self.seen_version = current.metadata.resource_version.clone();
                 Ok(false)
             }
             Decision::Take(record) => {
@@ -518,6 +523,40 @@ impl Elector {
                 }
             }
         }
+    }
+
+    /// Waits up to `period`, returning early when the Lease gets released or changes hands.
+    /// client-go only polls, so a released Lease waits for the standby's next poll; watching
+    /// makes the takeover immediate. Renewals by the same holder do not wake us, and without
+    /// a watch (no RBAC `watch` verb, a failed request) this is a plain sleep.
+    async fn wait_for_new_holder(&self, period: Duration) {
+        let deadline = Instant::now() + period;
+        let holder = self.observed.as_ref().map(|o| o.record.holder.clone());
+        if let (Some(version), Some(holder)) = (&self.seen_version, holder) {
+            let params = WatchParams::default()
+                .fields(&format!("metadata.name={}", self.cfg.lease_name))
+                .timeout(u32::try_from(period.as_secs().max(1)).unwrap_or(u32::MAX));
+            let changed_hands = async {
+                let Ok(events) = self.api.watch(&params, version).await else {
+                    return std::future::pending().await;
+                };
+                let mut events = std::pin::pin!(events);
+                while let Ok(Some(event)) = events.try_next().await {
+                    match event {
+                        WatchEvent::Modified(lease) if LeaseRecord::of(&lease).holder == holder => {
+                        }
+                        WatchEvent::Bookmark(_) => {}
+                        // A new holder, a release, a deletion or an expired watch: look now.
+                        _ => return,
+                    }
+                }
+                std::future::pending().await
+            };
+            if timeout_at(deadline, changed_hands).await.is_ok() {
+                return;
+            }
+        }
+        sleep_until(deadline).await;
     }
 
     /// Clears the holder if we still hold the Lease; `Ok(false)` if it is not ours.

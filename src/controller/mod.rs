@@ -121,6 +121,7 @@ pub async fn run(
         settings.journal_timeout,
     )
     .await?;
+    let worker_threads = settings.worker_threads;
     let watches = cache::watch_all(&client);
     let (claims, claim_stream) = watches.claims;
     let (volumes, volume_stream) = watches.volumes;
@@ -196,7 +197,7 @@ pub async fn run(
             Arc::clone(&ctx),
         )
         .for_each(log_result);
-    let reaper = orphans::reap_orphans(Arc::clone(&ctx), drained());
+    let reaper = orphans::reap_orphans(Arc::clone(&ctx), worker_threads, drained());
     tokio::join!(claim_controller, volume_controller, reaper);
     Ok(())
 }

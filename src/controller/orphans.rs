@@ -4,9 +4,11 @@
 //! volume is deleted, then the operation is dropped.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{FutureExt, StreamExt, stream};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::ResourceExt;
 use kube::api::Api;
@@ -30,26 +32,41 @@ const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
 /// How often the reaper looks for orphans when nothing is waiting on a backoff.
 const SCAN_INTERVAL: Duration = Duration::from_secs(2);
 
-/// Runs until `stop` resolves.
-pub async fn reap_orphans(ctx: Arc<Context>, stop: impl std::future::Future<Output = ()>) {
-    tokio::pin!(stop);
+/// Runs until `stop` resolves, reaping up to `concurrency` operations at once. Once `stop`
+/// resolves no new reap starts; those already running finish (cancelling one would be safe,
+/// as every step is idempotent, but finishing it saves the next start a replay).
+pub async fn reap_orphans(ctx: Arc<Context>, concurrency: usize, stop: impl Future<Output = ()>) {
+    let stop = stop.shared();
     let mut retries: Backoff<String> =
         Backoff::new(ctx.retry_interval_start, ctx.retry_interval_max);
     let mut not_before: HashMap<String, Instant> = HashMap::new();
     loop {
         tokio::select! {
-            () = &mut stop => return,
+            () = stop.clone() => return,
             () = tokio::time::sleep(SCAN_INTERVAL) => {}
         }
         let now = Instant::now();
-        for operation in ctx.journal.registry().idle() {
-            if not_before
-                .get(&operation.volume_name)
-                .is_some_and(|due| *due > now)
-            {
-                continue;
-            }
-            match reap(&ctx, &operation).await {
+        let due: Vec<InFlight> = ctx
+            .journal
+            .registry()
+            .idle()
+            .into_iter()
+            .filter(|operation| {
+                not_before
+                    .get(&operation.volume_name)
+                    .is_none_or(|due| *due <= now)
+            })
+            .collect();
+        let ctx = &ctx;
+        let mut outcomes = stream::iter(due)
+            .take_until(stop.clone())
+            .map(|operation| async move {
+                let outcome = reap(ctx, &operation).await;
+                (operation, outcome)
+            })
+            .buffer_unordered(concurrency.max(1));
+        while let Some((operation, outcome)) = outcomes.next().await {
+            match outcome {
                 Ok(Reaped::NotAnOrphan) => {}
                 Ok(Reaped::Done) => {
                     retries.forget(&operation.volume_name);
@@ -63,7 +80,7 @@ pub async fn reap_orphans(ctx: Arc<Context>, stop: impl std::future::Future<Outp
                     );
                     let delay = retries.failure(operation.volume_name.clone());
                     warn!(volume = operation.volume_name, claim_uid = operation.claim_uid, %error, retry_in = ?delay, "orphaned volume not cleaned up yet");
-                    not_before.insert(operation.volume_name.clone(), now + delay);
+                    not_before.insert(operation.volume_name.clone(), Instant::now() + delay);
                 }
             }
         }

@@ -28,6 +28,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use nix::sys::signal::Signal;
 
 use csi_provisioner::provision::ANN_PROVISIONING_CONSISTENCY;
+use csi_testbed::Rng;
 use support::peers::{
     Driver, Sidecar, SidecarOptions, claim, create_claim, create_class, driver_pvs,
     journal_operations, lease_holder, storage_class,
@@ -46,31 +47,6 @@ const CHAOS_TAIL: Duration = Duration::from_secs(5);
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(300);
 const POLL: Duration = Duration::from_millis(500);
 const ORPHAN_LOG_LINE: &str = "deleted the volume of a claim that is gone";
-
-/// xorshift64*: tiny, seeded, good enough to pick a plan.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
 
 fn env_number(name: &str) -> Option<u64> {
     let value = std::env::var(name).ok()?;

@@ -5,6 +5,7 @@
 //! plane's do: a Ctrl-C reaches only the benchmark, which stops them, and if the benchmark dies
 //! the kernel kills them.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -237,10 +238,15 @@ pub fn log_tail(path: &Path, lines: usize) -> String {
 /// The reference driver's volumes: the length of `volumes` in its `state.json`
 /// (docs/reference-driver.md); 0 before the first volume is written.
 pub fn driver_volume_count(state_dir: &Path) -> Result<usize, BenchError> {
+    Ok(driver_volume_ids(state_dir)?.len())
+}
+
+/// The ids of the volumes the reference driver holds (the keys of `volumes` in its state file).
+pub fn driver_volume_ids(state_dir: &Path) -> Result<BTreeSet<String>, BenchError> {
     let path = state_dir.join("state.json");
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
         Err(source) => {
             return Err(BenchError::Io {
                 what: format!("reading {}", path.display()),
@@ -255,7 +261,8 @@ pub fn driver_volume_count(state_dir: &Path) -> Result<usize, BenchError> {
     Ok(state
         .get("volumes")
         .and_then(serde_json::Value::as_object)
-        .map_or(0, serde_json::Map::len))
+        .map(|volumes| volumes.keys().cloned().collect())
+        .unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -296,5 +303,9 @@ mod tests {
         )
         .expect("write");
         assert_eq!(driver_volume_count(dir.path()).expect("count"), 2);
+        assert_eq!(
+            driver_volume_ids(dir.path()).expect("ids"),
+            BTreeSet::from(["vol-1".to_owned(), "vol-2".to_owned()])
+        );
     }
 }

@@ -39,7 +39,7 @@ pub async fn start_control_plane(b: &Bench, tag: &str) -> Result<ControlPlane, B
 
 /// The same cluster for both sidecars: our CRDs (the journal) are installed for upstream too,
 /// plus the namespaces and the StorageClass.
-async fn prepare_cluster(b: &Bench, cp: &ControlPlane) -> Result<Cluster, BenchError> {
+pub(super) async fn prepare_cluster(b: &Bench, cp: &ControlPlane) -> Result<Cluster, BenchError> {
     let crds = super::env::workspace_root().join("deploy").join("crd.yaml");
     let kubeconfig = format!("--kubeconfig={}", cp.kubeconfig_path().display());
     for args in [
@@ -127,13 +127,30 @@ impl Driver {
         proc::driver_volume_count(&self.state)
     }
 
+    pub fn state_dir(&self) -> &std::path::Path {
+        &self.state
+    }
+
+    /// Replaces the driver's fault rules through its control file (docs/reference-driver.md),
+    /// written to a temporary file and renamed so the driver never reads half of it.
+    pub fn set_faults(&self, rules: &str) -> Result<(), BenchError> {
+        let path = self.state.join("faults.txt");
+        let temporary = self.state.join("faults.txt.tmp");
+        std::fs::write(&temporary, rules)
+            .and_then(|()| std::fs::rename(&temporary, &path))
+            .map_err(|source| BenchError::Io {
+                what: format!("writing {}", path.display()),
+                source,
+            })
+    }
+
     pub async fn stop(self) {
         self.proc.stop().await;
     }
 }
 
 /// Ours or upstream's, with the flags both get.
-fn spawn_sidecar(
+pub(super) fn spawn_sidecar(
     b: &Bench,
     imp: Impl,
     driver: &Driver,
@@ -209,7 +226,7 @@ async fn wait_for(
 
 /// One claim provisioned and deleted before anything is counted: caches are synced and
 /// connections open, for both sidecars alike.
-async fn warm_up(
+pub(super) async fn warm_up(
     b: &Bench,
     tag: &str,
     cluster: &Cluster,
@@ -874,15 +891,4 @@ pub async fn raw_rate(b: &Bench, round: u32, results: &mut Results) -> Result<()
         elapsed.as_secs_f64()
     ));
     Ok(())
-}
-
-/// Hook for the chaos scenario of the journal issue: the same faults against ours and
-/// upstream, their leak counts side by side. It does not exist yet; when it does, run it here
-/// once per sidecar and round (like [`lifecycle`]) and record the leak count per run.
-pub fn chaos() -> Result<(), String> {
-    Err(
-        "the chaos scenario of the journal issue does not exist yet; \
-         its hook is bench_scenarios::chaos"
-            .into(),
-    )
 }

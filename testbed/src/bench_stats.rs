@@ -284,8 +284,23 @@ pub const G_RATE: Metric = metric(
     Target::None,
 );
 
+pub const CHAOS_LEAKS: Metric = metric(
+    "chaos_leaked_volumes",
+    "chaos",
+    "volumes leaked: held by the driver, no PV points at them",
+    "",
+    Target::OursBelow(0.5),
+);
+pub const CHAOS_UNBOUND: Metric = metric(
+    "chaos_unbound_claims",
+    "chaos",
+    "claims never deleted but not Bound after the chaos",
+    "",
+    Target::None,
+);
+
 /// Every metric in report order.
-pub const METRICS: [Metric; 36] = [
+pub const METRICS: [Metric; 38] = [
     A_BOUND,
     A_PVS,
     A_RATE,
@@ -322,6 +337,8 @@ pub const METRICS: [Metric; 36] = [
     B_OF_G_UPSTREAM,
     B_BOUND_OF_G,
     B_BOUND_OF_G_UPSTREAM,
+    CHAOS_LEAKS,
+    CHAOS_UNBOUND,
 ];
 
 /// Derived: ours' own provisioning rate (pre-annotated claims, QPS 500) as a share of the raw

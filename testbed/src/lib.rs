@@ -18,12 +18,14 @@ mod pki;
 mod ports;
 mod process;
 mod readiness;
+mod rng;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub use binaries::BIN_DIR_ENV;
 pub use error::{Component, Error};
+pub use rng::Rng;
 
 use args::Layout;
 use binaries::Binaries;

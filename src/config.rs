@@ -1276,8 +1276,6 @@ mod tests {
                 "log-text-info-buffer-size",
                 "log-json-split-stream",
                 "log-json-info-buffer-size",
-                "max-concurrent-per-storage-class",
-                "provisioning-consistency-default",
             ]
         );
         let a = ok(&[

@@ -653,6 +653,12 @@ async fn no_volume_leaks_under_chaos() {
         );
     }
     let volumes_at_quiescence = quiet.volumes.len();
+    // What the driver says over CSI agrees with its durable state.
+    assert_eq!(
+        support::csi_wire::list_volume_ids(driver.socket()).await,
+        quiet.volumes.keys().cloned().collect::<BTreeSet<_>>(),
+        "ListVolumes at quiescence"
+    );
 
     // Everything goes.
     for name in quiet.claims.keys() {
@@ -688,6 +694,7 @@ async fn no_volume_leaks_under_chaos() {
     )
     .await;
     let clean_took = cleaning.elapsed();
+    let leaked = support::csi_wire::list_volume_ids(driver.socket()).await;
 
     let logs = replicas.logs();
     let orphans_deleted = logs.matches(ORPHAN_LOG_LINE).count();
@@ -716,14 +723,18 @@ async fn no_volume_leaks_under_chaos() {
         tally.volume_ids_seen.len()
     );
     println!(
-        "[chaos] orphans deleted by the journal {orphans_deleted}, volumes at quiescence {volumes_at_quiescence} (= PVs), leaks {}",
-        end.volumes.len()
+        "[chaos] orphans deleted by the journal {orphans_deleted}, volumes at quiescence {volumes_at_quiescence} (= PVs), leaks {} (ListVolumes after every claim was deleted)",
+        leaked.len()
     );
     println!(
         "[chaos] wall: chaos {chaos_took:?}, quiescence {settle_took:?}, final deletion {clean_took:?}"
     );
     assert_eq!(tally.sigkills, SIGKILLS);
     assert!(tally.failover.is_some(), "the failover happened");
-    assert_eq!(end.volumes.len(), 0, "leaked volumes");
+    assert!(end.volumes.is_empty(), "leaked volumes");
+    assert!(
+        leaked.is_empty(),
+        "ListVolumes reports leaked volumes: {leaked:?}"
+    );
     drop(ns);
 }

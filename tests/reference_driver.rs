@@ -1,8 +1,12 @@
 //! The reference CSI driver end to end: started in-process on a temp socket (and once as the real
 //! binary), spoken to by the generated tonic clients over the unix socket.
 
+#[path = "support/csi_wire.rs"]
+mod csi_wire;
+
+use std::collections::BTreeSet;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use csi_provisioner::csi;
@@ -13,12 +17,11 @@ use csi_provisioner::csi::volume_capability::{
     AccessMode, AccessType, MountVolume, access_mode::Mode,
 };
 use csi_provisioner::driver::{self, DriverConfig};
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
+use csi_wire::{channel, list_volume_ids};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 const GI: i64 = 1 << 30;
 
@@ -50,17 +53,6 @@ fn start(config: &DriverConfig) -> Running {
     Running { stop, task }
 }
 
-async fn channel(socket: &Path) -> Channel {
-    let socket: PathBuf = socket.to_path_buf();
-    Endpoint::from_static("http://reference-driver.invalid")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
-        }))
-        .await
-        .expect("connects over the unix socket")
-}
-
 fn mount_cap() -> csi::VolumeCapability {
     csi::VolumeCapability {
         access_type: Some(AccessType::Mount(MountVolume::default())),
@@ -90,19 +82,6 @@ async fn create(
 ) -> Result<csi::Volume, tonic::Status> {
     let reply = client.create_volume(create_req(name, size, 0)).await?;
     Ok(reply.into_inner().volume.expect("volume in reply"))
-}
-
-async fn volume_ids(client: &mut ControllerClient<Channel>) -> Vec<String> {
-    let reply = client
-        .list_volumes(csi::ListVolumesRequest::default())
-        .await
-        .expect("ListVolumes")
-        .into_inner();
-    reply
-        .entries
-        .into_iter()
-        .filter_map(|e| e.volume.map(|v| v.volume_id))
-        .collect()
 }
 
 /// Replaces the control file the way the docs ask: write aside, then rename into place.
@@ -172,8 +151,8 @@ async fn serves_idempotent_volumes_on_a_private_socket() {
         .unwrap_err();
     assert_eq!(missing.code(), Code::NotFound);
     assert_eq!(
-        volume_ids(&mut controller).await,
-        vec![first.volume_id.clone()]
+        list_volume_ids(&config.endpoint).await,
+        BTreeSet::from([first.volume_id.clone()])
     );
 
     let unimplemented = controller
@@ -283,7 +262,10 @@ async fn injected_deadline_exceeded_after_create_leaves_the_volume() {
     let retried = create(&mut controller, "pvc-dl", GI)
         .await
         .expect("the fault fired once");
-    assert_eq!(volume_ids(&mut controller).await, vec![retried.volume_id]);
+    assert_eq!(
+        list_volume_ids(&config.endpoint).await,
+        BTreeSet::from([retried.volume_id])
+    );
 
     let mut identity = IdentityClient::new(channel);
     for _ in 0..2 {
@@ -317,7 +299,7 @@ async fn a_hanging_call_ends_when_the_caller_gives_up() {
         "{hung:?}"
     );
     assert!(
-        volume_ids(&mut controller).await.is_empty(),
+        list_volume_ids(&config.endpoint).await.is_empty(),
         "the delete itself happened"
     );
 
@@ -372,11 +354,10 @@ async fn state_survives_a_restart() {
 
     let running = start(&config);
     let mut controller = ControllerClient::new(channel(&config.endpoint).await);
-    let mut ids = volume_ids(&mut controller).await;
-    ids.sort();
-    let mut expected = vec![a.volume_id.clone(), b.volume_id.clone(), restored.volume_id];
-    expected.sort();
-    assert_eq!(ids, expected);
+    assert_eq!(
+        list_volume_ids(&config.endpoint).await,
+        BTreeSet::from([a.volume_id.clone(), b.volume_id.clone(), restored.volume_id])
+    );
     assert_eq!(
         create(&mut controller, "pvc-2", 2 * GI)
             .await

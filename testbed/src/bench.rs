@@ -507,8 +507,9 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
             format!(
                 "{} claims created about 50 ms apart while the driver delays CreateVolume by \
                  1.5 s (sometimes 4 s, beyond both sidecars' `--timeout=3s`) and now and then \
-                 answers DEADLINE_EXCEEDED after creating the volume, or never answers after \
-                 creating it (a lost reply: the sidecar gives up after 3 s); 30 % of the claims are \
+                 answers DEADLINE_EXCEEDED after creating the volume, never answers after \
+                 creating it (a lost reply: the sidecar gives up after 3 s) or answers \
+                 UNAVAILABLE (testbed/src/chaos.rs); 30 % of the claims are \
                  deleted within 3 s of their creation, and the sidecar is SIGKILLed {} times and \
                  restarted within 2 s. The same seeded plan for both in a round. Then the faults \
                  stop and each gets up to {} s to clean up (done early once nothing has been \

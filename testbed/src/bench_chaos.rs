@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use csi_testbed::Rng;
+use csi_testbed::chaos::driver_fault_rules;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, ListParams};
 
@@ -76,23 +77,7 @@ pub fn plan(seed: u64, claims: usize) -> Vec<(Duration, Step)> {
     }
     let mut change = 0;
     while change < window {
-        let mut rules = format!(
-            "delay CreateVolume={}\n",
-            if rng.chance(15) { "4s" } else { "1500ms" }
-        );
-        if rng.chance(50) {
-            let n = rng.between(1, 6);
-            rules.push_str(&format!("fault CreateVolume=after:deadline-exceeded:{n}\n"));
-        }
-        // A lost reply: the volume exists, the sidecar hears nothing until its --timeout.
-        if rng.chance(30) {
-            let n = rng.between(1, 4);
-            rules.push_str(&format!("fault CreateVolume=after:hang:{n}\n"));
-        }
-        if rng.chance(30) {
-            let n = rng.between(1, 4);
-            rules.push_str(&format!("fault DeleteVolume=after:deadline-exceeded:{n}\n"));
-        }
+        let rules = driver_fault_rules(&mut rng, "1500ms");
         steps.push((ms(change), Step::Faults(rules)));
         change += rng.between(500, 1_500);
     }

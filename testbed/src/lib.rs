@@ -12,6 +12,7 @@
 
 mod args;
 mod binaries;
+pub mod chaos;
 mod error;
 mod kubeconfig;
 mod pki;

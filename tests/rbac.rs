@@ -624,6 +624,48 @@ async fn without_pv_create_provisioning_fails_as_forbidden() {
     );
 }
 
+/// A leader whose claim watch cannot list (so its controllers are still waiting for their
+/// first list) still drains and exits on SIGTERM, releasing the Lease. kube-runtime's graceful
+/// shutdown alone would wait for that first list forever while the Lease kept being renewed.
+#[tokio::test]
+async fn a_sigterm_before_the_first_list_still_ends_the_leader() {
+    let dir = test_dir();
+    let (client, ns, objects, kubeconfig) = deployed(
+        "rbac-no-pvc-list",
+        |o| without_verb(&o, "persistentvolumeclaims", "list"),
+        dir.path(),
+    )
+    .await;
+    assert!(!granted(&objects).contains(&permission("", "persistentvolumeclaims", "list")));
+    let ns = ns.name();
+    let driver = Driver::start(&[]).await;
+    let mut sidecar = start_sidecar(&driver, &kubeconfig, ns, &["--leader-election"]);
+    support::eventually(
+        "the sidecar to lead and be refused the claim list",
+        TIMEOUT,
+        || async {
+            let holder = lease_holder(&client, ns, &driver).await?;
+            let refused = sidecar.log().contains("is forbidden");
+            (!holder.is_empty() && refused)
+                .then_some(())
+                .ok_or(format!("holder {holder:?}, list refused: {refused}"))
+        },
+    )
+    .await;
+
+    sidecar.signal(Signal::SIGTERM);
+    let status = sidecar.wait_exit(TIMEOUT).await;
+    assert!(
+        status.success(),
+        "the sidecar ended with {}",
+        describe(status)
+    );
+    let holder = lease_holder(&client, ns, &driver)
+        .await
+        .expect("reading the Lease");
+    assert!(holder.is_empty(), "the Lease is still held by {holder:?}");
+}
+
 /// A 1Gi claim with the provisioning-consistency finalizer, which the sidecar adds and removes
 /// by patch.
 fn consistent_claim(name: &str, class: &str) -> PersistentVolumeClaim {

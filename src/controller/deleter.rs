@@ -2,10 +2,12 @@
 //! the backend volume, then the PV, once a PV of ours is Released with policy Delete.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use either::Either;
+use either::Either as DeleteResponse;
+use futures::future::{self, Either};
 use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
@@ -15,6 +17,7 @@ use thiserror::Error;
 use tracing::{info, warn};
 
 use super::Context;
+use super::cache::CachedVolume;
 use super::events::EventType;
 use super::finalizers::{add_finalizer, remove_finalizer};
 use super::provisioner::delete_backend_volume;
@@ -52,8 +55,24 @@ pub struct VolumeReconciler;
 
 impl VolumeReconciler {
     /// Entry point for the controller; failures are reported and retried here.
-    pub async fn reconcile(
-        pv: Arc<PersistentVolume>,
+    ///
+    /// As for claims (see `ClaimReconciler::reconcile`), a volume with nothing to do is
+    /// answered at once, without allocating the full reconcile.
+    pub fn reconcile(
+        cached: Arc<CachedVolume>,
+        ctx: Arc<Context>,
+    ) -> impl Future<Output = Result<Action, std::convert::Infallible>> + Send + 'static {
+        let pv = cached.to_volume();
+        if has_work(&pv, &ctx.config.driver_name) {
+            Either::Right(Box::pin(Self::act(pv, ctx)))
+        } else {
+            ctx.volume_backoff().forget(&pv.name_any());
+            Either::Left(future::ready(Ok(Action::await_change())))
+        }
+    }
+
+    async fn act(
+        pv: PersistentVolume,
         ctx: Arc<Context>,
     ) -> Result<Action, std::convert::Infallible> {
         let name = pv.name_any();
@@ -93,11 +112,16 @@ impl VolumeReconciler {
     }
 }
 
-/// Returns whether the backend volume and the PV were deleted by this call.
+/// Whether a reconcile of this PV has anything to do: a PV of ours whose finalizer is out of
+/// line with its reclaim policy, or that is due for deletion.
+fn has_work(pv: &PersistentVolume, driver_name: &str) -> bool {
+    is_provisioner_for_volume(pv, driver_name)
+        && (pv_finalizer_action(pv) != FinalizerAction::None || should_delete(pv))
+}
+
+/// Returns whether the backend volume and the PV were deleted by this call. Called only for
+/// a PV that [`has_work`].
 async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, VolumeError> {
-    if !is_provisioner_for_volume(pv, &ctx.config.driver_name) {
-        return Ok(false);
-    }
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     match pv_finalizer_action(pv) {
         FinalizerAction::Add => add_finalizer(&api, pv, PV_FINALIZER).await,
@@ -139,8 +163,8 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
     };
     let remaining = match api.delete(&name, &uid_precondition).await {
         // Still there, held by finalizers: the response is the object as it is now.
-        Ok(Either::Left(terminating)) => terminating,
-        Ok(Either::Right(_)) => return Ok(true),
+        Ok(DeleteResponse::Left(terminating)) => terminating,
+        Ok(DeleteResponse::Right(_)) => return Ok(true),
         Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
             return Ok(true);
         }

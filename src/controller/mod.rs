@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::{StreamExt, future};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
 use kube::runtime::controller::{self, Controller};
@@ -32,8 +32,9 @@ use crate::csi_client::CsiController;
 use crate::journal::{Journal, JournalError};
 use crate::kube_client::RateLimitLayer;
 use crate::metrics::Metrics;
-use crate::provision::{DriverCapabilities, ProvisionerConfig, claim_class_name};
+use crate::provision::{DriverCapabilities, ProvisionerConfig};
 use backoff::{Backoff, InfeasibleSet};
+use cache::{CachedClaim, CachedVolume};
 use events::EventRecorder;
 use limits::CallLimits;
 
@@ -46,8 +47,8 @@ pub struct Context {
     pub driver: Arc<dyn CsiController>,
     pub caps: DriverCapabilities,
     pub config: ProvisionerConfig,
-    pub claims: Store<PersistentVolumeClaim>,
-    pub volumes: Store<PersistentVolume>,
+    pub claims: Store<CachedClaim>,
+    pub volumes: Store<CachedVolume>,
     pub classes: Store<StorageClass>,
     pub events: EventRecorder,
     pub metrics: Arc<Metrics>,
@@ -169,6 +170,8 @@ pub async fn run(
         }
     };
 
+    let claims_ready = claims.clone();
+    let volumes_ready = volumes.clone();
     let claims_of_class = claims.clone();
     let claim_controller = Controller::for_stream(claim_stream, claims)
         .watches_stream(class_stream, move |class: StorageClass| {
@@ -176,7 +179,7 @@ pub async fn run(
             claims_of_class
                 .state()
                 .into_iter()
-                .filter(|claim| claim_class_name(claim) == name)
+                .filter(|claim| claim.class_name() == name)
                 .map(|claim| ObjectRef::from_obj(claim.as_ref()))
                 .collect::<Vec<_>>()
         })
@@ -198,8 +201,45 @@ pub async fn run(
         )
         .for_each(log_result);
     let reaper = orphans::reap_orphans(Arc::clone(&ctx), worker_threads, drained());
-    tokio::join!(claim_controller, volume_controller, reaper);
+    tokio::join!(
+        until_drained_if_never_ready(
+            claim_controller,
+            async move { claims_ready.wait_until_ready().await.is_ok() },
+            drained()
+        ),
+        until_drained_if_never_ready(
+            volume_controller,
+            async move { volumes_ready.wait_until_ready().await.is_ok() },
+            drained()
+        ),
+        reaper
+    );
     Ok(())
+}
+
+/// Runs a controller to its end, or stops it at `drained` if its store has not listed yet.
+///
+/// kube-runtime holds every reconcile until the controller's store has listed once, and its
+/// graceful shutdown waits for that hold to end; it ends the watch by no longer polling it, so
+/// a drain that comes first waits forever. That happened to a sidecar SIGTERMed 90 ms after it
+/// became leader: it kept renewing the Lease, so the other replica never took over. Before the
+/// store is ready no reconcile has started, so there is nothing to drain.
+async fn until_drained_if_never_ready(
+    controller: impl Future<Output = ()>,
+    store_ready: impl Future<Output = bool>,
+    drained: impl Future<Output = ()>,
+) {
+    let mut controller = std::pin::pin!(controller);
+    tokio::select! {
+        biased;
+        () = &mut controller => return,
+        true = store_ready => {}
+        () = drained => {
+            debug!("drained before the first list completed: nothing to wait for");
+            return;
+        }
+    }
+    controller.await;
 }
 
 fn resync_ticks() -> impl futures::Stream<Item = ()> + Send + 'static {
@@ -229,4 +269,58 @@ fn log_result<K: kube::Resource, E: std::fmt::Debug, Q: std::fmt::Debug>(
         Err(error) => warn!(?error, "controller error"),
     }
     future::ready(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[tokio::test]
+    async fn a_drain_before_the_first_list_does_not_wait_for_the_held_controller() {
+        let held_forever = future::pending::<()>();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            until_drained_if_never_ready(held_forever, future::pending(), future::ready(())),
+        )
+        .await
+        .expect("returned at the drain");
+    }
+
+    #[tokio::test]
+    async fn once_the_store_is_ready_a_drain_waits_for_the_controller_to_finish() {
+        let finished = Arc::new(AtomicBool::new(false));
+        let (finish, finishing) = tokio::sync::oneshot::channel::<()>();
+        let controller = {
+            let finished = Arc::clone(&finished);
+            async move {
+                let _ = finishing.await;
+                finished.store(true, Ordering::SeqCst);
+            }
+        };
+        let run = tokio::spawn(until_drained_if_never_ready(
+            controller,
+            future::ready(true),
+            future::ready(()),
+        ));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!run.is_finished(), "stopped before the controller finished");
+        finish.send(()).unwrap();
+        run.await.unwrap();
+        assert!(finished.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_store_whose_writer_is_gone_leaves_the_drain_to_decide() {
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            until_drained_if_never_ready(
+                future::pending::<()>(),
+                future::ready(false),
+                tokio::time::sleep(Duration::from_millis(20)),
+            ),
+        )
+        .await
+        .expect("returned at the drain");
+    }
 }

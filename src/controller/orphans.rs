@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt, stream};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
@@ -184,14 +185,14 @@ async fn delete_orphan(ctx: &Context, operation: &InFlight) -> Result<(), ClaimE
 /// The cache may answer "wants the volume"; only a quorum read may answer "gone", since that
 /// answer leads to DeleteVolume.
 async fn claim_state(ctx: &Context, operation: &InFlight) -> Result<ClaimState, ClaimError> {
-    let wants = |claim: &PersistentVolumeClaim| {
-        claim.uid().as_deref() == Some(operation.claim_uid.as_str())
-            && claim.metadata.deletion_timestamp.is_none()
+    let wants = |claim: &ObjectMeta| {
+        claim.uid.as_deref() == Some(operation.claim_uid.as_str())
+            && claim.deletion_timestamp.is_none()
     };
     let cached = ctx
         .claims
         .get(&ObjectRef::new(&operation.claim_name).within(&operation.claim_namespace));
-    if cached.as_deref().is_some_and(wants) {
+    if cached.is_some_and(|claim| wants(&claim.metadata)) {
         return Ok(ClaimState::WantsTheVolume);
     }
     let api: Api<PersistentVolumeClaim> =
@@ -203,7 +204,7 @@ async fn claim_state(ctx: &Context, operation: &InFlight) -> Result<ClaimState, 
         )
     })?;
     Ok(match fresh {
-        Some(claim) if wants(&claim) => ClaimState::WantsTheVolume,
+        Some(claim) if wants(&claim.metadata) => ClaimState::WantsTheVolume,
         Some(claim) if claim.uid().as_deref() == Some(operation.claim_uid.as_str()) => {
             ClaimState::Gone(Some(Box::new(claim)))
         }

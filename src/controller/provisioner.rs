@@ -4,10 +4,13 @@
 //! metric in [`ClaimReconciler::report_failure`].
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::future::{self, Either};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -16,6 +19,7 @@ use thiserror::Error;
 use tracing::{debug, info, warn};
 
 use super::Context;
+use super::cache::CachedClaim;
 use super::events::EventType;
 use super::finalizers::{add_finalizer, remove_finalizer};
 use super::inflight::InFlight;
@@ -86,13 +90,33 @@ pub struct ClaimReconciler;
 impl ClaimReconciler {
     /// Entry point for the controller: never returns an error, because failures are reported
     /// (event + metric) and retried with the per-claim backoff here, in one place.
-    pub async fn reconcile(
-        pvc: Arc<PersistentVolumeClaim>,
+    ///
+    /// Every cached claim is reconciled at start-up and on each resync, nearly all of them to
+    /// find nothing to do, and the controller creates those reconciles all at once. So that is
+    /// decided here, without IO, and only a claim with work allocates the provisioning future
+    /// (about 16 KiB: 10,000 claims would hold 160 MiB at once).
+    pub fn reconcile(
+        cached: Arc<CachedClaim>,
         ctx: Arc<Context>,
+    ) -> impl Future<Output = Result<Action, std::convert::Infallible>> + Send + 'static {
+        let pvc = cached.to_claim();
+        match next_step(&pvc, &ctx) {
+            Step::Nothing => {
+                ctx.claim_backoff().forget(&pvc.uid().unwrap_or_default());
+                Either::Left(future::ready(Ok(Action::await_change())))
+            }
+            step => Either::Right(Box::pin(Self::act(pvc, ctx, step))),
+        }
+    }
+
+    async fn act(
+        pvc: PersistentVolumeClaim,
+        ctx: Arc<Context>,
+        step: Step,
     ) -> Result<Action, std::convert::Infallible> {
         let uid = pvc.uid().unwrap_or_default();
         let started = Instant::now();
-        match provision(&pvc, &ctx).await {
+        match provision(&pvc, &ctx, step).await {
             Ok(outcome) => {
                 ctx.claim_backoff().forget(&uid);
                 if let Outcome::Provisioned { volume } = &outcome {
@@ -154,7 +178,15 @@ enum Outcome {
     RetryIn(Duration),
 }
 
-async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome, ClaimError> {
+/// What a reconcile of a claim has to do, decided from the caches alone.
+enum Step {
+    Nothing,
+    ReleaseFinalizer,
+    Provision(Arc<StorageClass>),
+    Refuse(DecisionError),
+}
+
+fn next_step(pvc: &PersistentVolumeClaim, ctx: &Context) -> Step {
     // Every sidecar sees every claim, and another driver's sidecar has none of this claim's
     // operations in flight: only the claim's own provisioner may let the finalizer go.
     let ours = [ANN_STORAGE_PROVISIONER, ANN_BETA_STORAGE_PROVISIONER]
@@ -169,26 +201,44 @@ async fn provision(pvc: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome
         )
         .is_ok_and(|name| ctx.journal.registry().contains(&name));
         if may_release_finalizer(pvc, in_flight, ctx.consistency_by_default) {
-            set_claim_finalizer(ctx, pvc, false).await?;
-            return Ok(Outcome::Nothing);
+            return Step::ReleaseFinalizer;
         }
     }
     if pvc.metadata.deletion_timestamp.is_some() {
         // A claim being deleted gets no new volume; its operation in flight, if any, is the
         // orphan reaper's.
-        return Ok(Outcome::Nothing);
+        return Step::Nothing;
     }
     let class = ctx.classes.get(&ObjectRef::new(claim_class_name(pvc)));
     match should_provision(pvc, class.as_deref(), &ctx.config.driver_name) {
         Decision::Provision => {}
         Decision::Skip(reason) => {
             debug!(claim = %claim_key(pvc), %reason, "not provisioning");
+            return Step::Nothing;
+        }
+        Decision::Error(error) => return Step::Refuse(error),
+    }
+    match class {
+        Some(class) => Step::Provision(class),
+        None => Step::Refuse(DecisionError::StorageClassNotFound(
+            claim_class_name(pvc).to_owned(),
+        )),
+    }
+}
+
+async fn provision(
+    pvc: &PersistentVolumeClaim,
+    ctx: &Context,
+    step: Step,
+) -> Result<Outcome, ClaimError> {
+    let class = match step {
+        Step::Nothing => return Ok(Outcome::Nothing),
+        Step::ReleaseFinalizer => {
+            set_claim_finalizer(ctx, pvc, false).await?;
             return Ok(Outcome::Nothing);
         }
-        Decision::Error(error) => return Err(error.into()),
-    }
-    let Some(class) = class else {
-        return Err(DecisionError::StorageClassNotFound(claim_class_name(pvc).to_owned()).into());
+        Step::Refuse(error) => return Err(error.into()),
+        Step::Provision(class) => class,
     };
     let uid = pvc.uid().unwrap_or_default();
     let class_uid = class.uid().unwrap_or_default();

@@ -30,14 +30,15 @@ mod validation;
 mod volume;
 
 #[cfg(test)]
-mod fixtures;
+pub(crate) mod fixtures;
 
 pub use capabilities::{
     CapabilityError, check_create_delete_capabilities, csi_access_mode, fs_type,
     volume_capabilities,
 };
 pub use claim::{
-    Decision, DecisionError, SkipReason, claim_class_name, selected_node, should_provision,
+    Decision, DecisionError, SkipReason, claim_class_name, class_name_of, selected_node,
+    should_provision,
 };
 pub use consistency::{
     ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER, consistency_enabled,

@@ -409,6 +409,39 @@ async fn deployed(
     (client, ns, objects, kubeconfig)
 }
 
+/// SIGTERM: the sidecar exits 0 and the Lease is left unheld.
+async fn exits_on_sigterm_releasing_the_lease(
+    sidecar: &mut Sidecar,
+    client: &Client,
+    ns: &str,
+    driver: &Driver,
+) {
+    sidecar.signal(Signal::SIGTERM);
+    let status = sidecar.wait_exit(TIMEOUT).await;
+    assert!(
+        status.success(),
+        "the sidecar ended with {}",
+        describe(status)
+    );
+    let holder = lease_holder(client, ns, driver)
+        .await
+        .expect("reading the Lease");
+    assert!(holder.is_empty(), "the Lease is still held by {holder:?}");
+}
+
+/// [`deployed`] with one core-group permission taken out of the role.
+async fn deployed_without(
+    prefix: &str,
+    resource: &str,
+    verb: &str,
+    dir: &Path,
+) -> (Client, support::TestNamespace, PathBuf) {
+    let (client, ns, objects, kubeconfig) =
+        deployed(prefix, |o| without_verb(&o, resource, verb), dir).await;
+    assert!(!granted(&objects).contains(&permission("", resource, verb)));
+    (client, ns, kubeconfig)
+}
+
 /// The end-to-end run as the ServiceAccount. A claim first fails for a missing provisioner
 /// secret (events created, then aggregated by patch), then provisions once the secret exists,
 /// with the provisioning-consistency finalizer (claim patches) and the journal (shard create
@@ -540,17 +573,7 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     wait_driver_empty(&driver).await;
 
     // SIGTERM: the Lease is released (an update), the sidecar exits 0.
-    sidecar.signal(Signal::SIGTERM);
-    let status = sidecar.wait_exit(TIMEOUT).await;
-    assert!(
-        status.success(),
-        "the sidecar ended with {}",
-        describe(status)
-    );
-    let holder = lease_holder(&client, ns, &driver)
-        .await
-        .expect("reading the Lease");
-    assert!(holder.is_empty(), "the Lease is still held by {holder:?}");
+    exits_on_sigterm_releasing_the_lease(&mut sidecar, &client, ns, &driver).await;
 
     assert_not_refused(&sidecar);
     let log = sidecar.log();
@@ -591,13 +614,13 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
 #[tokio::test]
 async fn without_pv_create_provisioning_fails_as_forbidden() {
     let dir = test_dir();
-    let (client, ns, objects, kubeconfig) = deployed(
+    let (client, ns, kubeconfig) = deployed_without(
         "rbac-no-pv-create",
-        |o| without_verb(&o, "persistentvolumes", "create"),
+        "persistentvolumes",
+        "create",
         dir.path(),
     )
     .await;
-    assert!(!granted(&objects).contains(&permission("", "persistentvolumes", "create")));
     let ns = ns.name();
     let driver = Driver::start(&[]).await;
     let class = format!("{ns}-class");
@@ -630,13 +653,13 @@ async fn without_pv_create_provisioning_fails_as_forbidden() {
 #[tokio::test]
 async fn a_sigterm_before_the_first_list_still_ends_the_leader() {
     let dir = test_dir();
-    let (client, ns, objects, kubeconfig) = deployed(
+    let (client, ns, kubeconfig) = deployed_without(
         "rbac-no-pvc-list",
-        |o| without_verb(&o, "persistentvolumeclaims", "list"),
+        "persistentvolumeclaims",
+        "list",
         dir.path(),
     )
     .await;
-    assert!(!granted(&objects).contains(&permission("", "persistentvolumeclaims", "list")));
     let ns = ns.name();
     let driver = Driver::start(&[]).await;
     let mut sidecar = start_sidecar(&driver, &kubeconfig, ns, &["--leader-election"]);
@@ -653,17 +676,7 @@ async fn a_sigterm_before_the_first_list_still_ends_the_leader() {
     )
     .await;
 
-    sidecar.signal(Signal::SIGTERM);
-    let status = sidecar.wait_exit(TIMEOUT).await;
-    assert!(
-        status.success(),
-        "the sidecar ended with {}",
-        describe(status)
-    );
-    let holder = lease_holder(&client, ns, &driver)
-        .await
-        .expect("reading the Lease");
-    assert!(holder.is_empty(), "the Lease is still held by {holder:?}");
+    exits_on_sigterm_releasing_the_lease(&mut sidecar, &client, ns, &driver).await;
 }
 
 /// A 1Gi claim with the provisioning-consistency finalizer, which the sidecar adds and removes

@@ -94,7 +94,7 @@ impl ClaimReconciler {
     /// Every cached claim is reconciled at start-up and on each resync, nearly all of them to
     /// find nothing to do, and the controller creates those reconciles all at once. So that is
     /// decided here, without IO, and only a claim with work allocates the provisioning future
-    /// (about 16 KiB: 10,000 claims would hold 160 MiB at once).
+    /// (16 KiB in a debug build: 10,000 claims would hold 160 MiB at once).
     pub fn reconcile(
         cached: Arc<CachedClaim>,
         ctx: Arc<Context>,

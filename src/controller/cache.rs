@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Debug;
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeSpec, PersistentVolumeStatus,
@@ -200,11 +200,6 @@ pub fn watch_all(
         volumes: watch(Api::<CachedVolume>::all(client.clone())),
         classes: watch(Api::<StorageClass>::all(client.clone())),
     }
-}
-
-/// Drains a watch stream so its store keeps filling (for kinds that drive no controller).
-pub async fn drive<K>(stream: impl Stream<Item = Result<K, watcher::Error>>) {
-    stream.for_each(|_| std::future::ready(())).await;
 }
 
 #[cfg(test)]

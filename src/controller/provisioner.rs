@@ -101,22 +101,22 @@ impl ClaimReconciler {
     ) -> impl Future<Output = Result<Action, std::convert::Infallible>> + Send + 'static {
         let pvc = cached.to_claim();
         match next_step(&pvc, &ctx) {
-            Step::Nothing => {
+            Some(work) => Either::Right(Box::pin(Self::act(pvc, ctx, work))),
+            None => {
                 ctx.claim_backoff().forget(&pvc.uid().unwrap_or_default());
                 Either::Left(future::ready(Ok(Action::await_change())))
             }
-            step => Either::Right(Box::pin(Self::act(pvc, ctx, step))),
         }
     }
 
     async fn act(
         pvc: PersistentVolumeClaim,
         ctx: Arc<Context>,
-        step: Step,
+        work: Work,
     ) -> Result<Action, std::convert::Infallible> {
         let uid = pvc.uid().unwrap_or_default();
         let started = Instant::now();
-        match provision(&pvc, &ctx, step).await {
+        match provision(&pvc, &ctx, work).await {
             Ok(outcome) => {
                 ctx.claim_backoff().forget(&uid);
                 if let Outcome::Provisioned { volume } = &outcome {
@@ -179,14 +179,14 @@ enum Outcome {
 }
 
 /// What a reconcile of a claim has to do, decided from the caches alone.
-enum Step {
-    Nothing,
+enum Work {
     ReleaseFinalizer,
     Provision(Arc<StorageClass>),
     Refuse(DecisionError),
 }
 
-fn next_step(pvc: &PersistentVolumeClaim, ctx: &Context) -> Step {
+/// `None`: nothing to do for this claim now.
+fn next_step(pvc: &PersistentVolumeClaim, ctx: &Context) -> Option<Work> {
     // Every sidecar sees every claim, and another driver's sidecar has none of this claim's
     // operations in flight: only the claim's own provisioner may let the finalizer go.
     let ours = [ANN_STORAGE_PROVISIONER, ANN_BETA_STORAGE_PROVISIONER]
@@ -201,44 +201,43 @@ fn next_step(pvc: &PersistentVolumeClaim, ctx: &Context) -> Step {
         )
         .is_ok_and(|name| ctx.journal.registry().contains(&name));
         if may_release_finalizer(pvc, in_flight, ctx.consistency_by_default) {
-            return Step::ReleaseFinalizer;
+            return Some(Work::ReleaseFinalizer);
         }
     }
     if pvc.metadata.deletion_timestamp.is_some() {
         // A claim being deleted gets no new volume; its operation in flight, if any, is the
         // orphan reaper's.
-        return Step::Nothing;
+        return None;
     }
     let class = ctx.classes.get(&ObjectRef::new(claim_class_name(pvc)));
     match should_provision(pvc, class.as_deref(), &ctx.config.driver_name) {
         Decision::Provision => {}
         Decision::Skip(reason) => {
             debug!(claim = %claim_key(pvc), %reason, "not provisioning");
-            return Step::Nothing;
+            return None;
         }
-        Decision::Error(error) => return Step::Refuse(error),
+        Decision::Error(error) => return Some(Work::Refuse(error)),
     }
-    match class {
-        Some(class) => Step::Provision(class),
-        None => Step::Refuse(DecisionError::StorageClassNotFound(
+    Some(match class {
+        Some(class) => Work::Provision(class),
+        None => Work::Refuse(DecisionError::StorageClassNotFound(
             claim_class_name(pvc).to_owned(),
         )),
-    }
+    })
 }
 
 async fn provision(
     pvc: &PersistentVolumeClaim,
     ctx: &Context,
-    step: Step,
+    work: Work,
 ) -> Result<Outcome, ClaimError> {
-    let class = match step {
-        Step::Nothing => return Ok(Outcome::Nothing),
-        Step::ReleaseFinalizer => {
+    let class = match work {
+        Work::ReleaseFinalizer => {
             set_claim_finalizer(ctx, pvc, false).await?;
             return Ok(Outcome::Nothing);
         }
-        Step::Refuse(error) => return Err(error.into()),
-        Step::Provision(class) => class,
+        Work::Refuse(error) => return Err(error.into()),
+        Work::Provision(class) => class,
     };
     let uid = pvc.uid().unwrap_or_default();
     let class_uid = class.uid().unwrap_or_default();

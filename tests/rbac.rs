@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use csi_provisioner::journal::Phase;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
@@ -550,7 +551,9 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
 
     // An orphan: the driver creates the volume but answers DEADLINE_EXCEEDED, so the operation
     // stays in flight; the claim is deleted meanwhile. The orphan reaper reads the claim fresh
-    // (claim get), finds no PV (PV get), replays CreateVolume and deletes the volume.
+    // (claim get), finds no PV (PV get), replays CreateVolume and deletes the volume. The fault
+    // stays on until the reaper has tried once: a retry of the claim started from a cache that
+    // had not yet seen the deletion would otherwise create the PV, and no claim get is needed.
     driver.set_faults("fault CreateVolume=after:deadline-exceeded\n");
     create_claim(&claims, &consistent_claim("orphan", &class)).await;
     wait_event(&client, ns, "orphan", "ProvisioningFailed", |message| {
@@ -561,6 +564,16 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
         .delete("orphan", &DeleteParams::default())
         .await
         .expect("deleting the orphan's claim");
+    support::eventually("the reaper's first try at the orphan", TIMEOUT, || async {
+        assert_not_refused(&sidecar);
+        let operations = journal_operations(&client, ns, &driver).await?;
+        operations
+            .iter()
+            .any(|operation| operation.phase == Phase::Orphaned)
+            .then_some(())
+            .ok_or(format!("{operations:?}"))
+    })
+    .await;
     driver.clear_faults();
     support::eventually("the orphan's claim to be gone", TIMEOUT, || async {
         assert_not_refused(&sidecar);

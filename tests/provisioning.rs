@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
 use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 
 use support::peers::{
     Driver, Sidecar, SidecarOptions, TIMEOUT, claim, create_claim, create_class, driver_pvs,
@@ -399,6 +399,71 @@ async fn retain_policy_keeps_the_released_volume() {
         driver.calls("DeleteVolume").is_empty(),
         "DeleteVolume was called for a Retain volume"
     );
+    sidecar.assert_running();
+}
+
+/// A PV is deleted before its volume (the precondition on its resourceVersion is the quorum
+/// check), so while DeleteVolume fails the PV stays, Terminating, held by our finalizer, with
+/// VolumeFailedDelete events. Switching its policy to Retain lets it go and keeps the volume;
+/// otherwise the volume and the PV go once the driver recovers.
+#[tokio::test]
+async fn a_failing_delete_volume_keeps_the_terminating_pv_until_it_succeeds() {
+    let cluster = Cluster::new("failed-delete").await;
+    let driver = Driver::start(&["--fault", "DeleteVolume=before:internal"]).await;
+    let mut sidecar = Sidecar::start(&driver, &FAST_RETRIES);
+    let class = cluster.class("brittle", &driver, "Delete", &[]).await;
+    let names = ["recovers", "rescued"];
+    let mut volumes = Vec::new();
+    for name in names {
+        volumes.push(pv_name(&cluster.claim(name, &class).await));
+    }
+    for name in names {
+        wait_bound(&cluster.claims, name).await;
+        cluster.delete_claim(name).await;
+    }
+    for volume in &volumes {
+        wait_event(
+            &cluster.client,
+            "default",
+            volume,
+            "VolumeFailedDelete",
+            |m| m.contains("Internal"),
+        )
+        .await;
+        let pv = cluster.pv(volume).await;
+        assert!(pv.metadata.deletion_timestamp.is_some(), "{volume}");
+        assert!(
+            pv.metadata
+                .finalizers
+                .as_ref()
+                .is_some_and(|f| f.iter().any(|f| f == PV_FINALIZER)),
+            "{volume}: finalizers {:?}",
+            pv.metadata.finalizers
+        );
+    }
+    assert_eq!(driver.volume_count(), 2);
+
+    cluster
+        .volumes
+        .patch(
+            &volumes[1],
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}})),
+        )
+        .await
+        .expect("switching the PV to Retain");
+    cluster.wait_pv_gone(&volumes[1]).await;
+    assert_eq!(driver.volume_count(), 2, "Retain keeps the volume");
+
+    driver.clear_faults();
+    cluster.wait_pv_gone(&volumes[0]).await;
+    support::eventually("the driver to delete one volume", TIMEOUT, || async {
+        let left: Vec<String> = driver.volumes().into_iter().map(|v| v.name).collect();
+        (left == [volumes[1].clone()])
+            .then_some(())
+            .ok_or(format!("volumes left: {left:?}"))
+    })
+    .await;
     sidecar.assert_running();
 }
 

@@ -24,8 +24,8 @@ use super::provisioner::delete_backend_volume;
 use crate::csi_client::CallError;
 use crate::provision::{
     DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError, SecretRef,
-    deletion_secret_from_class, deletion_target, is_provisioner_for_volume, pv_finalizer_action,
-    secret_data, should_delete,
+    deletion_secret_from_class, deletion_target, is_provisioner_for_volume, may_delete_pv_first,
+    pv_finalizer_action, secret_data, should_delete,
 };
 
 #[derive(Debug, Error)]
@@ -132,54 +132,89 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
     if !should_delete(pv) {
         return Ok(false);
     }
-    // The cache may lag; deletion is decided again on a quorum read.
+    let Some(stored) = commit_deletion(&api, pv).await? else {
+        return Ok(false);
+    };
+    let target = deletion_target(&stored, &ctx.caps)?;
+    let secrets = deletion_secrets(ctx, &stored, &target.secrets).await?;
+    delete_backend_volume(ctx, &volume_class(&stored), &target.volume_handle, secrets)
+        .await
+        .map_err(VolumeError::Driver)?;
     let name = pv.name_any();
-    let Some(fresh) = api
+    let terminating = if stored.metadata.deletion_timestamp.is_some() {
+        stored
+    } else {
+        let uid_precondition = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: stored.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &uid_precondition).await {
+            Ok(DeleteResponse::Left(terminating)) => terminating,
+            Ok(DeleteResponse::Right(_)) => return Ok(true),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+                return Ok(true);
+            }
+            Err(source) => {
+                return Err(VolumeError::Api {
+                    action: "delete",
+                    name,
+                    source,
+                });
+            }
+        }
+    };
+    remove_finalizer(&api, &terminating, PV_FINALIZER)
+        .await
+        .map_err(|source| finalizer_error(&terminating, source))?;
+    Ok(true)
+}
+
+/// Checks the cached decision to delete against the API server before DeleteVolume, and
+/// returns the PV as stored, or `None` when it no longer stands (a newer version of the PV
+/// gets its own reconcile).
+///
+/// A PV that [`may_delete_pv_first`] is deleted with the cached UID and resourceVersion as
+/// preconditions: the request that makes the deletion irrevocable is also the quorum check,
+/// so a deletion costs two requests (this one and the finalizer's removal), as upstream's,
+/// which checks nothing. Any other PV is read from the API server instead.
+async fn commit_deletion(
+    api: &Api<PersistentVolume>,
+    pv: &PersistentVolume,
+) -> Result<Option<PersistentVolume>, VolumeError> {
+    let name = pv.name_any();
+    if may_delete_pv_first(pv) {
+        let unchanged = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: pv.uid(),
+                resource_version: pv.resource_version(),
+            }),
+            ..DeleteParams::default()
+        };
+        return match api.delete(&name, &unchanged).await {
+            Ok(DeleteResponse::Left(terminating)) => Ok(Some(terminating)),
+            // Gone at once: our finalizer was not on it after all. The cached PV is the
+            // version that was deleted; its volume is still to be deleted.
+            Ok(DeleteResponse::Right(_)) => Ok(Some(pv.clone())),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(None),
+            Err(source) => Err(VolumeError::Api {
+                action: "delete",
+                name,
+                source,
+            }),
+        };
+    }
+    let fresh = api
         .get_opt(&name)
         .await
         .map_err(|source| VolumeError::Api {
             action: "read",
-            name: name.clone(),
+            name,
             source,
-        })?
-    else {
-        return Ok(false);
-    };
-    if fresh.uid() != pv.uid() || !should_delete(&fresh) {
-        return Ok(false);
-    }
-    let target = deletion_target(&fresh, &ctx.caps)?;
-    let secrets = deletion_secrets(ctx, &fresh, &target.secrets).await?;
-    delete_backend_volume(ctx, &volume_class(&fresh), &target.volume_handle, secrets)
-        .await
-        .map_err(VolumeError::Driver)?;
-
-    let uid_precondition = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: fresh.uid(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    let remaining = match api.delete(&name, &uid_precondition).await {
-        // Still there, held by finalizers: the response is the object as it is now.
-        Ok(DeleteResponse::Left(terminating)) => terminating,
-        Ok(DeleteResponse::Right(_)) => return Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
-            return Ok(true);
-        }
-        Err(source) => {
-            return Err(VolumeError::Api {
-                action: "delete",
-                name,
-                source,
-            });
-        }
-    };
-    remove_finalizer(&api, &remaining, PV_FINALIZER)
-        .await
-        .map_err(|source| finalizer_error(&remaining, source))?;
-    Ok(true)
+        })?;
+    Ok(fresh.filter(|fresh| fresh.uid() == pv.uid() && should_delete(fresh)))
 }
 
 /// DeleteVolume's secrets. A Secret that cannot be read is logged and skipped, as upstream

@@ -104,6 +104,14 @@ pub fn should_delete(pv: &PersistentVolume) -> bool {
     phase(pv) == Some(PHASE_RELEASED) && reclaim_policy(pv) == Some(POLICY_DELETE)
 }
 
+/// Whether a PV [`should_delete`] may be deleted before its backend volume: only while it is
+/// not yet being deleted and carries our finalizer, which then keeps it (Terminating) until
+/// DeleteVolume has succeeded. Deleting it first, with the cached UID and resourceVersion as
+/// preconditions, checks the cached decision on a quorum without a read of its own.
+pub fn may_delete_pv_first(pv: &PersistentVolume) -> bool {
+    pv.metadata.deletion_timestamp.is_none() && has_finalizer(pv)
+}
+
 /// The volume handle and the secret decision for DeleteVolume.
 pub fn deletion_target(
     pv: &PersistentVolume,
@@ -369,6 +377,16 @@ mod tests {
             .deleting()
             .build();
         assert!(!should_delete(&pv));
+    }
+
+    #[test]
+    fn only_a_pv_our_finalizer_holds_is_deleted_before_its_volume() {
+        let released = || PvBuilder::new().phase("Released").policy("Delete");
+        assert!(may_delete_pv_first(&released().build()));
+        // Nothing would keep it until DeleteVolume succeeds.
+        assert!(!may_delete_pv_first(&released().no_finalizer().build()));
+        // Already deleted (by us in an earlier attempt, or by a user): nothing to commit.
+        assert!(!may_delete_pv_first(&released().deleting().build()));
     }
 
     #[test]

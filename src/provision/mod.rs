@@ -47,7 +47,7 @@ pub use consistency::{
 pub use deletion::{
     DeletionError, DeletionSecrets, DeletionTarget, FinalizerAction, already_exists_is_ours,
     deletion_secret_from_class, deletion_secrets, deletion_target, is_provisioner_for_volume,
-    pv_finalizer_action, should_delete,
+    may_delete_pv_first, pv_finalizer_action, should_delete,
 };
 pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
 pub use naming::{VolumeNameError, check_volume_name_flags, volume_name};

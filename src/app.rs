@@ -11,7 +11,7 @@ use crate::config::{Args, ConsistencyDefault, Gate};
 use crate::controller::{self, Settings};
 use crate::csi_client::{ClientOptions, CsiClient, DriverInfo, parse_csi_address};
 use crate::http;
-use crate::kube_client::{self, RateLimitLayer};
+use crate::kube_client;
 use crate::leader::{self, Elector, LeaderConfig, LeaderWatch};
 use crate::metrics::Metrics;
 use crate::provision::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
@@ -68,7 +68,7 @@ async fn serve(args: Args, shutdown: Shutdown) -> ExitCode {
             info.name
         ));
     }
-    let (client, rate_limit) = match kube_client::client_from_args(&args).await {
+    let clients = match kube_client::client_from_args(&args).await {
         Ok(built) => built,
         Err(error) => return fatal(&error),
     };
@@ -99,17 +99,17 @@ async fn serve(args: Args, shutdown: Shutdown) -> ExitCode {
         });
     }
 
-    let settings = match settings(&args, &info, rate_limit) {
+    let settings = match settings(&args, &info) {
         Ok(settings) => settings,
         Err(message) => return fatal(&message),
     };
     let driver: Arc<dyn crate::csi_client::CsiController> = Arc::new(driver);
     let controllers = {
-        let client = client.clone();
+        let clients = clients.clone();
         let metrics = Arc::clone(&metrics);
         let drain = shutdown.drain_started();
         move || async move {
-            if let Err(error) = controller::run(client, driver, metrics, settings, drain).await {
+            if let Err(error) = controller::run(clients, driver, metrics, settings, drain).await {
                 error!("{error}");
                 eprintln!("csi-provisioner: {error}");
                 std::process::exit(1);
@@ -127,7 +127,7 @@ async fn serve(args: Args, shutdown: Shutdown) -> ExitCode {
         Err(error) => return fatal(&error),
     };
     let lease = config.lease_name.clone();
-    let (elector, watch) = Elector::new(client, config);
+    let (elector, watch) = Elector::new(clients.client, config);
     let _ = leader_watch.set(watch.clone());
     let mut leading = watch.leading();
     tokio::spawn(async move {
@@ -173,11 +173,7 @@ async fn serve(args: Args, shutdown: Shutdown) -> ExitCode {
 }
 
 /// The reconcilers' settings from flags and what the driver reported.
-fn settings(
-    args: &Args,
-    info: &DriverInfo,
-    rate_limit: RateLimitLayer,
-) -> Result<Settings, String> {
+fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, String> {
     let gates = args.feature_gates();
     let caps = DriverCapabilities {
         controller_service: info.supports_controller_service(),
@@ -209,7 +205,6 @@ fn settings(
             .unwrap_or(usize::MAX),
         event_component: format!("{}_{}_{}", info.name, hostname, uuid::Uuid::new_v4()),
         hostname,
-        rate_limit,
         consistency_by_default: args.provisioning_consistency_default == ConsistencyDefault::Enable,
         journal_namespace: leader::resolve_namespace(
             &args.leader_election_namespace,

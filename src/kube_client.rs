@@ -23,6 +23,8 @@ const DEFAULT_QPS: f64 = 5.0;
 const DEFAULT_BURST: u32 = 10;
 /// Upper bound of a single throttling wait, so an absurdly small QPS cannot overflow timers.
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
+/// How often [`RateLimitLayer::spare_or`] looks at the bucket.
+const SPARE_POLL: Duration = Duration::from_millis(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeClientError {
@@ -117,12 +119,29 @@ impl ConfigSource {
 
 /// Builds the client for the flags in `args` (all API traffic goes through the limiter),
 /// and the limiter's handle for callers that can wait for spare capacity.
-pub async fn client_from_args(args: &Args) -> Result<(Client, RateLimitLayer), KubeClientError> {
+pub async fn client_from_args(args: &Args) -> Result<ApiClients, KubeClientError> {
     let env = std::env::var("KUBECONFIG").ok();
     let source = ConfigSource::decide(&args.kubeconfig, &args.master, env.as_deref());
     let config = source.load().await?;
-    let limit = RateLimitLayer::from_flags(args.kube_api_qps, args.kube_api_burst);
-    Ok((build_client(config, limit.clone())?, limit))
+    let rate_limit = RateLimitLayer::from_flags(args.kube_api_qps, args.kube_api_burst);
+    Ok(ApiClients {
+        client: build_client(config.clone(), rate_limit.clone())?,
+        prepaid: build_client(config, RateLimitLayer::unlimited())?,
+        rate_limit,
+    })
+}
+
+/// The sidecar's clients of one API server; together they send at most
+/// `--kube-api-qps`/`--kube-api-burst`.
+#[derive(Clone)]
+pub struct ApiClients {
+    /// Every request waits for a token of `rate_limit`.
+    pub client: Client,
+    /// No limiter of its own: for a writer that takes its token with
+    /// [`RateLimitLayer::acquire`] before it assembles the request (the journal), so that the
+    /// changes arriving while it waits still join that request.
+    pub prepaid: Client,
+    pub rate_limit: RateLimitLayer,
 }
 
 /// kube's default stack (auth, retries on 429/503/504, tracing) wrapped in `limit`.
@@ -215,6 +234,30 @@ impl RateLimitLayer {
 
     pub fn unlimited() -> Self {
         Self { bucket: None }
+    }
+
+    /// Takes a token as a throttled request would, waiting until it is due, for a request
+    /// sent through [`ApiClients::prepaid`].
+    pub async fn acquire(&self) {
+        let Some(bucket) = &self.bucket else {
+            return;
+        };
+        let now = Instant::now();
+        let wait = bucket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(now);
+        if let Some(wait) = wait {
+            sleep_until(now + wait).await;
+        }
+    }
+
+    /// Waits until [`Self::has_spare`], or until `deadline`: low-priority traffic (events,
+    /// the journal's lazy flushes) yields this way to the requests that make progress.
+    pub async fn spare_or(&self, deadline: Instant) {
+        while !self.has_spare() && Instant::now() < deadline {
+            tokio::time::sleep(SPARE_POLL).await;
+        }
     }
 
     /// See [`TokenBucket::has_spare`]; always true without a limit. Lets low-priority traffic
@@ -488,6 +531,39 @@ mod tests {
             sent_at.push(start.elapsed());
         }
         assert_eq!(sent_at, vec![ms(0), ms(0), ms(0), ms(500), ms(1000)]);
+        drop(svc);
+        responder.await.expect("responder");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn acquired_tokens_come_out_of_the_layers_bucket() {
+        let limit = RateLimitLayer::from_flags(2.0, 2);
+        let (mock, mut handle) = mock::pair::<u32, u32>();
+        let mut svc = limit.layer(mock);
+        let responder = tokio::spawn(async move {
+            while let Some((req, send)) = handle.next_request().await {
+                send.send_response(req);
+            }
+        });
+        let start = Instant::now();
+        limit.acquire().await;
+        limit.acquire().await;
+        assert_eq!(start.elapsed(), ms(0), "the burst");
+        svc.ready()
+            .await
+            .expect("ready")
+            .call(1)
+            .await
+            .expect("response");
+        assert_eq!(
+            start.elapsed(),
+            ms(500),
+            "the layer waits for what acquire took"
+        );
+        limit.acquire().await;
+        assert_eq!(start.elapsed(), ms(1000));
+        RateLimitLayer::unlimited().acquire().await;
+        assert_eq!(start.elapsed(), ms(1000), "no limit, no wait");
         drop(svc);
         responder.await.expect("responder");
     }

@@ -28,7 +28,6 @@ const AGGREGATION_WINDOW: Duration = Duration::from_secs(600);
 const MAX_REMEMBERED: usize = 4096;
 /// Longest an event waits for spare capacity before it takes its turn like any request.
 const MAX_DEFERRAL: Duration = Duration::from_secs(30);
-const SPARE_POLL: Duration = Duration::from_millis(20);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventType {
@@ -124,9 +123,9 @@ struct Writer {
 impl Writer {
     async fn run(mut self, mut pending: mpsc::UnboundedReceiver<Pending>) {
         while let Some(event) = pending.recv().await {
-            while !self.limit.has_spare() && event.queued.elapsed() < MAX_DEFERRAL {
-                tokio::time::sleep(SPARE_POLL).await;
-            }
+            self.limit
+                .spare_or(tokio::time::Instant::from_std(event.queued) + MAX_DEFERRAL)
+                .await;
             self.write(event).await;
         }
     }

@@ -30,7 +30,7 @@ use tracing::{debug, warn};
 
 use crate::csi_client::CsiController;
 use crate::journal::{Journal, JournalError};
-use crate::kube_client::RateLimitLayer;
+use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
 use crate::provision::{DriverCapabilities, ProvisionerConfig};
 use backoff::{Backoff, InfeasibleSet};
@@ -74,8 +74,6 @@ pub struct Settings {
     /// Source component of events: `<driver>_<hostname>_<uuid>` as upstream's library writes.
     pub event_component: String,
     pub hostname: String,
-    /// The API client's rate limiter: events wait for spare capacity.
-    pub rate_limit: RateLimitLayer,
     pub consistency_by_default: bool,
     /// Where the journal shards live (the sidecar's namespace) and their name prefix.
     pub journal_namespace: String,
@@ -108,14 +106,20 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// reaper until `drain` resolves; lets the reconciles in flight finish (their driver calls
 /// included) and returns.
 pub async fn run(
-    client: Client,
+    clients: ApiClients,
     driver: Arc<dyn CsiController>,
     metrics: Arc<Metrics>,
     settings: Settings,
     drain: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), JournalError> {
+    let ApiClients {
+        client,
+        prepaid,
+        rate_limit,
+    } = clients;
     let journal = Journal::load(
-        client.clone(),
+        prepaid,
+        rate_limit.clone(),
         &settings.journal_namespace,
         &settings.journal_base_name,
         &settings.config.driver_name,
@@ -132,7 +136,7 @@ pub async fn run(
             client.clone(),
             settings.event_component,
             settings.hostname,
-            settings.rate_limit,
+            rate_limit,
         ),
         client,
         driver,

@@ -7,10 +7,12 @@
 //! `ProvisioningJournal` shard objects in the sidecar's namespace, written by one task per
 //! shard. Only the leader runs controllers, so only the leader writes.
 
+mod placement;
 mod record;
 mod writer;
 
 use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -22,13 +24,17 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
 use crate::controller::inflight::{Busy, InFlight, InFlightRegistry};
+use crate::kube_client::RateLimitLayer;
+use placement::Placement;
+pub use placement::SHARD_CAPACITY;
 pub use record::{
     Change, OperationRecord, Phase, ProvisioningJournal, ProvisioningJournalSpec, RECORD_FORMAT,
-    RecordError, SecretReference, Summary, apply, shard_of,
+    RecordError, SecretReference, Summary, apply,
 };
 use writer::{Queued, ShardWriter};
 
-/// Shards per driver. More shards mean more parallel writes and smaller objects.
+/// Shards per driver, filled one after the other (see `placement`): the first holds up to
+/// [`SHARD_CAPACITY`] operations, the others take the overflow.
 pub const SHARDS: usize = 8;
 /// Label naming the driver on every shard.
 pub const DRIVER_LABEL: &str = "provisioner.csi-rs.dev/driver";
@@ -54,6 +60,7 @@ pub struct Journal {
     registry: InFlightRegistry,
     shards: Vec<mpsc::UnboundedSender<Queued>>,
     shard_names: Vec<String>,
+    placement: Mutex<Placement>,
     namespace: String,
     record_timeout: Duration,
 }
@@ -61,8 +68,10 @@ pub struct Journal {
 impl Journal {
     /// Loads every recorded operation of `driver` from `namespace` and starts the shard
     /// writers. `base_name` is the sanitised driver name (as the Lease uses).
+    /// `client` has no rate limiter: every request takes its token from `rate_limit` first.
     pub async fn load(
         client: Client,
+        rate_limit: RateLimitLayer,
         namespace: &str,
         base_name: &str,
         driver: &str,
@@ -70,6 +79,7 @@ impl Journal {
     ) -> Result<Self, JournalError> {
         let api: Api<ProvisioningJournal> = Api::namespaced(client, namespace);
         let selector = format!("{DRIVER_LABEL}={base_name}");
+        rate_limit.acquire().await;
         let existing = api
             .list(&ListParams::default().labels(&selector))
             .await
@@ -78,11 +88,21 @@ impl Journal {
                 source,
             })?;
         let registry = InFlightRegistry::default();
+        let mut placement = Placement::new(SHARDS);
         let mut by_name: BTreeMap<String, ProvisioningJournal> = BTreeMap::new();
+        let shard_prefix = format!("{base_name}-");
         for shard in existing.items {
+            let index = shard
+                .name_any()
+                .strip_prefix(&shard_prefix)
+                .and_then(|index| index.parse::<usize>().ok())
+                .unwrap_or(usize::MAX);
             for record in &shard.spec.operations {
                 match record.to_in_flight() {
-                    Ok(operation) => registry.restore(operation),
+                    Ok(operation) => {
+                        placement.restore(&operation.volume_name, index);
+                        registry.restore(operation);
+                    }
                     Err(error) => {
                         warn!(shard = shard.name_any(), %error, "journal record kept but not replayable")
                     }
@@ -105,6 +125,7 @@ impl Journal {
             let (sender, queue) = mpsc::unbounded_channel();
             let writer = ShardWriter {
                 api: api.clone(),
+                rate_limit: rate_limit.clone(),
                 name: name.clone(),
                 driver: driver.to_owned(),
                 labels: labels.clone(),
@@ -118,6 +139,7 @@ impl Journal {
             registry,
             shards,
             shard_names,
+            placement: Mutex::new(placement),
             namespace: namespace.to_owned(),
             record_timeout,
         })
@@ -128,11 +150,8 @@ impl Journal {
     pub async fn record(&self, operation: InFlight) -> Result<Busy<'_>, JournalError> {
         let record = OperationRecord::from_in_flight(&operation, Timestamp::now());
         let (durable, stored) = oneshot::channel();
-        self.queue(
-            &operation.volume_name,
-            Change::Upsert(record),
-            Some(durable),
-        )?;
+        let shard = self.placement().place(&operation.volume_name);
+        self.queue(shard, Change::Upsert(record), Some(durable))?;
         match tokio::time::timeout(self.record_timeout, stored).await {
             Ok(Ok(())) => Ok(self.registry.record(operation)),
             Ok(Err(_)) => Err(JournalError::WriterGone),
@@ -144,23 +163,25 @@ impl Journal {
     /// the removal is stored, recovery finds the PV (or the final answer) again.
     pub fn complete(&self, volume_name: &str) {
         self.registry.complete(volume_name);
-        let _ = self.queue(
-            volume_name,
-            Change::Remove {
+        if let Some(shard) = self.placement().release(volume_name) {
+            let change = Change::Remove {
                 volume_name: volume_name.to_owned(),
-            },
-            None,
-        );
+            };
+            let _ = self.queue(shard, change, None);
+        }
     }
 
     /// Records a failed attempt so `kubectl get provisioningjournals` shows it.
     pub fn note_failure(&self, volume_name: &str, phase: Phase, error: &str) {
+        let Some(shard) = self.placement().locate(volume_name) else {
+            return;
+        };
         let change = Change::Failure {
             volume_name: volume_name.to_owned(),
             phase,
             error: error.to_owned(),
         };
-        let _ = self.queue(volume_name, change, None);
+        let _ = self.queue(shard, change, None);
     }
 
     pub fn registry(&self) -> &InFlightRegistry {
@@ -177,20 +198,27 @@ impl Journal {
             api_version: Some(ProvisioningJournal::api_version(&()).into_owned()),
             kind: Some(ProvisioningJournal::kind(&()).into_owned()),
             namespace: Some(self.namespace.clone()),
-            name: Some(self.shard_names[shard_of(volume_name, self.shard_names.len())].clone()),
+            name: Some(self.shard_names[self.placement().locate(volume_name).unwrap_or(0)].clone()),
             ..ObjectReference::default()
         }
     }
 
     fn queue(
         &self,
-        volume_name: &str,
+        shard: usize,
         change: Change,
         durable: Option<oneshot::Sender<()>>,
     ) -> Result<(), JournalError> {
-        self.shards[shard_of(volume_name, self.shards.len())]
+        self.shards[shard]
             .send(Queued { change, durable })
             .map_err(|_| JournalError::WriterGone)
+    }
+
+    fn placement(&self) -> MutexGuard<'_, Placement> {
+        // The placement is plain data, consistent even if a holder panicked.
+        self.placement
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 

@@ -299,14 +299,6 @@ fn truncate(text: &str) -> String {
     format!("{}…", &text[..end])
 }
 
-/// Which shard holds a volume's operation: FNV-1a of the name, stable across builds.
-pub fn shard_of(volume_name: &str, shards: usize) -> usize {
-    let hash = volume_name.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
-        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
-    });
-    usize::try_from(hash).unwrap_or(0) % shards.max(1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,14 +478,5 @@ mod tests {
         let kept = truncate(&text);
         assert!(kept.len() <= MAX_ERROR_LEN + '…'.len_utf8());
         assert!(kept.ends_with('…'));
-    }
-
-    #[test]
-    fn shards_are_stable_and_in_range() {
-        assert_eq!(shard_of("pvc-1", 8), shard_of("pvc-1", 8));
-        for name in ["a", "pvc-123", "", "ééé"] {
-            assert!(shard_of(name, 8) < 8);
-        }
-        assert_eq!(shard_of("anything", 0), 0);
     }
 }

@@ -1,8 +1,10 @@
-//! One task per shard applies queued changes to the shard object. Every change that arrives
-//! while a write is in flight goes into the next write (group commit), so the number of
-//! writes follows the API server's latency, not the number of operations. Only records a
-//! caller waits for (before CreateVolume) trigger a write; removals and failure notes join
-//! the next write, or are flushed a few seconds later.
+//! One task per shard applies queued changes to the shard object. A write first takes its
+//! token from the client's rate limiter, then gathers every change queued by then (group
+//! commit): the changes that arrive while it waits for the token, or while the previous
+//! write is in flight, share one request, so the number of writes follows the API server's
+//! latency and the QPS budget, not the number of operations. Only records a caller waits for
+//! (before CreateVolume) trigger a write; removals and failure notes join the next write, or
+//! are flushed a few seconds later.
 
 use std::time::Duration;
 
@@ -12,6 +14,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::record::{Change, ProvisioningJournal, ProvisioningJournalSpec, apply};
+use crate::kube_client::RateLimitLayer;
 
 /// A change and, for writes the caller must wait for, where to say it is durable.
 pub(super) struct Queued {
@@ -20,13 +23,19 @@ pub(super) struct Queued {
 }
 
 const RETRY_START: Duration = Duration::from_millis(100);
-/// Longest a change nobody waits for stays unwritten. A removal not yet written is harmless:
-/// recovery finds the PV (or the final answer) and drops the record again.
+/// How long a change nobody waits for stays unwritten, then how much longer it may wait for
+/// spare capacity under the rate limit (it yields to PV creates, as events do). A removal
+/// not yet written is harmless: recovery finds the PV (or the final answer) and drops the
+/// record again.
 const LAZY_FLUSH: Duration = Duration::from_secs(5);
+const LAZY_MAX_DEFERRAL: Duration = Duration::from_secs(30);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
 pub(super) struct ShardWriter {
+    /// A client without a rate limiter: each request takes its token from `rate_limit`
+    /// before the batch is gathered.
     pub api: Api<ProvisioningJournal>,
+    pub rate_limit: RateLimitLayer,
     pub name: String,
     pub driver: String,
     pub labels: std::collections::BTreeMap<String, String>,
@@ -44,7 +53,7 @@ impl ShardWriter {
             let next = match flush_at {
                 Some(deadline) => tokio::select! {
                     next = queue.recv() => next,
-                    () = tokio::time::sleep_until(deadline) => {
+                    () = self.lazy_flush_due(deadline) => {
                         self.commit_all(std::mem::take(&mut lazy), &mut queue).await;
                         flush_at = None;
                         continue;
@@ -68,6 +77,11 @@ impl ShardWriter {
         }
     }
 
+    async fn lazy_flush_due(&self, deadline: Instant) {
+        tokio::time::sleep_until(deadline).await;
+        self.rate_limit.spare_or(deadline + LAZY_MAX_DEFERRAL).await;
+    }
+
     async fn commit_all(
         &mut self,
         mut batch: Vec<Queued>,
@@ -75,9 +89,6 @@ impl ShardWriter {
     ) {
         if batch.is_empty() {
             return;
-        }
-        while let Ok(more) = queue.try_recv() {
-            batch.push(more);
         }
         self.commit(&mut batch, queue).await;
         for queued in batch {
@@ -87,7 +98,8 @@ impl ShardWriter {
         }
     }
 
-    /// Writes the batch, retrying until it is stored. Changes queued during retries join it.
+    /// Writes the batch, retrying until it is stored. Changes queued until each attempt has
+    /// its token join it.
     async fn commit(
         &mut self,
         batch: &mut Vec<Queued>,
@@ -95,6 +107,10 @@ impl ShardWriter {
     ) {
         let mut delay = RETRY_START;
         loop {
+            self.rate_limit.acquire().await;
+            while let Ok(more) = queue.try_recv() {
+                batch.push(more);
+            }
             let changes: Vec<Change> = batch.iter().map(|queued| queued.change.clone()).collect();
             let mut object = self.current.clone().unwrap_or_else(|| self.empty());
             if !apply(&mut object.spec, &changes) {
@@ -129,13 +145,11 @@ impl ShardWriter {
                     self.refresh().await;
                 }
             }
-            while let Ok(more) = queue.try_recv() {
-                batch.push(more);
-            }
         }
     }
 
     async fn refresh(&mut self) {
+        self.rate_limit.acquire().await;
         match self.api.get_opt(&self.name).await {
             Ok(current) => self.current = current,
             Err(error) => warn!(shard = self.name, %error, "journal shard read failed"),

@@ -132,6 +132,9 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
     if !should_delete(pv) {
         return Ok(false);
     }
+    // A PV this sidecar cannot delete the volume of (not CSI, no volume handle, a driver
+    // without CREATE_DELETE_VOLUME) is reported before anything irrevocable happens to it.
+    deletion_target(pv, &ctx.caps)?;
     let Some(stored) = commit_deletion(&api, pv).await? else {
         return Ok(false);
     };

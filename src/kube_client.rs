@@ -243,11 +243,7 @@ impl RateLimitLayer {
             return;
         };
         let now = Instant::now();
-        let wait = bucket
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take(now);
-        if let Some(wait) = wait {
+        if let Some(wait) = take(bucket, now) {
             sleep_until(now + wait).await;
         }
     }
@@ -270,6 +266,15 @@ impl RateLimitLayer {
                 .has_spare(Instant::now())
         })
     }
+}
+
+/// [`TokenBucket::take`] on a shared bucket.
+fn take(bucket: &Mutex<TokenBucket>, now: Instant) -> Option<Duration> {
+    // The bucket holds plain numbers, so a poisoned lock is still consistent.
+    bucket
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take(now)
 }
 
 impl<S> Layer<S> for RateLimitLayer {
@@ -335,12 +340,7 @@ where
                         continue;
                     };
                     let now = Instant::now();
-                    // The bucket holds plain numbers, so a poisoned lock is still consistent.
-                    let wait = bucket
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .take(now);
-                    self.state = match wait {
+                    self.state = match take(bucket, now) {
                         None => State::Ready,
                         Some(wait) => {
                             if wait >= Duration::from_secs(1) {

@@ -124,6 +124,13 @@ fn pv_phase(pv: &PersistentVolume) -> Option<String> {
     pv.status.as_ref().and_then(|s| s.phase.clone())
 }
 
+fn has_pv_finalizer(pv: &PersistentVolume) -> bool {
+    pv.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|finalizers| finalizers.iter().any(|f| f == PV_FINALIZER))
+}
+
 fn annotation<'a>(pv: &'a PersistentVolume, key: &str) -> Option<&'a str> {
     pv.metadata
         .annotations
@@ -208,10 +215,7 @@ async fn provisions_binds_and_deletes_a_filesystem_volume() {
     assert_eq!(claim_ref.namespace.as_deref(), Some(cluster.ns()));
     assert_eq!(claim_ref.kind.as_deref(), Some("PersistentVolumeClaim"));
     assert!(
-        pv.metadata
-            .finalizers
-            .as_ref()
-            .is_some_and(|f| f.iter().any(|f| f == PV_FINALIZER)),
+        has_pv_finalizer(&pv),
         "finalizers {:?}",
         pv.metadata.finalizers
     );
@@ -354,9 +358,8 @@ async fn retain_policy_keeps_the_released_volume() {
                 .get(&name)
                 .await
                 .map_err(|e| e.to_string())?;
-            let finalizers = pv.metadata.finalizers.unwrap_or_default();
-            if finalizers.iter().any(|f| f == PV_FINALIZER) {
-                Err(format!("finalizers {finalizers:?}"))
+            if has_pv_finalizer(&pv) {
+                Err(format!("finalizers {:?}", pv.metadata.finalizers))
             } else {
                 Ok(())
             }
@@ -433,10 +436,7 @@ async fn a_failing_delete_volume_keeps_the_terminating_pv_until_it_succeeds() {
         let pv = cluster.pv(volume).await;
         assert!(pv.metadata.deletion_timestamp.is_some(), "{volume}");
         assert!(
-            pv.metadata
-                .finalizers
-                .as_ref()
-                .is_some_and(|f| f.iter().any(|f| f == PV_FINALIZER)),
+            has_pv_finalizer(&pv),
             "{volume}: finalizers {:?}",
             pv.metadata.finalizers
         );

@@ -508,15 +508,20 @@ mod tests {
         assert_eq!(overridden.cluster_url.to_string(), "https://flag:6443/");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn layer_delays_requests_beyond_the_burst() {
-        let (mock, mut handle) = mock::pair::<u32, u32>();
-        let mut svc = RateLimitLayer::from_flags(2.0, 3).layer(mock);
-        let responder = tokio::spawn(async move {
+    /// Answers every request on `handle` with the request itself.
+    fn echo(mut handle: mock::Handle<u32, u32>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
             while let Some((req, send)) = handle.next_request().await {
                 send.send_response(req);
             }
-        });
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn layer_delays_requests_beyond_the_burst() {
+        let (mock, handle) = mock::pair::<u32, u32>();
+        let mut svc = RateLimitLayer::from_flags(2.0, 3).layer(mock);
+        let responder = echo(handle);
         let start = Instant::now();
         let mut sent_at = Vec::new();
         for i in 0..5 {
@@ -538,13 +543,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn acquired_tokens_come_out_of_the_layers_bucket() {
         let limit = RateLimitLayer::from_flags(2.0, 2);
-        let (mock, mut handle) = mock::pair::<u32, u32>();
+        let (mock, handle) = mock::pair::<u32, u32>();
         let mut svc = limit.layer(mock);
-        let responder = tokio::spawn(async move {
-            while let Some((req, send)) = handle.next_request().await {
-                send.send_response(req);
-            }
-        });
+        let responder = echo(handle);
         let start = Instant::now();
         limit.acquire().await;
         limit.acquire().await;
@@ -570,15 +571,11 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn clones_share_one_bucket() {
-        let (mock, mut handle) = mock::pair::<u32, u32>();
+        let (mock, handle) = mock::pair::<u32, u32>();
         let layer = RateLimitLayer::from_flags(1.0, 1);
         let mut a = layer.layer(mock.clone());
         let mut b = layer.layer(mock);
-        tokio::spawn(async move {
-            while let Some((req, send)) = handle.next_request().await {
-                send.send_response(req);
-            }
-        });
+        echo(handle);
         let start = Instant::now();
         a.ready()
             .await
@@ -597,13 +594,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn unlimited_layer_never_waits() {
-        let (mock, mut handle) = mock::pair::<u32, u32>();
+        let (mock, handle) = mock::pair::<u32, u32>();
         let mut svc = RateLimitLayer::unlimited().layer(mock);
-        tokio::spawn(async move {
-            while let Some((req, send)) = handle.next_request().await {
-                send.send_response(req);
-            }
-        });
+        echo(handle);
         let start = Instant::now();
         for i in 0..50 {
             svc.ready()

@@ -12,6 +12,7 @@ pub mod journal;
 pub mod kube_client;
 pub mod leader;
 pub mod logging;
+pub mod memory;
 pub mod metrics;
 pub mod provision;
 pub mod shutdown;

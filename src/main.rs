@@ -3,10 +3,23 @@
 use std::process::ExitCode;
 
 use csi_provisioner::config::{Args, version_line};
-use csi_provisioner::{app, logging};
+use csi_provisioner::{app, logging, memory};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    memory::return_large_blocks_to_the_os();
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(error) => {
+            eprintln!("csi-provisioner: cannot start the async runtime: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> ExitCode {
     let args = Args::parse_flags();
     if args.version {
         println!(

@@ -1,13 +1,14 @@
 //! Watches of claims, volumes and classes feeding in-memory stores.
 //!
-//! Claims and volumes are cached as [`CachedClaim`] and [`CachedVolume`]: only the fields the
-//! sidecar reads, parsed straight from the API's JSON. The rest (`managedFields` above all,
-//! often larger than the rest of a PVC or PV together, and the `last-applied-configuration`
-//! annotation) is skipped while parsing, never allocated. A full k8s-openapi
-//! `PersistentVolume` holds every in-tree volume source inline (3.4 KiB before any string);
-//! with 10,000 claims and 10,000 volumes the full types took 80 MiB more than these.
-//! The reconcilers turn a cached object back into the k8s-openapi type (`to_claim`,
-//! `to_volume`) for the decision functions in `crate::provision`.
+//! Claims and volumes are cached as [`CachedClaim`] and [`CachedVolume`], built for size: with
+//! 10,000 claims and 10,000 volumes the stores are most of the sidecar's memory. Only the
+//! fields the sidecar reads are parsed (`managedFields`, often larger than the rest of a PVC or
+//! PV together, and the `last-applied-configuration` annotation are skipped, never
+//! allocated). What identifies an object (name, namespace, UID, resource version, deletion
+//! timestamp) stays in its `ObjectMeta`, which the reflector keys on; the annotations,
+//! finalizers and spec are kept as one compact JSON string and parsed again when a reconcile
+//! needs them (`to_claim`, `to_volume`). A typed claim costs two `BTreeMap`s of 540 bytes
+//! each however few entries they hold, plus a dozen small strings; its JSON, about 200 bytes.
 //!
 //! The stores are for deciding *whether* to look at an object. Every decision that could
 //! create or delete storage is re-checked against a fresh read from the API server by the
@@ -27,33 +28,55 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Deserializer};
-
-use crate::provision::class_name_of;
+use serde::{Deserialize, Serialize};
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
-/// A claim as cached: its metadata (see [`read_metadata`]) and spec; the status is never read.
+/// A cached object's fields that are kept as JSON could not be read back.
+#[derive(Debug, thiserror::Error)]
+#[error("cached {kind} {name} is unreadable: {source}")]
+pub struct CacheError {
+    kind: &'static str,
+    name: String,
+    source: serde_json::Error,
+}
+
+/// A claim as cached: identity in `metadata`, the rest as JSON (see the module comment); the
+/// status is never read.
 #[derive(Clone, Debug, Deserialize, Resource)]
 #[resource(inherit = PersistentVolumeClaim)]
+#[serde(try_from = "WireClaim")]
 pub struct CachedClaim {
-    #[serde(deserialize_with = "read_metadata")]
     pub metadata: ObjectMeta,
-    #[serde(default)]
-    pub spec: Option<PersistentVolumeClaimSpec>,
+    rest: Box<str>,
 }
 
 impl CachedClaim {
-    pub fn to_claim(&self) -> PersistentVolumeClaim {
-        PersistentVolumeClaim {
-            metadata: self.metadata.clone(),
-            spec: self.spec.clone(),
+    pub fn to_claim(&self) -> Result<PersistentVolumeClaim, CacheError> {
+        let (metadata, spec, _) =
+            read_rest::<_, Unread>(&self.metadata, &self.rest).map_err(|source| CacheError {
+                kind: "PersistentVolumeClaim",
+                name: format!(
+                    "{}/{}",
+                    self.metadata.namespace.as_deref().unwrap_or_default(),
+                    self.metadata.name.as_deref().unwrap_or_default()
+                ),
+                source,
+            })?;
+        Ok(PersistentVolumeClaim {
+            metadata,
+            spec,
             status: None,
-        }
+        })
     }
+}
 
-    pub fn class_name(&self) -> &str {
-        class_name_of(&self.metadata, self.spec.as_ref())
+impl TryFrom<WireClaim> for CachedClaim {
+    type Error = serde_json::Error;
+
+    fn try_from(wire: WireClaim) -> Result<Self, Self::Error> {
+        let (metadata, rest) = split::<_, Unread>(wire.metadata, wire.spec, None)?;
+        Ok(CachedClaim { metadata, rest })
     }
 }
 
@@ -62,27 +85,24 @@ impl CachedClaim {
 /// Deletion itself reads the whole PV again from the API server.
 #[derive(Clone, Debug, Deserialize, Resource)]
 #[resource(inherit = PersistentVolume)]
+#[serde(try_from = "WireVolume")]
 pub struct CachedVolume {
-    #[serde(deserialize_with = "read_metadata")]
     pub metadata: ObjectMeta,
-    #[serde(default)]
-    spec: Option<CachedVolumeSpec>,
-    #[serde(default)]
-    status: Option<CachedVolumeStatus>,
+    rest: Box<str>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct CachedVolumeSpec {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     csi: Option<CachedCsiSource>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     persistent_volume_reclaim_policy: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     storage_class_name: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct CachedCsiSource {
     #[serde(default)]
@@ -91,63 +111,156 @@ struct CachedCsiSource {
     volume_handle: String,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 struct CachedVolumeStatus {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     phase: Option<String>,
 }
 
 impl CachedVolume {
     /// The PV with the cached fields only: enough for the triage, not for DeleteVolume.
-    pub fn to_volume(&self) -> PersistentVolume {
-        PersistentVolume {
-            metadata: self.metadata.clone(),
-            spec: self.spec.as_ref().map(|spec| PersistentVolumeSpec {
-                csi: spec.csi.as_ref().map(|csi| CSIPersistentVolumeSource {
-                    driver: csi.driver.clone(),
-                    volume_handle: csi.volume_handle.clone(),
+    pub fn to_volume(&self) -> Result<PersistentVolume, CacheError> {
+        let (metadata, spec, status) =
+            read_rest::<CachedVolumeSpec, CachedVolumeStatus>(&self.metadata, &self.rest).map_err(
+                |source| CacheError {
+                    kind: "PersistentVolume",
+                    name: self.metadata.name.clone().unwrap_or_default(),
+                    source,
+                },
+            )?;
+        Ok(PersistentVolume {
+            metadata,
+            spec: spec.map(|spec| PersistentVolumeSpec {
+                csi: spec.csi.map(|csi| CSIPersistentVolumeSource {
+                    driver: csi.driver,
+                    volume_handle: csi.volume_handle,
                     ..CSIPersistentVolumeSource::default()
                 }),
-                persistent_volume_reclaim_policy: spec.persistent_volume_reclaim_policy.clone(),
-                storage_class_name: spec.storage_class_name.clone(),
+                persistent_volume_reclaim_policy: spec.persistent_volume_reclaim_policy,
+                storage_class_name: spec.storage_class_name,
                 ..PersistentVolumeSpec::default()
             }),
-            status: self.status.as_ref().map(|status| PersistentVolumeStatus {
-                phase: status.phase.clone(),
+            status: status.map(|status| PersistentVolumeStatus {
+                phase: status.phase,
                 ..PersistentVolumeStatus::default()
             }),
-        }
+        })
     }
 }
 
-/// The metadata fields the sidecar reads: identity, resource version (for patches and event
-/// references), annotations, finalizers and the deletion timestamp.
-fn read_metadata<'de, D: Deserializer<'de>>(deserializer: D) -> Result<ObjectMeta, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Read {
-        name: Option<String>,
-        namespace: Option<String>,
-        uid: Option<String>,
-        resource_version: Option<String>,
-        annotations: Option<BTreeMap<String, String>>,
-        finalizers: Option<Vec<String>>,
-        deletion_timestamp: Option<Time>,
+impl TryFrom<WireVolume> for CachedVolume {
+    type Error = serde_json::Error;
+
+    fn try_from(wire: WireVolume) -> Result<Self, Self::Error> {
+        let (metadata, rest) = split(wire.metadata, wire.spec, wire.status)?;
+        Ok(CachedVolume { metadata, rest })
     }
-    let mut read = Read::deserialize(deserializer)?;
-    if let Some(annotations) = read.annotations.as_mut() {
+}
+
+/// A claim's status: never read, so never kept.
+#[derive(Deserialize, Serialize)]
+enum Unread {}
+
+/// A claim as the API server sends it, with only the fields the sidecar reads.
+#[derive(Deserialize)]
+struct WireClaim {
+    metadata: WireMeta,
+    spec: Option<PersistentVolumeClaimSpec>,
+}
+
+/// A volume as the API server sends it, with only the fields the sidecar reads.
+#[derive(Deserialize)]
+struct WireVolume {
+    metadata: WireMeta,
+    spec: Option<CachedVolumeSpec>,
+    status: Option<CachedVolumeStatus>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireMeta {
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    deletion_timestamp: Option<Time>,
+    annotations: Option<BTreeMap<String, String>>,
+    finalizers: Option<Vec<String>>,
+}
+
+/// `Option::default` without requiring `Default` of the type inside, as `#[serde(default)]`
+/// on a generic field would.
+fn none<T>() -> Option<T> {
+    None
+}
+
+/// What is kept as JSON.
+#[derive(Deserialize, Serialize)]
+struct Rest<Spec, Status> {
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    finalizers: Option<Vec<String>>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    spec: Option<Spec>,
+    #[serde(default = "none", skip_serializing_if = "Option::is_none")]
+    status: Option<Status>,
+}
+
+/// The identity to keep typed, and the rest as JSON.
+fn split<Spec: Serialize, Status: Serialize>(
+    metadata: WireMeta,
+    spec: Option<Spec>,
+    status: Option<Status>,
+) -> Result<(ObjectMeta, Box<str>), serde_json::Error> {
+    let WireMeta {
+        name,
+        namespace,
+        uid,
+        resource_version,
+        deletion_timestamp,
+        mut annotations,
+        finalizers,
+    } = metadata;
+    if let Some(annotations) = annotations.as_mut() {
         annotations.remove(LAST_APPLIED);
     }
-    Ok(ObjectMeta {
-        name: read.name,
-        namespace: read.namespace,
-        uid: read.uid,
-        resource_version: read.resource_version,
-        annotations: read.annotations,
-        finalizers: read.finalizers,
-        deletion_timestamp: read.deletion_timestamp,
+    let rest = serde_json::to_string(&Rest {
+        annotations,
+        finalizers,
+        spec,
+        status,
+    })?;
+    let identity = ObjectMeta {
+        name,
+        namespace,
+        uid,
+        resource_version,
+        deletion_timestamp,
         ..ObjectMeta::default()
-    })
+    };
+    Ok((identity, rest.into_boxed_str()))
+}
+
+/// The metadata as the API server sent it (minus the fields never read), spec and status.
+type Parts<Spec, Status> = (ObjectMeta, Option<Spec>, Option<Status>);
+
+fn read_rest<Spec: DeserializeOwned, Status: DeserializeOwned>(
+    identity: &ObjectMeta,
+    rest: &str,
+) -> Result<Parts<Spec, Status>, serde_json::Error> {
+    let Rest {
+        annotations,
+        finalizers,
+        spec,
+        status,
+    } = serde_json::from_str(rest)?;
+    let metadata = ObjectMeta {
+        annotations,
+        finalizers,
+        ..identity.clone()
+    };
+    Ok((metadata, spec, status))
 }
 
 /// A watched, cached resource: the store to read and the stream of changed objects
@@ -207,7 +320,7 @@ mod tests {
     use super::*;
     use crate::provision::fixtures::{PvBuilder, PvcBuilder};
     use crate::provision::{
-        ANN_MIGRATED_TO, ANN_STORAGE_PROVISIONER, PROVISIONING_FINALIZER,
+        ANN_MIGRATED_TO, ANN_STORAGE_PROVISIONER, PROVISIONING_FINALIZER, claim_class_name,
         is_provisioner_for_volume, pv_finalizer_action, should_delete,
     };
     use serde_json::json;
@@ -243,11 +356,17 @@ mod tests {
             "status": {"phase": "Bound"},
         }))
         .unwrap();
-        let meta = &cached.metadata;
-        assert_eq!(meta.name.as_deref(), Some("data"));
-        assert_eq!(meta.namespace.as_deref(), Some("apps"));
-        assert_eq!(meta.uid.as_deref(), Some("u-1"));
-        assert_eq!(meta.resource_version.as_deref(), Some("42"));
+        let identity = &cached.metadata;
+        assert_eq!(identity.name.as_deref(), Some("data"));
+        assert_eq!(identity.namespace.as_deref(), Some("apps"));
+        assert_eq!(identity.uid.as_deref(), Some("u-1"));
+        assert_eq!(identity.resource_version.as_deref(), Some("42"));
+        assert!(identity.deletion_timestamp.is_some());
+        assert!(identity.annotations.is_none() && identity.finalizers.is_none());
+        assert!(!cached.rest.contains("huge") && !cached.rest.contains("kubectl"));
+
+        let claim = cached.to_claim().unwrap();
+        let meta = &claim.metadata;
         assert_eq!(
             meta.annotations,
             Some(BTreeMap::from([(
@@ -259,12 +378,31 @@ mod tests {
             meta.finalizers.as_deref(),
             Some(&[PROVISIONING_FINALIZER.to_owned()][..])
         );
+        assert_eq!(meta.uid.as_deref(), Some("u-1"));
         assert!(meta.deletion_timestamp.is_some());
         assert!(meta.managed_fields.is_none() && meta.labels.is_none());
-        assert_eq!(cached.class_name(), "fast");
+        assert!(claim.status.is_none());
+        assert_eq!(claim_class_name(&claim), "fast");
         assert_eq!(
-            cached.to_claim().spec.and_then(|spec| spec.volume_name),
+            claim.spec.and_then(|spec| spec.volume_name),
             Some("pv-1".to_owned())
+        );
+    }
+
+    #[test]
+    fn an_unreadable_cached_claim_is_an_error_naming_it() {
+        let cached = CachedClaim {
+            metadata: ObjectMeta {
+                name: Some("data".into()),
+                namespace: Some("apps".into()),
+                ..ObjectMeta::default()
+            },
+            rest: "{".into(),
+        };
+        let error = cached.to_claim().unwrap_err().to_string();
+        assert!(
+            error.starts_with("cached PersistentVolumeClaim apps/data is unreadable"),
+            "{error}"
         );
     }
 
@@ -289,7 +427,7 @@ mod tests {
                 .build(),
         ];
         for claim in claims {
-            assert_eq!(cached_claim(&claim).to_claim(), claim);
+            assert_eq!(cached_claim(&claim).to_claim().unwrap(), claim);
         }
     }
 
@@ -320,7 +458,7 @@ mod tests {
             PvBuilder::new().class("fast").no_claim_ref().build(),
         ];
         for pv in volumes {
-            let cached = cached_volume(&pv).to_volume();
+            let cached = cached_volume(&pv).to_volume().unwrap();
             for driver in [crate::provision::fixtures::DRIVER, "d", "other"] {
                 assert_eq!(
                     is_provisioner_for_volume(&cached, driver),

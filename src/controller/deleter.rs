@@ -14,7 +14,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::Context;
 use super::cache::CachedVolume;
@@ -56,19 +56,22 @@ pub struct VolumeReconciler;
 impl VolumeReconciler {
     /// Entry point for the controller; failures are reported and retried here.
     ///
-    /// As for claims (see `ClaimReconciler::reconcile`), a volume with nothing to do is
-    /// answered at once, without allocating the full reconcile.
+    /// As for claims (see `ClaimReconciler::reconcile`), a volume whose work is gone by the
+    /// time it runs is answered at once, without allocating the full reconcile.
     pub fn reconcile(
         cached: Arc<CachedVolume>,
         ctx: Arc<Context>,
     ) -> impl Future<Output = Result<Action, std::convert::Infallible>> + Send + 'static {
-        let pv = cached.to_volume();
-        if has_work(&pv, &ctx.config.driver_name) {
-            Either::Right(Box::pin(Self::act(pv, ctx)))
-        } else {
-            ctx.volume_backoff().forget(&pv.name_any());
-            Either::Left(future::ready(Ok(Action::await_change())))
+        match triage(&cached, &ctx) {
+            Some(pv) => Either::Right(Box::pin(Self::act(pv, ctx))),
+            None => Either::Left(future::ready(Ok(Action::await_change()))),
         }
+    }
+
+    /// Whether a reconcile of this PV would have anything to do now; see
+    /// `ClaimReconciler::has_work`.
+    pub fn has_work(cached: &CachedVolume, ctx: &Context) -> bool {
+        triage(cached, ctx).is_some()
     }
 
     async fn act(
@@ -112,15 +115,29 @@ impl VolumeReconciler {
     }
 }
 
+/// The PV if it has work now; `None` (and its failure count forgotten) if not.
+fn triage(cached: &CachedVolume, ctx: &Context) -> Option<PersistentVolume> {
+    let pv = cached
+        .to_volume()
+        .inspect_err(|error| error!(%error, "not reconciling"))
+        .ok()?;
+    if needs_reconcile(&pv, &ctx.config.driver_name) {
+        Some(pv)
+    } else {
+        ctx.volume_backoff().forget(&pv.name_any());
+        None
+    }
+}
+
 /// Whether a reconcile of this PV has anything to do: a PV of ours whose finalizer is out of
 /// line with its reclaim policy, or that is due for deletion.
-fn has_work(pv: &PersistentVolume, driver_name: &str) -> bool {
+fn needs_reconcile(pv: &PersistentVolume, driver_name: &str) -> bool {
     is_provisioner_for_volume(pv, driver_name)
         && (pv_finalizer_action(pv) != FinalizerAction::None || should_delete(pv))
 }
 
 /// Returns whether the backend volume and the PV were deleted by this call. Called only for
-/// a PV that [`has_work`].
+/// a PV that [`needs_reconcile`].
 async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, VolumeError> {
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     match pv_finalizer_action(pv) {

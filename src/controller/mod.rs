@@ -20,19 +20,19 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures::{StreamExt, future};
+use futures::{Stream, StreamExt, TryStreamExt, future};
 
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::Client;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::{Lookup, ObjectRef, Store};
+use kube::{Client, Resource};
 use tracing::{debug, warn};
 
 use crate::csi_client::CsiController;
 use crate::journal::{Journal, JournalError};
 use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
-use crate::provision::{DriverCapabilities, ProvisionerConfig};
+use crate::provision::{DriverCapabilities, ProvisionerConfig, claim_class_name};
 use backoff::{Backoff, InfeasibleSet};
 use cache::{CachedClaim, CachedVolume};
 use events::EventRecorder;
@@ -176,34 +176,55 @@ pub async fn run(
 
     let claims_ready = claims.clone();
     let volumes_ready = volumes.clone();
-    let claims_of_class = claims.clone();
-    let claim_controller = Controller::for_stream(claim_stream, claims)
-        .watches_stream(class_stream, move |class: StorageClass| {
+    let claim_controller = Controller::for_stream(
+        with_work(claim_stream, &ctx, provisioner::ClaimReconciler::has_work),
+        claims.clone(),
+    )
+    .watches_stream(class_stream, {
+        let (claims, ctx) = (claims.clone(), Arc::clone(&ctx));
+        move |class: StorageClass| {
             let name = class.metadata.name.unwrap_or_default();
-            claims_of_class
+            claims
                 .state()
                 .into_iter()
-                .filter(|claim| claim.class_name() == name)
+                .filter(|claim| {
+                    claim
+                        .to_claim()
+                        .is_ok_and(|pvc| claim_class_name(&pvc) == name)
+                        && provisioner::ClaimReconciler::has_work(claim, &ctx)
+                })
                 .map(|claim| ObjectRef::from_obj(claim.as_ref()))
                 .collect::<Vec<_>>()
-        })
-        .reconcile_all_on(resync_ticks())
-        .graceful_shutdown_on(drained())
-        .run(
-            provisioner::ClaimReconciler::reconcile,
-            never_fails,
-            Arc::clone(&ctx),
-        )
-        .for_each(log_result);
-    let volume_controller = Controller::for_stream(volume_stream, volumes)
-        .reconcile_all_on(resync_ticks())
-        .graceful_shutdown_on(drained())
-        .run(
-            deleter::VolumeReconciler::reconcile,
-            never_fails,
-            Arc::clone(&ctx),
-        )
-        .for_each(log_result);
+        }
+    })
+    .reconcile_on(resync_with_work(
+        claims.clone(),
+        &ctx,
+        provisioner::ClaimReconciler::has_work,
+    ))
+    .graceful_shutdown_on(drained())
+    .run(
+        provisioner::ClaimReconciler::reconcile,
+        never_fails,
+        Arc::clone(&ctx),
+    )
+    .for_each(log_result);
+    let volume_controller = Controller::for_stream(
+        with_work(volume_stream, &ctx, deleter::VolumeReconciler::has_work),
+        volumes.clone(),
+    )
+    .reconcile_on(resync_with_work(
+        volumes,
+        &ctx,
+        deleter::VolumeReconciler::has_work,
+    ))
+    .graceful_shutdown_on(drained())
+    .run(
+        deleter::VolumeReconciler::reconcile,
+        never_fails,
+        Arc::clone(&ctx),
+    )
+    .for_each(log_result);
     let reaper = orphans::reap_orphans(Arc::clone(&ctx), worker_threads, drained());
     tokio::join!(
         until_drained_if_never_ready(
@@ -246,10 +267,46 @@ async fn until_drained_if_never_ready(
     controller.await;
 }
 
-fn resync_ticks() -> impl futures::Stream<Item = ()> + Send + 'static {
+/// The changed objects that have work. An object without work is never queued: kube-runtime's
+/// scheduler keeps the memory of its longest queue for good, and at start-up every cached
+/// object arrives at once (10 MiB kept for 10,000 claims and 10,000 PVs).
+fn with_work<K, E>(
+    changed: impl Stream<Item = Result<K, E>> + Send + 'static,
+    ctx: &Arc<Context>,
+    has_work: fn(&K, &Context) -> bool,
+) -> impl Stream<Item = Result<K, E>> + Send + 'static
+where
+    K: Send + 'static,
+    E: Send + 'static,
+{
+    let ctx = Arc::clone(ctx);
+    changed.try_filter(move |object| future::ready(has_work(object, &ctx)))
+}
+
+/// Every resync period, the cached objects that have work (upstream re-examines every object
+/// each 15 minutes; for those without work that finds nothing, so they are not queued, see
+/// [`with_work`]).
+fn resync_with_work<K>(
+    store: Store<K>,
+    ctx: &Arc<Context>,
+    has_work: fn(&K, &Context) -> bool,
+) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Lookup<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    let ctx = Arc::clone(ctx);
     futures::stream::unfold((), |()| async {
         tokio::time::sleep(RESYNC_PERIOD).await;
         Some(((), ()))
+    })
+    .flat_map(move |()| {
+        let due: Vec<ObjectRef<K>> = store
+            .state()
+            .iter()
+            .filter(|object| has_work(object, &ctx))
+            .map(|object| ObjectRef::from_obj(object.as_ref()))
+            .collect();
+        futures::stream::iter(due)
     })
 }
 

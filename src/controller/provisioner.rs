@@ -16,7 +16,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use thiserror::Error;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::Context;
 use super::cache::CachedClaim;
@@ -91,22 +91,24 @@ impl ClaimReconciler {
     /// Entry point for the controller: never returns an error, because failures are reported
     /// (event + metric) and retried with the per-claim backoff here, in one place.
     ///
-    /// Every cached claim is reconciled at start-up and on each resync, nearly all of them to
-    /// find nothing to do, and the controller creates those reconciles all at once. So that is
-    /// decided here, without IO, and only a claim with work allocates the provisioning future
-    /// (16 KiB in a debug build: 10,000 claims would hold 160 MiB at once).
+    /// The controller only queues claims that [`Self::has_work`], but a claim's work may be
+    /// gone by the time it runs: decided again here, without IO, and only a claim with work
+    /// allocates the provisioning future (16 KiB in a debug build).
     pub fn reconcile(
         cached: Arc<CachedClaim>,
         ctx: Arc<Context>,
     ) -> impl Future<Output = Result<Action, std::convert::Infallible>> + Send + 'static {
-        let pvc = cached.to_claim();
-        match next_step(&pvc, &ctx) {
-            Some(work) => Either::Right(Box::pin(Self::act(pvc, ctx, work))),
-            None => {
-                ctx.claim_backoff().forget(&pvc.uid().unwrap_or_default());
-                Either::Left(future::ready(Ok(Action::await_change())))
-            }
+        match triage(&cached, &ctx) {
+            Some((pvc, work)) => Either::Right(Box::pin(Self::act(pvc, ctx, work))),
+            None => Either::Left(future::ready(Ok(Action::await_change()))),
         }
+    }
+
+    /// Whether a reconcile of this claim would have anything to do now. Nearly every cached
+    /// claim has none; keeping them out of the controller's queue keeps that queue, whose
+    /// memory is never given back, as small as the work.
+    pub fn has_work(cached: &CachedClaim, ctx: &Context) -> bool {
+        triage(cached, ctx).is_some()
     }
 
     async fn act(
@@ -183,6 +185,22 @@ enum Work {
     ReleaseFinalizer,
     Provision(Arc<StorageClass>),
     Refuse(DecisionError),
+}
+
+/// The claim and its work, or `None` (and its failure count forgotten) if it has none now.
+fn triage(cached: &CachedClaim, ctx: &Context) -> Option<(PersistentVolumeClaim, Work)> {
+    let pvc = cached
+        .to_claim()
+        .inspect_err(|error| error!(%error, "not reconciling"))
+        .ok()?;
+    match next_step(&pvc, ctx) {
+        Some(work) => Some((pvc, work)),
+        None => {
+            debug!(claim = %claim_key(&pvc), "nothing to do");
+            ctx.claim_backoff().forget(&pvc.uid().unwrap_or_default());
+            None
+        }
+    }
 }
 
 /// `None`: nothing to do for this claim now.

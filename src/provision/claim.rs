@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimSpec};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use thiserror::Error;
@@ -140,16 +140,8 @@ pub fn should_provision(
 /// The StorageClass a claim asks for: the legacy beta annotation wins over
 /// `spec.storageClassName`; `""` when neither is set.
 pub fn claim_class_name(pvc: &PersistentVolumeClaim) -> &str {
-    class_name_of(&pvc.metadata, pvc.spec.as_ref())
-}
-
-/// [`claim_class_name`] from a claim's parts (the cache keeps a claim in another type).
-pub fn class_name_of<'a>(
-    meta: &'a ObjectMeta,
-    spec: Option<&'a PersistentVolumeClaimSpec>,
-) -> &'a str {
-    annotation(meta, ANN_BETA_STORAGE_CLASS)
-        .or_else(|| spec.and_then(|spec| spec.storage_class_name.as_deref()))
+    annotation(&pvc.metadata, ANN_BETA_STORAGE_CLASS)
+        .or_else(|| pvc.spec.as_ref()?.storage_class_name.as_deref())
         .unwrap_or_default()
 }
 

@@ -37,8 +37,7 @@ pub use capabilities::{
     volume_capabilities,
 };
 pub use claim::{
-    Decision, DecisionError, SkipReason, claim_class_name, class_name_of, selected_node,
-    should_provision,
+    Decision, DecisionError, SkipReason, claim_class_name, selected_node, should_provision,
 };
 pub use consistency::{
     ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER, consistency_enabled,

@@ -23,9 +23,9 @@ use std::time::Duration;
 use futures::{Stream, StreamExt, TryStreamExt, future};
 
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::Client;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{Lookup, ObjectRef, Store};
-use kube::{Client, Resource};
 use tracing::{debug, warn};
 
 use crate::csi_client::CsiController;
@@ -292,7 +292,7 @@ fn resync_with_work<K>(
     has_work: fn(&K, &Context) -> bool,
 ) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
 where
-    K: Resource<DynamicType = ()> + Lookup<DynamicType = ()> + Clone + Send + Sync + 'static,
+    K: Lookup<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     let ctx = Arc::clone(ctx);
     futures::stream::unfold((), |()| async {

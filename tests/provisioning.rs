@@ -296,6 +296,15 @@ async fn provisions_binds_and_deletes_a_filesystem_volume() {
         "{}",
         sidecar.log()
     );
+    // The test cluster is a current one: the caches fill from streamed initial lists
+    // (tests/initial_list.rs covers the fallback).
+    assert!(
+        sidecar
+            .log()
+            .contains("the API server streams initial lists"),
+        "{}",
+        sidecar.log()
+    );
     sidecar.assert_running();
 }
 

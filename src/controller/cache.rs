@@ -16,19 +16,22 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
+use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeSpec, PersistentVolumeStatus,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{WatchEvent, WatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use tracing::info;
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
@@ -263,10 +266,80 @@ fn read_rest<Spec: DeserializeOwned, Status: DeserializeOwned>(
     Ok((metadata, spec, status))
 }
 
+/// How the watches read the objects already present, at start and after a `410 Gone`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InitialList {
+    /// A watch with `sendInitialEvents=true` (KEP-3157, on by default since Kubernetes 1.34):
+    /// the API server streams the objects from its watch cache one event at a time, so no
+    /// response holding all of them is ever buffered. With 10,000 claims and 10,000 PVs a
+    /// list response is 13 and 18 MiB of JSON, read whole before it is parsed: this keeps the
+    /// start-up peak at the steady size. It also costs one request per kind, not two.
+    Streamed,
+    /// `resourceVersion=0` lists, then watches: for API servers without streaming lists.
+    Listed,
+}
+
+/// Label selector of the probe: matches nothing, so the answer is only the end bookmark.
+const PROBE_SELECTOR: &str = "provisioner.csi-rs.dev/initial-list-probe";
+/// Server-side lifetime of the probe watch; an API server that ignores `sendInitialEvents`
+/// ends it after this without the bookmark.
+const PROBE_SERVER_TIMEOUT_SECS: u32 = 2;
+const PROBE_CLIENT_TIMEOUT: Duration = Duration::from_secs(3);
+/// The annotation on the bookmark that closes the initial events of a streaming list.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// Asks the API server, with one short watch of StorageClasses that matches nothing, whether
+/// it streams initial events. Any other answer than the closing bookmark (an error from a
+/// server with the `WatchList` gate off, a timeout from one that ignores the parameter) means
+/// lists.
+pub async fn probe_initial_list(client: &Client) -> InitialList {
+    let api = Api::<StorageClass>::all(client.clone());
+    let params = WatchParams::default()
+        .labels(PROBE_SELECTOR)
+        .timeout(PROBE_SERVER_TIMEOUT_SECS)
+        .initial_events();
+    let first = tokio::time::timeout(PROBE_CLIENT_TIMEOUT, async {
+        match api.watch(&params, "0").await {
+            Ok(stream) => std::pin::pin!(stream).next().await,
+            Err(error) => Some(Err(error)),
+        }
+    })
+    .await
+    .unwrap_or(None);
+    let strategy = initial_list_from(first.as_ref());
+    match (strategy, first) {
+        (InitialList::Streamed, _) => info!("the API server streams initial lists"),
+        (InitialList::Listed, Some(Err(error))) => {
+            info!(%error, "the API server does not stream initial lists; listing instead")
+        }
+        (InitialList::Listed, _) => {
+            info!("the API server does not stream initial lists; listing instead")
+        }
+    }
+    strategy
+}
+
+/// The decision of [`probe_initial_list`], from the probe's first event.
+fn initial_list_from<E>(first: Option<&Result<WatchEvent<StorageClass>, E>>) -> InitialList {
+    match first {
+        Some(Ok(WatchEvent::Bookmark(bookmark)))
+            if bookmark
+                .metadata
+                .annotations
+                .get(INITIAL_EVENTS_END)
+                .is_some_and(|value| value == "true") =>
+        {
+            InitialList::Streamed
+        }
+        _ => InitialList::Listed,
+    }
+}
+
 /// A watched, cached resource: the store to read and the stream of changed objects
 /// that drives a controller (the stream must be polled for the store to fill).
 pub fn watch<K>(
     api: Api<K>,
+    initial_list: InitialList,
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -275,22 +348,26 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = watcher(api, list_from_watch_cache())
+    let stream = watcher(api, watcher_config(initial_list))
         .default_backoff()
         .reflect(writer)
         .applied_objects();
     (reader, stream)
 }
 
-/// The initial list (and every re-list) asks for `resourceVersion=0` without a page size, as
-/// client-go's informers do: the API server answers from its watch cache in one response.
-/// kube-core drops `resourceVersion=0` from a request with a `limit` (the server ignores the
-/// limit for it), and pages of 500 from etcd cost one `--kube-api-qps` token each: 40 requests
-/// and 6.5 s at the default QPS to start with 10,000 claims and 10,000 PVs.
-fn list_from_watch_cache() -> watcher::Config {
-    watcher::Config {
+/// Both ways read from the API server's watch cache (`resourceVersion=0`), as client-go's
+/// informers do. A list asks without a page size: kube-core drops `resourceVersion=0` from a
+/// request with a `limit` (the server ignores the limit for it), and pages of 500 from etcd
+/// cost one `--kube-api-qps` token each: 40 requests and 6.5 s at the default QPS to start
+/// with 10,000 claims and 10,000 PVs.
+fn watcher_config(initial_list: InitialList) -> watcher::Config {
+    let listed = watcher::Config {
         page_size: None,
         ..watcher::Config::default().any_semantic()
+    };
+    match initial_list {
+        InitialList::Streamed => listed.streaming_lists(),
+        InitialList::Listed => listed,
     }
 }
 
@@ -303,15 +380,16 @@ pub struct Watches<C, V, S> {
 
 pub fn watch_all(
     client: &Client,
+    initial_list: InitialList,
 ) -> Watches<
     impl Stream<Item = Result<CachedClaim, watcher::Error>> + Send + 'static,
     impl Stream<Item = Result<CachedVolume, watcher::Error>> + Send + 'static,
     impl Stream<Item = Result<StorageClass, watcher::Error>> + Send + 'static,
 > {
     Watches {
-        claims: watch(Api::<CachedClaim>::all(client.clone())),
-        volumes: watch(Api::<CachedVolume>::all(client.clone())),
-        classes: watch(Api::<StorageClass>::all(client.clone())),
+        claims: watch(Api::<CachedClaim>::all(client.clone()), initial_list),
+        volumes: watch(Api::<CachedVolume>::all(client.clone()), initial_list),
+        classes: watch(Api::<StorageClass>::all(client.clone()), initial_list),
     }
 }
 
@@ -471,6 +549,38 @@ mod tests {
             assert_eq!(cached.metadata, pv.metadata);
             let class = |pv: &PersistentVolume| pv.spec.as_ref()?.storage_class_name.clone();
             assert_eq!(class(&cached), class(&pv));
+        }
+    }
+
+    fn probe_answer(json: serde_json::Value) -> Option<Result<WatchEvent<StorageClass>, ()>> {
+        Some(Ok(serde_json::from_value(json).unwrap()))
+    }
+
+    #[test]
+    fn the_closing_bookmark_means_streamed_lists() {
+        let answer = probe_answer(json!({"type": "BOOKMARK", "object": {
+            "kind": "StorageClass", "apiVersion": "storage.k8s.io/v1",
+            "metadata": {"resourceVersion": "70271",
+                         "annotations": {"k8s.io/initial-events-end": "true"}},
+            "provisioner": ""}}));
+        assert_eq!(initial_list_from(answer.as_ref()), InitialList::Streamed);
+    }
+
+    #[test]
+    fn any_other_probe_answer_means_lists() {
+        let periodic_bookmark = probe_answer(json!({"type": "BOOKMARK", "object": {
+            "kind": "StorageClass", "apiVersion": "storage.k8s.io/v1",
+            "metadata": {"resourceVersion": "70271"}, "provisioner": ""}}));
+        let object = probe_answer(json!({"type": "ADDED", "object": {
+            "kind": "StorageClass", "apiVersion": "storage.k8s.io/v1",
+            "metadata": {"name": "fast", "resourceVersion": "1"}, "provisioner": "p"}}));
+        let answers = [periodic_bookmark, object, Some(Err(())), None];
+        for answer in answers {
+            assert_eq!(
+                initial_list_from(answer.as_ref()),
+                InitialList::Listed,
+                "{answer:?}"
+            );
         }
     }
 }

@@ -127,7 +127,8 @@ pub async fn run(
     )
     .await?;
     let worker_threads = settings.worker_threads;
-    let watches = cache::watch_all(&client);
+    let initial_list = cache::probe_initial_list(&client).await;
+    let watches = cache::watch_all(&client, initial_list);
     let (claims, claim_stream) = watches.claims;
     let (volumes, volume_stream) = watches.volumes;
     let (classes, class_stream) = watches.classes;

@@ -66,6 +66,12 @@ impl ControlPlane {
     /// kube-apiserver and kube-controller-manager on free loopback ports and waits until each is
     /// ready. On error nothing is left running and the directory is removed.
     pub async fn start() -> Result<Self, Error> {
+        Self::start_with_apiserver_flags(&[]).await
+    }
+
+    /// [`ControlPlane::start`] with extra kube-apiserver flags, e.g. a feature gate turned off
+    /// to stand in for an older cluster.
+    pub async fn start_with_apiserver_flags(apiserver_flags: &[&str]) -> Result<Self, Error> {
         let started = Instant::now();
         let binaries = tokio::task::spawn_blocking(binaries::locate)
             .await
@@ -110,7 +116,7 @@ impl ControlPlane {
 
         let apiserver_port = run
             .launch(Component::ApiServer, 1, APISERVER_READY_TIMEOUT, |ports| {
-                apiserver_attempt(&layout, &pki_files, etcd_port, ports[0])
+                apiserver_attempt(&layout, &pki_files, etcd_port, ports[0], apiserver_flags)
             })
             .await?[0];
         let apiserver_url = https_url(apiserver_port);
@@ -238,13 +244,15 @@ async fn apiserver_attempt(
     pki: &PkiFiles,
     etcd_port: u16,
     port: u16,
+    extra_flags: &[&str],
 ) -> Result<(Vec<String>, Probe), Error> {
-    let args = args::apiserver(&args::ApiServer {
+    let mut args = args::apiserver(&args::ApiServer {
         etcd_port,
         port,
         cert_dir: &layout.apiserver_certs(),
         pki,
     });
+    args.extend(extra_flags.iter().map(|flag| (*flag).to_owned()));
     let path = layout.kubeconfig();
     pki::write_file(&path, &kubeconfig::render(&https_url(port), pki))?;
     let mut config = kubeconfig::config(&path).await?;

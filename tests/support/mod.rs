@@ -31,18 +31,28 @@ static CONTROL_PLANE: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
 static NAMESPACE_SEQ: AtomicUsize = AtomicUsize::new(0);
 
 /// The test binary's control plane, started on first use.
+pub fn control_plane() -> &'static ControlPlane {
+    control_plane_with_apiserver_flags(&[])
+}
+
+/// The test binary's control plane, started on first use with these extra kube-apiserver
+/// flags. A test binary that needs them calls this before anything else touches the cluster.
 ///
 /// Start-up runs on a thread with its own runtime: the handle outlives every test's runtime, and
 /// nothing in it may depend on the runtime of whichever test happened to come first.
-pub fn control_plane() -> &'static ControlPlane {
+pub fn control_plane_with_apiserver_flags(
+    apiserver_flags: &'static [&str],
+) -> &'static ControlPlane {
     let started = CONTROL_PLANE.get_or_init(|| {
-        std::thread::spawn(|| {
+        std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|e| format!("building a runtime: {e}"))?
                 .block_on(async {
-                    let cp = ControlPlane::start().await.map_err(|e| e.to_string())?;
+                    let cp = ControlPlane::start_with_apiserver_flags(apiserver_flags)
+                        .await
+                        .map_err(|e| e.to_string())?;
                     install_journal_crd(&cp).await?;
                     Ok(cp)
                 })

@@ -256,6 +256,13 @@ impl RateLimitLayer {
         }
     }
 
+    /// How long the bucket takes to earn one token (`1 / qps`); `None` without a limit.
+    pub fn token_interval(&self) -> Option<Duration> {
+        let bucket = self.bucket.as_ref()?;
+        let qps = bucket.lock().unwrap_or_else(PoisonError::into_inner).qps;
+        Some(Duration::try_from_secs_f64(1.0 / qps).map_or(MAX_WAIT, |d| d.min(MAX_WAIT)))
+    }
+
     /// See [`TokenBucket::has_spare`]; always true without a limit. Lets low-priority traffic
     /// (events) yield to the requests that make progress (PV creates), as both share one budget.
     pub fn has_spare(&self) -> bool {
@@ -438,6 +445,23 @@ mod tests {
             qps_and_burst(RateLimitLayer::from_flags(20.0, 40)),
             (20.0, 40.0)
         );
+    }
+
+    #[test]
+    fn token_interval_is_one_over_qps() {
+        assert_eq!(
+            RateLimitLayer::from_flags(0.0, 0).token_interval(),
+            Some(ms(200))
+        );
+        assert_eq!(
+            RateLimitLayer::from_flags(500.0, 1000).token_interval(),
+            Some(ms(2))
+        );
+        assert_eq!(
+            RateLimitLayer::from_flags(1e-12, 1).token_interval(),
+            Some(MAX_WAIT)
+        );
+        assert_eq!(RateLimitLayer::unlimited().token_interval(), None);
     }
 
     #[test]

@@ -130,6 +130,8 @@ impl Journal {
                 driver: driver.to_owned(),
                 labels: labels.clone(),
                 current: by_name.remove(&name),
+                spacing: writer::write_spacing(rate_limit.token_interval()),
+                last_write: None,
             };
             tokio::spawn(writer.run(queue));
             shards.push(sender);

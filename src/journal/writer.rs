@@ -5,6 +5,13 @@
 //! latency and the QPS budget, not the number of operations. Only records a caller waits for
 //! (before CreateVolume) trigger a write; removals and failure notes join the next write, or
 //! are flushed a few seconds later.
+//!
+//! Writes of one shard are also spaced by the time the bucket takes to earn a token (20 to
+//! 200 ms, see [`write_spacing`]). A lone claim after a quiet spell is written at once; when
+//! claims arrive in a burst, while the bucket still has tokens to give, each write would
+//! otherwise go out with the one or two claims seen so far and spend burst tokens the claims'
+//! PV creates need: at the default QPS, 50 claims arriving over half a second cost six writes,
+//! spaced they cost three.
 
 use std::time::Duration;
 
@@ -30,6 +37,18 @@ const RETRY_START: Duration = Duration::from_millis(100);
 const LAZY_FLUSH: Duration = Duration::from_secs(5);
 const LAZY_MAX_DEFERRAL: Duration = Duration::from_secs(30);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Bounds of the spacing between two writes of a shard. Below the lower one the write's own
+/// round trip does the grouping; above the upper one a claim would wait noticeably longer.
+const MIN_WRITE_SPACING: Duration = Duration::from_millis(20);
+const MAX_WRITE_SPACING: Duration = Duration::from_millis(200);
+
+/// The least time between the starts of two writes of one shard: one token's worth of the
+/// rate limit (`token_interval`, `None` without a limit), within the bounds above.
+pub(super) fn write_spacing(token_interval: Option<Duration>) -> Duration {
+    token_interval
+        .unwrap_or(MIN_WRITE_SPACING)
+        .clamp(MIN_WRITE_SPACING, MAX_WRITE_SPACING)
+}
 
 pub(super) struct ShardWriter {
     /// A client without a rate limiter: each request takes its token from `rate_limit`
@@ -41,6 +60,10 @@ pub(super) struct ShardWriter {
     pub labels: std::collections::BTreeMap<String, String>,
     /// The shard as last read or written; `None` if it does not exist yet.
     pub current: Option<ProvisioningJournal>,
+    /// See [`write_spacing`].
+    pub spacing: Duration,
+    /// When the last write was sent.
+    pub last_write: Option<Instant>,
 }
 
 impl ShardWriter {
@@ -107,7 +130,11 @@ impl ShardWriter {
     ) {
         let mut delay = RETRY_START;
         loop {
+            if let Some(last) = self.last_write {
+                tokio::time::sleep_until(last + self.spacing).await;
+            }
             self.rate_limit.acquire().await;
+            self.last_write = Some(Instant::now());
             while let Ok(more) = queue.try_recv() {
                 batch.push(more);
             }
@@ -168,5 +195,92 @@ impl ShardWriter {
                 ..ProvisioningJournalSpec::default()
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::client::{Body, ClientBuilder};
+    use tower_test::mock;
+
+    use super::*;
+    use crate::journal::OperationRecord;
+
+    /// Records that arrive `gap` apart, `count` of them, each waited for (as before
+    /// CreateVolume), written by a shard with `spacing` against an API server that answers
+    /// at once; returns how many writes it took.
+    async fn writes_for_a_burst(count: usize, gap: Duration, spacing: Duration) -> usize {
+        let (service, mut handle) = mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let apiserver = tokio::spawn(async move {
+            let mut writes = 0;
+            while let Some((request, send)) = handle.next_request().await {
+                writes += 1;
+                // The shard as written is the shard as stored.
+                let body = request
+                    .into_body()
+                    .collect_bytes()
+                    .await
+                    .expect("request body");
+                send.send_response(http::Response::new(Body::from(body.to_vec())));
+            }
+            writes
+        });
+        let writer = ShardWriter {
+            api: Api::namespaced(ClientBuilder::new(service, "default").build(), "default"),
+            rate_limit: RateLimitLayer::from_flags(5.0, 10),
+            name: "journal-0".to_owned(),
+            driver: "d".to_owned(),
+            labels: std::collections::BTreeMap::new(),
+            current: None,
+            spacing,
+            last_write: None,
+        };
+        let (queue, receiver) = mpsc::unbounded_channel();
+        let shard = tokio::spawn(writer.run(receiver));
+        let mut durable = Vec::new();
+        for index in 0..count {
+            let (sender, stored) = oneshot::channel();
+            let record = OperationRecord {
+                volume_name: format!("pvc-{index}"),
+                ..OperationRecord::default()
+            };
+            let queued = Queued {
+                change: Change::Upsert(record),
+                durable: Some(sender),
+            };
+            queue.send(queued).expect("shard writer running");
+            durable.push(stored);
+            tokio::time::sleep(gap).await;
+        }
+        for stored in durable {
+            stored.await.expect("record stored");
+        }
+        drop(queue);
+        shard.await.expect("shard writer");
+        apiserver.await.expect("API server")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_records_shares_spaced_writes() {
+        let ms = Duration::from_millis;
+        // 11 claims over 100 ms at the default QPS: the first alone, then the other ten.
+        assert_eq!(writes_for_a_burst(11, ms(10), ms(200)).await, 2);
+        // The same burst at the lower bound (QPS 50 and above): one write per 20 ms.
+        assert_eq!(writes_for_a_burst(11, ms(10), ms(20)).await, 6);
+    }
+
+    #[test]
+    fn writes_are_spaced_by_one_token_within_bounds() {
+        let ms = Duration::from_millis;
+        // --kube-api-qps 5 (the default), 50, 500, and no limit at all.
+        assert_eq!(write_spacing(Some(ms(200))), ms(200));
+        assert_eq!(write_spacing(Some(ms(20))), ms(20));
+        assert_eq!(write_spacing(Some(ms(2))), MIN_WRITE_SPACING);
+        assert_eq!(write_spacing(None), MIN_WRITE_SPACING);
+        // --kube-api-qps 0.1: a token every 10 s, but a claim must not wait that long.
+        assert_eq!(
+            write_spacing(Some(Duration::from_secs(10))),
+            MAX_WRITE_SPACING
+        );
     }
 }

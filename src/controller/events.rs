@@ -3,7 +3,7 @@
 //!
 //! Events are written by a background task, never by the reconcile that reports them, and they
 //! yield to the requests that make progress: under the client-side rate limit
-//! (`--kube-api-qps`), an event is sent only when a token is spare, or once it has waited
+//! (`--kube-api-qps`), an event is sent only when the token bucket is full, or once it has waited
 //! `MAX_DEFERRAL`. Both sidecars spend the same budget on the same events; ours spends it on
 //! PVs first, so claims are bound sooner and the events follow. Each event keeps the time it
 //! happened. Repeats of the same event within ten minutes bump `count` instead of creating

@@ -188,11 +188,13 @@ pub async fn run(
             claims
                 .state()
                 .into_iter()
+                // Nearly every claim has no work: deciding that first parses each cached
+                // claim once, and only the few with work a second time for their class.
                 .filter(|claim| {
-                    claim
-                        .to_claim()
-                        .is_ok_and(|pvc| claim_class_name(&pvc) == name)
-                        && provisioner::ClaimReconciler::has_work(claim, &ctx)
+                    provisioner::ClaimReconciler::has_work(claim, &ctx)
+                        && claim
+                            .to_claim()
+                            .is_ok_and(|pvc| claim_class_name(&pvc) == name)
                 })
                 .map(|claim| ObjectRef::from_obj(claim.as_ref()))
                 .collect::<Vec<_>>()

@@ -4,7 +4,7 @@
 //! Events are written by a background task, never by the reconcile that reports them, and they
 //! yield to the requests that make progress: under the client-side rate limit
 //! (`--kube-api-qps`), an event is sent only when the token bucket is full, or once it has waited
-//! `MAX_DEFERRAL`. Both sidecars spend the same budget on the same events; ours spends it on
+//! `MAX_YIELD` (5 minutes). Both sidecars spend the same budget on the same events; ours spends it on
 //! PVs first, so claims are bound sooner and the events follow. Each event keeps the time it
 //! happened. Repeats of the same event within ten minutes bump `count` instead of creating
 //! new objects, as client-go's aggregation does.
@@ -20,14 +20,12 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::kube_client::RateLimitLayer;
+use crate::kube_client::{MAX_YIELD, RateLimitLayer};
 
 /// Events older than this are not aggregated into (client-go uses the same window).
 const AGGREGATION_WINDOW: Duration = Duration::from_secs(600);
 /// Upper bound on remembered events; the oldest are forgotten first.
 const MAX_REMEMBERED: usize = 4096;
-/// Longest an event waits for spare capacity before it takes its turn like any request.
-const MAX_DEFERRAL: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventType {
@@ -124,7 +122,7 @@ impl Writer {
     async fn run(mut self, mut pending: mpsc::UnboundedReceiver<Pending>) {
         while let Some(event) = pending.recv().await {
             self.limit
-                .spare_or(tokio::time::Instant::from_std(event.queued) + MAX_DEFERRAL)
+                .spare_or(tokio::time::Instant::from_std(event.queued) + MAX_YIELD)
                 .await;
             self.write(event).await;
         }

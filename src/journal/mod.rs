@@ -31,7 +31,7 @@ pub use record::{
     Change, OperationRecord, Phase, ProvisioningJournal, ProvisioningJournalSpec, RECORD_FORMAT,
     RecordError, SecretReference, Summary, apply,
 };
-use writer::{Queued, ShardWriter};
+use writer::{Queued, ShardWriter, WriteSlots};
 
 /// Shards per driver, filled one after the other (see `placement`): the first holds up to
 /// [`SHARD_CAPACITY`] operations, the others take the overflow.
@@ -118,6 +118,7 @@ impl Journal {
         }
         let labels: BTreeMap<String, String> =
             [(DRIVER_LABEL.to_owned(), base_name.to_owned())].into();
+        let slots = WriteSlots::new(writer::write_spacing(rate_limit.token_interval()));
         let mut shards = Vec::with_capacity(SHARDS);
         let mut shard_names = Vec::with_capacity(SHARDS);
         for index in 0..SHARDS {
@@ -130,8 +131,7 @@ impl Journal {
                 driver: driver.to_owned(),
                 labels: labels.clone(),
                 current: by_name.remove(&name),
-                spacing: writer::write_spacing(rate_limit.token_interval()),
-                last_write: None,
+                slots: slots.clone(),
             };
             tokio::spawn(writer.run(queue));
             shards.push(sender);

@@ -1,7 +1,11 @@
-//! Which shard holds each operation. A new operation goes to the first shard with room, so
-//! that while few operations are in flight they all share one shard, and so its writes (group
-//! commit): spreading them over every shard would cost one write per shard. The other shards
-//! take the overflow, which keeps each object small.
+//! Which shard holds each operation. A new operation goes to the shard being filled while it
+//! has room, so that while few operations are in flight they all share one shard, and so its
+//! writes (group commit): spreading them over every shard would cost one write per shard. The
+//! other shards take the overflow, which keeps each object small. A full shard hands over to
+//! the next one with room, and stays behind it even when its own operations complete: going
+//! back to it for every few operations it frees would cost its own write each time, while the
+//! shard being filled is written anyway (a burst of 1,000 claims at the default QPS cost 5
+//! such extra writes of 3 or 4 operations each).
 
 use std::collections::HashMap;
 
@@ -13,6 +17,8 @@ pub const SHARD_CAPACITY: usize = 128;
 pub struct Placement {
     shard_of: HashMap<String, usize>,
     counts: Vec<usize>,
+    /// The shard new operations go to while it has room.
+    filling: usize,
 }
 
 impl Placement {
@@ -20,20 +26,28 @@ impl Placement {
         Self {
             shard_of: HashMap::new(),
             counts: vec![0; shards.max(1)],
+            filling: 0,
         }
     }
 
-    /// Where the operation of `volume_name` is, placing it if it is new: the first shard
-    /// below [`SHARD_CAPACITY`], else the least loaded.
+    /// Where the operation of `volume_name` is, placing it if it is new: the shard being
+    /// filled while it is below [`SHARD_CAPACITY`], else the next one below it (which is
+    /// filled from then on), else the least loaded.
     pub fn place(&mut self, volume_name: &str) -> usize {
         if let Some(&shard) = self.shard_of.get(volume_name) {
             return shard;
         }
-        let shard = self
-            .counts
-            .iter()
-            .position(|&count| count < SHARD_CAPACITY)
-            .unwrap_or_else(|| self.least_loaded());
+        let shards = self.counts.len();
+        let with_room = (0..shards)
+            .map(|step| (self.filling + step) % shards)
+            .find(|&shard| self.counts[shard] < SHARD_CAPACITY);
+        let shard = match with_room {
+            Some(shard) => {
+                self.filling = shard;
+                shard
+            }
+            None => self.least_loaded(),
+        };
         self.put(volume_name, shard);
         shard
     }
@@ -98,8 +112,38 @@ mod tests {
         assert_eq!(placement.place("pvc-late"), 1, "placed once");
         assert_eq!(placement.release("pvc-0"), Some(0));
         assert_eq!(placement.locate("pvc-late"), Some(1), "not moved");
-        assert_eq!(placement.place("pvc-next"), 0, "the room freed in shard 0");
         assert_eq!(placement.release("pvc-0"), None, "released once");
+    }
+
+    #[test]
+    fn a_full_shard_is_not_reused_before_the_one_being_filled_is_full() {
+        let mut placement = Placement::new(3);
+        for name in names(SHARD_CAPACITY) {
+            placement.place(&name);
+        }
+        assert_eq!(placement.place("pvc-late"), 1);
+        placement.release("pvc-0");
+        assert_eq!(
+            placement.place("pvc-next"),
+            1,
+            "shard 1 is being filled; the room freed in shard 0 waits"
+        );
+        for i in 0..SHARD_CAPACITY - 2 {
+            assert_eq!(placement.place(&format!("pvc-fill-{i}")), 1);
+        }
+        assert_eq!(
+            placement.place("pvc-wrap"),
+            2,
+            "shard 1 is full: the next one with room"
+        );
+        for i in 0..SHARD_CAPACITY - 1 {
+            placement.place(&format!("pvc-third-{i}"));
+        }
+        assert_eq!(
+            placement.place("pvc-around"),
+            0,
+            "after the last shard, the search goes round to the room in shard 0"
+        );
     }
 
     #[test]

@@ -4,15 +4,18 @@
 //! write is in flight, share one request, so the number of writes follows the API server's
 //! latency and the QPS budget, not the number of operations. Only records a caller waits for
 //! (before CreateVolume) trigger a write; removals and failure notes join the next write, or
-//! are flushed a few seconds later.
+//! are flushed once the rate limit has capacity to spare.
 //!
-//! Writes of one shard are also spaced by the time the bucket takes to earn a token (20 to
-//! 200 ms, see [`write_spacing`]). A lone claim after a quiet spell is written at once; when
-//! claims arrive in a burst, while the bucket still has tokens to give, each write would
-//! otherwise go out with the one or two claims seen so far and spend burst tokens the claims'
-//! PV creates need: at the default QPS, 50 claims arriving over half a second cost six writes,
-//! spaced they cost three.
+//! Writes of the journal, whatever their shard, are also spaced by the time the bucket takes to
+//! earn a token (20 to 200 ms, see [`write_spacing`] and [`WriteSlots`]). A lone claim after a
+//! quiet spell is written at once; when claims arrive in a burst, while the bucket still has
+//! tokens to give, each write would otherwise go out with the one or two claims seen so far
+//! and spend burst tokens the claims' PV creates need: at the default QPS, 50 claims arriving
+//! over half a second cost six writes, spaced they cost three. The spacing is shared because a
+//! burst larger than a shard fills the shards one after the other, and each would otherwise
+//! write its first record alone as soon as it got one.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -21,7 +24,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::record::{Change, ProvisioningJournal, ProvisioningJournalSpec, apply};
-use crate::kube_client::RateLimitLayer;
+use crate::kube_client::{MAX_YIELD, RateLimitLayer};
 
 /// A change and, for writes the caller must wait for, where to say it is durable.
 pub(super) struct Queued {
@@ -30,12 +33,11 @@ pub(super) struct Queued {
 }
 
 const RETRY_START: Duration = Duration::from_millis(100);
-/// How long a change nobody waits for stays unwritten, then how much longer it may wait for
-/// spare capacity under the rate limit (it yields to PV creates, as events do). A removal
+/// How long a change nobody waits for stays unwritten; then it waits for spare capacity under
+/// the rate limit, at most [`MAX_YIELD`] (it yields to PV creates, as events do). A removal
 /// not yet written is harmless: recovery finds the PV (or the final answer) and drops the
-/// record again.
+/// record again. Changes of the shard being filled ride along with its records sooner.
 const LAZY_FLUSH: Duration = Duration::from_secs(5);
-const LAZY_MAX_DEFERRAL: Duration = Duration::from_secs(30);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 /// Bounds of the spacing between two writes of a shard. Below the lower one the write's own
 /// round trip does the grouping; above the upper one a claim would wait noticeably longer.
@@ -50,6 +52,36 @@ pub(super) fn write_spacing(token_interval: Option<Duration>) -> Duration {
         .clamp(MIN_WRITE_SPACING, MAX_WRITE_SPACING)
 }
 
+/// The journal-wide schedule of writes: two writes, of any shards, start at least `spacing`
+/// apart. Each write reserves the next free start before it waits for its token.
+#[derive(Clone)]
+pub(super) struct WriteSlots {
+    spacing: Duration,
+    last: Arc<Mutex<Option<Instant>>>,
+}
+
+impl WriteSlots {
+    pub fn new(spacing: Duration) -> Self {
+        Self {
+            spacing,
+            last: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// Reserves the next start and waits until it is due.
+    async fn next(&self) {
+        let slot = {
+            // A plain timestamp: consistent even if a holder panicked.
+            let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+            let now = Instant::now();
+            let slot = last.map_or(now, |last| (last + self.spacing).max(now));
+            *last = Some(slot);
+            slot
+        };
+        tokio::time::sleep_until(slot).await;
+    }
+}
+
 pub(super) struct ShardWriter {
     /// A client without a rate limiter: each request takes its token from `rate_limit`
     /// before the batch is gathered.
@@ -60,10 +92,8 @@ pub(super) struct ShardWriter {
     pub labels: std::collections::BTreeMap<String, String>,
     /// The shard as last read or written; `None` if it does not exist yet.
     pub current: Option<ProvisioningJournal>,
-    /// See [`write_spacing`].
-    pub spacing: Duration,
-    /// When the last write was sent.
-    pub last_write: Option<Instant>,
+    /// Shared by every shard of the journal.
+    pub slots: WriteSlots,
 }
 
 impl ShardWriter {
@@ -102,7 +132,7 @@ impl ShardWriter {
 
     async fn lazy_flush_due(&self, deadline: Instant) {
         tokio::time::sleep_until(deadline).await;
-        self.rate_limit.spare_or(deadline + LAZY_MAX_DEFERRAL).await;
+        self.rate_limit.spare_or(deadline + MAX_YIELD).await;
     }
 
     async fn commit_all(
@@ -130,11 +160,8 @@ impl ShardWriter {
     ) {
         let mut delay = RETRY_START;
         loop {
-            if let Some(last) = self.last_write {
-                tokio::time::sleep_until(last + self.spacing).await;
-            }
+            self.slots.next().await;
             self.rate_limit.acquire().await;
-            self.last_write = Some(Instant::now());
             while let Ok(more) = queue.try_recv() {
                 batch.push(more);
             }
@@ -206,10 +233,10 @@ mod tests {
     use super::*;
     use crate::journal::OperationRecord;
 
-    /// Records that arrive `gap` apart, `count` of them, each waited for (as before
-    /// CreateVolume), written by a shard with `spacing` against an API server that answers
-    /// at once; returns how many writes it took.
-    async fn writes_for_a_burst(count: usize, gap: Duration, spacing: Duration) -> usize {
+    /// One record per entry of `shards`, on that shard, arriving `gap` apart, each waited for
+    /// (as before CreateVolume), written by shard writers sharing `spacing` and one rate limit
+    /// against an API server that answers at once; returns how many writes it took.
+    async fn writes_for(shards: &[usize], gap: Duration, spacing: Duration) -> usize {
         let (service, mut handle) = mock::pair::<http::Request<Body>, http::Response<Body>>();
         let apiserver = tokio::spawn(async move {
             let mut writes = 0;
@@ -225,20 +252,29 @@ mod tests {
             }
             writes
         });
-        let writer = ShardWriter {
-            api: Api::namespaced(ClientBuilder::new(service, "default").build(), "default"),
-            rate_limit: RateLimitLayer::from_flags(5.0, 10),
-            name: "journal-0".to_owned(),
-            driver: "d".to_owned(),
-            labels: std::collections::BTreeMap::new(),
-            current: None,
-            spacing,
-            last_write: None,
-        };
-        let (queue, receiver) = mpsc::unbounded_channel();
-        let shard = tokio::spawn(writer.run(receiver));
+        let api = Api::namespaced(ClientBuilder::new(service, "default").build(), "default");
+        let rate_limit = RateLimitLayer::from_flags(5.0, 10);
+        let slots = WriteSlots::new(spacing);
+        let shard_count = shards.iter().max().map_or(1, |highest| highest + 1);
+        let mut queues = Vec::new();
+        let mut writers = Vec::new();
+        for index in 0..shard_count {
+            let writer = ShardWriter {
+                api: api.clone(),
+                rate_limit: rate_limit.clone(),
+                name: format!("journal-{index}"),
+                driver: "d".to_owned(),
+                labels: std::collections::BTreeMap::new(),
+                current: None,
+                slots: slots.clone(),
+            };
+            let (queue, receiver) = mpsc::unbounded_channel();
+            writers.push(tokio::spawn(writer.run(receiver)));
+            queues.push(queue);
+        }
+        drop(api);
         let mut durable = Vec::new();
-        for index in 0..count {
+        for (index, &shard) in shards.iter().enumerate() {
             let (sender, stored) = oneshot::channel();
             let record = OperationRecord {
                 volume_name: format!("pvc-{index}"),
@@ -248,15 +284,17 @@ mod tests {
                 change: Change::Upsert(record),
                 durable: Some(sender),
             };
-            queue.send(queued).expect("shard writer running");
+            queues[shard].send(queued).expect("shard writer running");
             durable.push(stored);
             tokio::time::sleep(gap).await;
         }
         for stored in durable {
             stored.await.expect("record stored");
         }
-        drop(queue);
-        shard.await.expect("shard writer");
+        drop(queues);
+        for writer in writers {
+            writer.await.expect("shard writer");
+        }
         apiserver.await.expect("API server")
     }
 
@@ -264,9 +302,20 @@ mod tests {
     async fn a_burst_of_records_shares_spaced_writes() {
         let ms = Duration::from_millis;
         // 11 claims over 100 ms at the default QPS: the first alone, then the other ten.
-        assert_eq!(writes_for_a_burst(11, ms(10), ms(200)).await, 2);
+        assert_eq!(writes_for(&[0; 11], ms(10), ms(200)).await, 2);
         // The same burst at the lower bound (QPS 50 and above): one write per 20 ms.
-        assert_eq!(writes_for_a_burst(11, ms(10), ms(20)).await, 6);
+        assert_eq!(writes_for(&[0; 11], ms(10), ms(20)).await, 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_that_starts_filling_waits_for_the_last_write_of_another() {
+        let ms = Duration::from_millis;
+        // One record on shard 0, then ten on shard 1 over 100 ms, as when shard 0 fills up.
+        // Shard 1 has never written, yet its first write waits for the spacing of shard 0's
+        // and takes all ten: two writes, not three.
+        let mut shards = vec![0];
+        shards.extend([1; 10]);
+        assert_eq!(writes_for(&shards, ms(10), ms(200)).await, 2);
     }
 
     #[test]

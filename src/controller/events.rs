@@ -3,10 +3,10 @@
 //!
 //! Events are written by a background task, never by the reconcile that reports them, and they
 //! yield to the requests that make progress: under the client-side rate limit
-//! (`--kube-api-qps`), an event is sent only when the token bucket is full, or once it has waited
-//! `MAX_YIELD` (5 minutes). Both sidecars spend the same budget on the same events; ours spends it on
-//! PVs first, so claims are bound sooner and the events follow. Each event keeps the time it
-//! happened. Repeats of the same event within ten minutes bump `count` instead of creating
+//! (`--kube-api-qps`), an event is sent only when the token bucket is full, or once it has
+//! waited `MAX_YIELD` (5 minutes). Both sidecars spend the same budget on the same events; ours
+//! spends it on PVs first, so claims are bound sooner and the events follow. Each event keeps
+//! the time it happened. Repeats of the same event within ten minutes bump `count` instead of creating
 //! new objects, as client-go's aggregation does.
 
 use std::collections::HashMap;

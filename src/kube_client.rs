@@ -23,13 +23,13 @@ const DEFAULT_QPS: f64 = 5.0;
 const DEFAULT_BURST: u32 = 10;
 /// Upper bound of a single throttling wait, so an absurdly small QPS cannot overflow timers.
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
-/// How often [`RateLimitLayer::spare_or`] looks at the bucket.
+/// How often [`RateLimitLayer::yield_since`] looks at the bucket.
 const SPARE_POLL: Duration = Duration::from_millis(20);
 /// Longest low-priority traffic (events, the journal's removals) yields to the requests that
 /// make progress before it takes its turn like any request. It outlasts a long backlog: 1,000
 /// claims take 200 s at the default QPS, and with a 30 s bound the events and journal
 /// removals of the first claims took turns among the PV creates for most of it.
-pub const MAX_YIELD: Duration = Duration::from_secs(300);
+const MAX_YIELD: Duration = Duration::from_secs(300);
 
 #[derive(Debug, thiserror::Error)]
 pub enum KubeClientError {
@@ -256,9 +256,11 @@ impl RateLimitLayer {
         }
     }
 
-    /// Waits until [`Self::has_spare`], or until `deadline`: low-priority traffic (events,
-    /// the journal's lazy flushes) yields this way to the requests that make progress.
-    pub async fn spare_or(&self, deadline: Instant) {
+    /// Waits until [`Self::has_spare`], or until [`MAX_YIELD`] after `since`: low-priority
+    /// traffic (events, the journal's lazy flushes) yields this way to the requests that make
+    /// progress.
+    pub async fn yield_since(&self, since: Instant) {
+        let deadline = since + MAX_YIELD;
         while !self.has_spare() && Instant::now() < deadline {
             tokio::time::sleep(SPARE_POLL).await;
         }

@@ -4,10 +4,10 @@
 //! Events are written by a background task, never by the reconcile that reports them, and they
 //! yield to the requests that make progress: under the client-side rate limit
 //! (`--kube-api-qps`), an event is sent only when the token bucket is full, or once it has
-//! waited `MAX_YIELD` (5 minutes). Both sidecars spend the same budget on the same events; ours
-//! spends it on PVs first, so claims are bound sooner and the events follow. Each event keeps
-//! the time it happened. Repeats of the same event within ten minutes bump `count` instead of creating
-//! new objects, as client-go's aggregation does.
+//! waited 5 minutes (`kube_client::MAX_YIELD`). Both sidecars spend the same budget on the
+//! same events; ours spends it on PVs first, so claims are bound sooner and the events
+//! follow. Each event keeps the time it happened. Repeats of the same event within ten
+//! minutes bump `count` instead of creating new objects, as client-go's aggregation does.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -20,7 +20,7 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use crate::kube_client::{MAX_YIELD, RateLimitLayer};
+use crate::kube_client::RateLimitLayer;
 
 /// Events older than this are not aggregated into (client-go uses the same window).
 const AGGREGATION_WINDOW: Duration = Duration::from_secs(600);
@@ -122,7 +122,7 @@ impl Writer {
     async fn run(mut self, mut pending: mpsc::UnboundedReceiver<Pending>) {
         while let Some(event) = pending.recv().await {
             self.limit
-                .spare_or(tokio::time::Instant::from_std(event.queued) + MAX_YIELD)
+                .yield_since(tokio::time::Instant::from_std(event.queued))
                 .await;
             self.write(event).await;
         }

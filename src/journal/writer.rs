@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::record::{Change, ProvisioningJournal, ProvisioningJournalSpec, apply};
-use crate::kube_client::{MAX_YIELD, RateLimitLayer};
+use crate::kube_client::RateLimitLayer;
 
 /// A change and, for writes the caller must wait for, where to say it is durable.
 pub(super) struct Queued {
@@ -34,9 +34,9 @@ pub(super) struct Queued {
 
 const RETRY_START: Duration = Duration::from_millis(100);
 /// How long a change nobody waits for stays unwritten; then it waits for spare capacity under
-/// the rate limit, at most [`MAX_YIELD`] (it yields to PV creates, as events do). A removal
-/// not yet written is harmless: recovery finds the PV (or the final answer) and drops the
-/// record again. Changes of the shard being filled ride along with its records sooner.
+/// the rate limit, at most 5 minutes (`kube_client::MAX_YIELD`; it yields to PV creates, as
+/// events do). A removal not yet written is harmless: recovery finds the PV (or the final
+/// answer) and drops the record again. Changes of the shard being filled ride along with its records sooner.
 const LAZY_FLUSH: Duration = Duration::from_secs(5);
 const RETRY_MAX: Duration = Duration::from_secs(5);
 /// Bounds of the spacing between two writes of a shard. Below the lower one the write's own
@@ -132,7 +132,7 @@ impl ShardWriter {
 
     async fn lazy_flush_due(&self, deadline: Instant) {
         tokio::time::sleep_until(deadline).await;
-        self.rate_limit.spare_or(deadline + MAX_YIELD).await;
+        self.rate_limit.yield_since(deadline).await;
     }
 
     async fn commit_all(

@@ -6,24 +6,24 @@
 //! run two reconciles of the same object at once; the driver calls are bounded by
 //! [`limits::CallLimits`].
 
+mod actions;
 pub mod backoff;
 pub mod cache;
-pub mod deleter;
+mod claims;
+mod context;
 pub mod events;
 mod finalizers;
-pub mod inflight;
 pub mod limits;
-pub mod orphans;
-pub mod provisioner;
+mod orphans;
+mod volumes;
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt, TryStreamExt, future};
 
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::Client;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{Lookup, ObjectRef, Store};
 use tracing::{debug, warn};
@@ -32,75 +32,15 @@ use crate::csi_client::CsiController;
 use crate::journal::{Journal, JournalError};
 use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
-use crate::provision::{DriverCapabilities, ProvisionerConfig, claim_class_name};
-use backoff::{Backoff, InfeasibleSet};
-use cache::{CachedClaim, CachedVolume};
+use crate::provision::claim_class_name;
+use claims::ClaimReconciler;
+pub use context::Settings;
+use context::{Context, Stores};
 use events::EventRecorder;
-use limits::CallLimits;
+use volumes::VolumeReconciler;
 
 /// Periodic re-examination of every claim and volume, as upstream's 15-minute resync.
 const RESYNC_PERIOD: Duration = Duration::from_secs(15 * 60);
-
-/// What the reconcilers share.
-pub struct Context {
-    pub client: Client,
-    pub driver: Arc<dyn CsiController>,
-    pub caps: DriverCapabilities,
-    pub config: ProvisionerConfig,
-    pub claims: Store<CachedClaim>,
-    pub volumes: Store<CachedVolume>,
-    pub classes: Store<StorageClass>,
-    pub events: EventRecorder,
-    pub metrics: Arc<Metrics>,
-    pub limits: CallLimits,
-    pub journal: Journal,
-    /// `--provisioning-consistency-default enable`.
-    pub consistency_by_default: bool,
-    pub retry_interval_start: Duration,
-    pub retry_interval_max: Duration,
-    claim_backoff: Mutex<Backoff<String>>,
-    volume_backoff: Mutex<Backoff<String>>,
-    infeasible: Mutex<InfeasibleSet>,
-}
-
-/// Settings of [`run`] that come from flags.
-pub struct Settings {
-    pub config: ProvisionerConfig,
-    pub caps: DriverCapabilities,
-    pub retry_interval_start: Duration,
-    pub retry_interval_max: Duration,
-    pub worker_threads: usize,
-    pub max_concurrent_per_class: usize,
-    /// Source component of events: `<driver>_<hostname>_<uuid>` as upstream's library writes.
-    pub event_component: String,
-    pub hostname: String,
-    pub consistency_by_default: bool,
-    /// Where the journal shards live (the sidecar's namespace) and their name prefix.
-    pub journal_namespace: String,
-    pub journal_base_name: String,
-    /// How long a journal write may take before CreateVolume is given up for this attempt.
-    pub journal_timeout: Duration,
-}
-
-impl Context {
-    fn claim_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
-        lock(&self.claim_backoff)
-    }
-
-    fn volume_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
-        lock(&self.volume_backoff)
-    }
-
-    fn infeasible(&self) -> MutexGuard<'_, InfeasibleSet> {
-        lock(&self.infeasible)
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 /// Loads the journal, then runs the provisioning and deletion controllers and the orphan
 /// reaper until `drain` resolves; lets the reconciles in flight finish (their driver calls
@@ -132,36 +72,20 @@ pub async fn run(
     let (claims, claim_stream) = watches.claims;
     let (volumes, volume_stream) = watches.volumes;
     let (classes, class_stream) = watches.classes;
-    let ctx = Arc::new(Context {
-        events: EventRecorder::new(
-            client.clone(),
-            settings.event_component,
-            settings.hostname,
-            rate_limit,
-        ),
-        client,
-        driver,
-        caps: settings.caps,
-        config: settings.config,
+    let events = EventRecorder::new(
+        client.clone(),
+        settings.event_component.clone(),
+        settings.hostname.clone(),
+        rate_limit,
+    );
+    let stores = Stores {
         claims: claims.clone(),
         volumes: volumes.clone(),
         classes,
-        metrics,
-        limits: CallLimits::new(settings.worker_threads, settings.max_concurrent_per_class),
-        journal,
-        consistency_by_default: settings.consistency_by_default,
-        retry_interval_start: settings.retry_interval_start,
-        retry_interval_max: settings.retry_interval_max,
-        claim_backoff: Mutex::new(Backoff::new(
-            settings.retry_interval_start,
-            settings.retry_interval_max,
-        )),
-        volume_backoff: Mutex::new(Backoff::new(
-            settings.retry_interval_start,
-            settings.retry_interval_max,
-        )),
-        infeasible: Mutex::new(InfeasibleSet::new(settings.retry_interval_max)),
-    });
+    };
+    let ctx = Arc::new(Context::new(
+        client, driver, stores, events, metrics, journal, &settings,
+    ));
 
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -178,7 +102,7 @@ pub async fn run(
     let claims_ready = claims.clone();
     let volumes_ready = volumes.clone();
     let claim_controller = Controller::for_stream(
-        with_work(claim_stream, &ctx, provisioner::ClaimReconciler::has_work),
+        with_work(claim_stream, &ctx, ClaimReconciler::has_work),
         claims.clone(),
     )
     .watches_stream(class_stream, {
@@ -191,7 +115,7 @@ pub async fn run(
                 // Nearly every claim has no work: deciding that first parses each cached
                 // claim once, and only the few with work a second time for their class.
                 .filter(|claim| {
-                    provisioner::ClaimReconciler::has_work(claim, &ctx)
+                    ClaimReconciler::has_work(claim, &ctx)
                         && claim
                             .to_claim()
                             .is_ok_and(|pvc| claim_class_name(&pvc) == name)
@@ -203,30 +127,18 @@ pub async fn run(
     .reconcile_on(resync_with_work(
         claims.clone(),
         &ctx,
-        provisioner::ClaimReconciler::has_work,
+        ClaimReconciler::has_work,
     ))
     .graceful_shutdown_on(drained())
-    .run(
-        provisioner::ClaimReconciler::reconcile,
-        never_fails,
-        Arc::clone(&ctx),
-    )
+    .run(ClaimReconciler::reconcile, never_fails, Arc::clone(&ctx))
     .for_each(log_result);
     let volume_controller = Controller::for_stream(
-        with_work(volume_stream, &ctx, deleter::VolumeReconciler::has_work),
+        with_work(volume_stream, &ctx, VolumeReconciler::has_work),
         volumes.clone(),
     )
-    .reconcile_on(resync_with_work(
-        volumes,
-        &ctx,
-        deleter::VolumeReconciler::has_work,
-    ))
+    .reconcile_on(resync_with_work(volumes, &ctx, VolumeReconciler::has_work))
     .graceful_shutdown_on(drained())
-    .run(
-        deleter::VolumeReconciler::reconcile,
-        never_fails,
-        Arc::clone(&ctx),
-    )
+    .run(VolumeReconciler::reconcile, never_fails, Arc::clone(&ctx))
     .for_each(log_result);
     let reaper = orphans::reap_orphans(Arc::clone(&ctx), worker_threads, drained());
     tokio::join!(

@@ -14,19 +14,36 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
+use thiserror::Error;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::Context;
-use super::backoff::Backoff;
-use super::events::EventType;
-use super::inflight::InFlight;
-use super::provisioner::{
-    ClaimError, delete_backend_volume, read_provisioner_secret, set_claim_finalizer,
+use super::actions::{
+    ClaimFinalizerError, SecretReadError, create_volume, delete_volume, read_secret,
+    set_claim_finalizer,
 };
-use crate::csi_client::ErrorClass;
-use crate::journal::Phase;
+use super::backoff::Backoff;
+use super::context::Context;
+use super::events::EventType;
+use crate::csi_client::{CallError, ErrorClass};
+use crate::journal::{Operation, Phase};
 use crate::provision::has_provisioning_finalizer;
+
+/// Why reaping one operation did not finish; it is retried with a backoff, and the text is
+/// stored in its journal record.
+#[derive(Debug, Error)]
+enum ReapError {
+    #[error("failed to read claim {claim}: {source}")]
+    ClaimRead { claim: String, source: kube::Error },
+    #[error("failed to read PersistentVolume {name}: {source}")]
+    VolumeRead { name: String, source: kube::Error },
+    #[error(transparent)]
+    Secret(#[from] SecretReadError),
+    #[error("{0}")]
+    Driver(CallError),
+    #[error(transparent)]
+    ClaimFinalizer(#[from] ClaimFinalizerError),
+}
 
 const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
 
@@ -36,7 +53,11 @@ const SCAN_INTERVAL: Duration = Duration::from_secs(2);
 /// Runs until `stop` resolves, reaping up to `concurrency` operations at once. Once `stop`
 /// resolves no new reap starts; those already running finish (cancelling one would be safe,
 /// as every step is idempotent, but finishing it saves the next start a replay).
-pub async fn reap_orphans(ctx: Arc<Context>, concurrency: usize, stop: impl Future<Output = ()>) {
+pub(super) async fn reap_orphans(
+    ctx: Arc<Context>,
+    concurrency: usize,
+    stop: impl Future<Output = ()>,
+) {
     let stop = stop.shared();
     let mut retries: Backoff<String> =
         Backoff::new(ctx.retry_interval_start, ctx.retry_interval_max);
@@ -47,7 +68,7 @@ pub async fn reap_orphans(ctx: Arc<Context>, concurrency: usize, stop: impl Futu
             () = tokio::time::sleep(SCAN_INTERVAL) => {}
         }
         let now = Instant::now();
-        let due: Vec<InFlight> = ctx
+        let due: Vec<Operation> = ctx
             .journal
             .registry()
             .idle()
@@ -103,7 +124,7 @@ enum ClaimState {
     Gone(Option<Box<PersistentVolumeClaim>>),
 }
 
-async fn reap(ctx: &Context, operation: &InFlight) -> Result<Reaped, ClaimError> {
+async fn reap(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError> {
     let ClaimState::Gone(deleting_claim) = claim_state(ctx, operation).await? else {
         // A PV holds the volume, so the outcome is safe: only the record's removal was lost
         // (a crash, or an exit before the journal's lazy flush).
@@ -121,7 +142,10 @@ async fn reap(ctx: &Context, operation: &InFlight) -> Result<Reaped, ClaimError>
     let pv_exists = volumes
         .get_opt(&operation.volume_name)
         .await
-        .map_err(|error| ClaimError::ClaimRead(operation.volume_name.clone(), error))?
+        .map_err(|source| ReapError::VolumeRead {
+            name: operation.volume_name.clone(),
+            source,
+        })?
         .is_some();
     if !pv_exists {
         delete_orphan(ctx, operation).await?;
@@ -129,39 +153,35 @@ async fn reap(ctx: &Context, operation: &InFlight) -> Result<Reaped, ClaimError>
     // With a PV, the volume reconciler deletes the volume once the PV is Released.
     ctx.journal.complete(&operation.volume_name);
     if let Some(claim) = deleting_claim.filter(|claim| has_provisioning_finalizer(claim)) {
-        set_claim_finalizer(ctx, &claim, false).await?;
+        set_claim_finalizer(&ctx.client, &claim, false).await?;
     }
     Ok(Reaped::Done)
 }
 
 /// Replays CreateVolume with the recorded name and inputs to learn the volume id, then
 /// deletes the volume. A final error on the replay means no volume exists under that name.
-async fn delete_orphan(ctx: &Context, operation: &InFlight) -> Result<(), ClaimError> {
-    let secrets = read_provisioner_secret(ctx, operation.provisioner_secret.as_ref()).await?;
+async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapError> {
+    let secrets = read_secret(&ctx.client, operation.provisioner_secret.as_ref()).await?;
     let request = crate::csi::CreateVolumeRequest {
         secrets: secrets.clone(),
         ..operation.request.clone()
     };
-    let created = {
-        let _permit = ctx.limits.acquire(&operation.class_name).await;
-        ctx.driver.create_volume(request).await
-    };
-    let volume_id = match created {
+    let volume_id = match create_volume(ctx, &operation.class_name, request).await {
         Ok(response) => response
             .volume
             .map(|volume| volume.volume_id)
             .unwrap_or_default(),
         Err(error) if error.class() == ErrorClass::InProgress => {
-            return Err(ClaimError::Driver(error));
+            return Err(ReapError::Driver(error));
         }
         Err(_) => String::new(),
     };
     if volume_id.is_empty() {
         return Ok(());
     }
-    delete_backend_volume(ctx, &operation.class_name, &volume_id, secrets)
+    delete_volume(ctx, &operation.class_name, &volume_id, secrets)
         .await
-        .map_err(ClaimError::Driver)?;
+        .map_err(ReapError::Driver)?;
     ctx.metrics.orphan_deleted();
     info!(
         volume = operation.volume_name,
@@ -184,7 +204,7 @@ async fn delete_orphan(ctx: &Context, operation: &InFlight) -> Result<(), ClaimE
 
 /// The cache may answer "wants the volume"; only a quorum read may answer "gone", since that
 /// answer leads to DeleteVolume.
-async fn claim_state(ctx: &Context, operation: &InFlight) -> Result<ClaimState, ClaimError> {
+async fn claim_state(ctx: &Context, operation: &Operation) -> Result<ClaimState, ReapError> {
     let wants = |claim: &ObjectMeta| {
         claim.uid.as_deref() == Some(operation.claim_uid.as_str())
             && claim.deletion_timestamp.is_none()
@@ -197,12 +217,13 @@ async fn claim_state(ctx: &Context, operation: &InFlight) -> Result<ClaimState, 
     }
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &operation.claim_namespace);
-    let fresh = api.get_opt(&operation.claim_name).await.map_err(|error| {
-        ClaimError::ClaimRead(
-            format!("{}/{}", operation.claim_namespace, operation.claim_name),
-            error,
-        )
-    })?;
+    let fresh =
+        api.get_opt(&operation.claim_name)
+            .await
+            .map_err(|source| ReapError::ClaimRead {
+                claim: format!("{}/{}", operation.claim_namespace, operation.claim_name),
+                source,
+            })?;
     Ok(match fresh {
         Some(claim) if wants(&claim.metadata) => ClaimState::WantsTheVolume,
         Some(claim) if claim.uid().as_deref() == Some(operation.claim_uid.as_str()) => {

@@ -1,14 +1,15 @@
 //! The persistent journal of operations in flight: what makes "never leak a volume" survive a
 //! SIGKILL, a restart or a leader failover. An operation is durable in the API server before
-//! its first CreateVolume and is removed only once its outcome is safe (see
-//! `controller::inflight` for the rules and `docs/journal.md` for the proof).
+//! its first CreateVolume and is removed only once its outcome is safe (see [`registry`]
+//! for the rules and `docs/journal.md` for the proof).
 //!
-//! In memory the journal is the [`InFlightRegistry`]; on disk it is a few
+//! In memory the journal is the [`Registry`]; on disk it is a few
 //! `ProvisioningJournal` shard objects in the sidecar's namespace, written by one task per
 //! shard. Only the leader runs controllers, so only the leader writes.
 
 mod placement;
 mod record;
+mod registry;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -23,7 +24,6 @@ use thiserror::Error;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{info, warn};
 
-use crate::controller::inflight::{Busy, InFlight, InFlightRegistry};
 use crate::kube_client::RateLimitLayer;
 use placement::Placement;
 pub use placement::SHARD_CAPACITY;
@@ -31,6 +31,7 @@ pub use record::{
     Change, OperationRecord, Phase, ProvisioningJournal, ProvisioningJournalSpec, RECORD_FORMAT,
     RecordError, SecretReference, Summary, apply,
 };
+pub use registry::{Busy, Operation, Registry};
 use writer::{Queued, ShardWriter, WriteSlots};
 
 /// Shards per driver, filled one after the other (see `placement`): the first holds up to
@@ -57,7 +58,7 @@ pub enum JournalError {
 }
 
 pub struct Journal {
-    registry: InFlightRegistry,
+    registry: Registry,
     shards: Vec<mpsc::UnboundedSender<Queued>>,
     shard_names: Vec<String>,
     placement: Mutex<Placement>,
@@ -87,7 +88,7 @@ impl Journal {
                 namespace: namespace.to_owned(),
                 source,
             })?;
-        let registry = InFlightRegistry::default();
+        let registry = Registry::default();
         let mut placement = Placement::new(SHARDS);
         let mut by_name: BTreeMap<String, ProvisioningJournal> = BTreeMap::new();
         let shard_prefix = format!("{base_name}-");
@@ -98,7 +99,7 @@ impl Journal {
                 .and_then(|index| index.parse::<usize>().ok())
                 .unwrap_or(usize::MAX);
             for record in &shard.spec.operations {
-                match record.to_in_flight() {
+                match record.to_operation() {
                     Ok(operation) => {
                         placement.restore(&operation.volume_name, index);
                         registry.restore(operation);
@@ -149,8 +150,8 @@ impl Journal {
 
     /// Makes the operation durable, then marks it busy for the caller. CreateVolume may be
     /// sent only after this returns `Ok`.
-    pub async fn record(&self, operation: InFlight) -> Result<Busy<'_>, JournalError> {
-        let record = OperationRecord::from_in_flight(&operation, Timestamp::now());
+    pub async fn record(&self, operation: Operation) -> Result<Busy<'_>, JournalError> {
+        let record = OperationRecord::from_operation(&operation, Timestamp::now());
         let (durable, stored) = oneshot::channel();
         let shard = self.placement().place(&operation.volume_name);
         self.queue(shard, Change::Upsert(record), Some(durable))?;
@@ -186,7 +187,7 @@ impl Journal {
         let _ = self.queue(shard, change, None);
     }
 
-    pub fn registry(&self) -> &InFlightRegistry {
+    pub fn registry(&self) -> &Registry {
         &self.registry
     }
 

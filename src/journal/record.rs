@@ -16,7 +16,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::controller::inflight::InFlight;
+use super::registry::Operation;
 use crate::csi;
 use crate::provision::SecretRef;
 
@@ -141,7 +141,7 @@ pub enum RecordError {
 const MAX_ERROR_LEN: usize = 512;
 
 impl OperationRecord {
-    pub fn from_in_flight(operation: &InFlight, since: Timestamp) -> Self {
+    pub fn from_operation(operation: &Operation, since: Timestamp) -> Self {
         let request = csi::CreateVolumeRequest {
             secrets: Default::default(),
             ..operation.request.clone()
@@ -168,7 +168,7 @@ impl OperationRecord {
 
     /// The operation as the controllers use it. Fails on a record this build cannot replay
     /// exactly (such a record is kept untouched for a newer build or a human).
-    pub fn to_in_flight(&self) -> Result<InFlight, RecordError> {
+    pub fn to_operation(&self) -> Result<Operation, RecordError> {
         let volume = || self.volume_name.clone();
         if self.format_version > RECORD_FORMAT {
             return Err(RecordError::NewerFormat {
@@ -198,7 +198,7 @@ impl OperationRecord {
                 claim: self.claim.clone(),
             });
         };
-        Ok(InFlight {
+        Ok(Operation {
             volume_name: self.volume_name.clone(),
             claim_namespace: namespace.to_owned(),
             claim_name: name.to_owned(),
@@ -304,8 +304,8 @@ mod tests {
     use super::*;
     use std::collections::HashMap;
 
-    fn operation(name: &str) -> InFlight {
-        InFlight {
+    fn operation(name: &str) -> Operation {
+        Operation {
             volume_name: name.to_owned(),
             claim_namespace: "ns".into(),
             claim_name: "claim".into(),
@@ -329,7 +329,7 @@ mod tests {
     }
 
     fn record(name: &str) -> OperationRecord {
-        OperationRecord::from_in_flight(&operation(name), Timestamp::UNIX_EPOCH)
+        OperationRecord::from_operation(&operation(name), Timestamp::UNIX_EPOCH)
     }
 
     #[test]
@@ -337,7 +337,7 @@ mod tests {
         let record = record("pvc-1");
         let json = serde_json::to_string(&record).expect("serializable");
         assert!(!json.contains("s3cr3t"), "secret value persisted: {json}");
-        let back = record.to_in_flight().expect("decodes");
+        let back = record.to_operation().expect("decodes");
         let mut expected = operation("pvc-1");
         expected.request.secrets = HashMap::new();
         assert_eq!(back, expected);
@@ -359,7 +359,7 @@ mod tests {
         let record: OperationRecord = serde_json::from_value(json).expect("old record parses");
         assert_eq!(record.format_version, 1);
         assert_eq!(record.phase, Phase::Provisioning);
-        let operation = record.to_in_flight().expect("old record is usable");
+        let operation = record.to_operation().expect("old record is usable");
         assert_eq!(operation.request.name, "pvc-9");
         assert_eq!(
             (
@@ -375,7 +375,7 @@ mod tests {
         let mut record = record("pvc-1");
         record.format_version = RECORD_FORMAT + 1;
         assert!(matches!(
-            record.to_in_flight(),
+            record.to_operation(),
             Err(RecordError::NewerFormat { .. })
         ));
     }
@@ -385,19 +385,19 @@ mod tests {
         let mut bad_base64 = record("a");
         bad_base64.request = "%%%".into();
         assert!(matches!(
-            bad_base64.to_in_flight(),
+            bad_base64.to_operation(),
             Err(RecordError::Base64 { .. })
         ));
         let mut bad_proto = record("b");
         bad_proto.request = STANDARD.encode([0xff, 0xff, 0xff]);
         assert!(matches!(
-            bad_proto.to_in_flight(),
+            bad_proto.to_operation(),
             Err(RecordError::Protobuf { .. })
         ));
         let mut bad_claim = record("c");
         bad_claim.claim = "no-slash".into();
         assert!(matches!(
-            bad_claim.to_in_flight(),
+            bad_claim.to_operation(),
             Err(RecordError::Claim { .. })
         ));
     }

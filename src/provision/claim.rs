@@ -16,7 +16,7 @@ const WAIT_FOR_FIRST_CONSUMER: &str = "WaitForFirstConsumer";
 
 /// The verdict on one claim event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub enum ProvisionDecision {
     /// Go on with [`plan_provision`](super::plan_provision).
     Provision,
     /// Not ours, or not yet: drop the event without an error or a Kubernetes event.
@@ -88,36 +88,35 @@ pub fn should_provision(
     pvc: &PersistentVolumeClaim,
     class: Option<&StorageClass>,
     driver_name: &str,
-) -> Decision {
+) -> ProvisionDecision {
     if let Some(volume_name) = pvc
         .spec
         .as_ref()
         .and_then(|spec| spec.volume_name.as_deref())
         .filter(|name| !name.is_empty())
     {
-        return Decision::Skip(SkipReason::AlreadyBound {
+        return ProvisionDecision::Skip(SkipReason::AlreadyBound {
             volume_name: volume_name.to_owned(),
         });
     }
 
     let meta = &pvc.metadata;
-    // Presence, not emptiness, selects the key: an empty GA value hides the beta one.
-    let Some(provisioner) = annotation(meta, ANN_STORAGE_PROVISIONER)
-        .or_else(|| annotation(meta, ANN_BETA_STORAGE_PROVISIONER))
-    else {
-        return Decision::Skip(SkipReason::NoProvisionerAnnotation);
+    let Some(provisioner) = storage_provisioner(pvc) else {
+        return ProvisionDecision::Skip(SkipReason::NoProvisionerAnnotation);
     };
     if provisioner != driver_name {
         let provisioner = provisioner.to_owned();
-        return Decision::Skip(if annotation(meta, ANN_MIGRATED_TO) == Some(driver_name) {
-            SkipReason::MigratedInTree { provisioner }
-        } else {
-            SkipReason::OtherProvisioner { provisioner }
-        });
+        return ProvisionDecision::Skip(
+            if annotation(meta, ANN_MIGRATED_TO) == Some(driver_name) {
+                SkipReason::MigratedInTree { provisioner }
+            } else {
+                SkipReason::OtherProvisioner { provisioner }
+            },
+        );
     }
 
     let Some(class) = class else {
-        return Decision::Error(DecisionError::StorageClassNotFound(
+        return ProvisionDecision::Error(DecisionError::StorageClassNotFound(
             claim_class_name(pvc).to_owned(),
         ));
     };
@@ -125,16 +124,16 @@ pub fn should_provision(
     if class.volume_binding_mode.as_deref() == Some(WAIT_FOR_FIRST_CONSUMER)
         && annotation(meta, ANN_SELECTED_NODE).is_none_or(str::is_empty)
     {
-        return Decision::Skip(SkipReason::WaitingForFirstConsumer);
+        return ProvisionDecision::Skip(SkipReason::WaitingForFirstConsumer);
     }
 
     if class.provisioner != driver_name {
-        return Decision::Skip(SkipReason::ClassOfOtherProvisioner {
+        return ProvisionDecision::Skip(SkipReason::ClassOfOtherProvisioner {
             class: class.metadata.name.clone().unwrap_or_default(),
             provisioner: class.provisioner.clone(),
         });
     }
-    Decision::Provision
+    ProvisionDecision::Provision
 }
 
 /// The StorageClass a claim asks for: the legacy beta annotation wins over
@@ -143,6 +142,13 @@ pub fn claim_class_name(pvc: &PersistentVolumeClaim) -> &str {
     annotation(&pvc.metadata, ANN_BETA_STORAGE_CLASS)
         .or_else(|| pvc.spec.as_ref()?.storage_class_name.as_deref())
         .unwrap_or_default()
+}
+
+/// The provisioner kube-controller-manager asks for: the GA annotation, else the beta one.
+/// Presence, not emptiness, selects the key: an empty GA value hides the beta one.
+pub fn storage_provisioner(pvc: &PersistentVolumeClaim) -> Option<&str> {
+    annotation(&pvc.metadata, ANN_STORAGE_PROVISIONER)
+        .or_else(|| annotation(&pvc.metadata, ANN_BETA_STORAGE_PROVISIONER))
 }
 
 /// The node the scheduler selected for the claim (GA annotation, else the alpha one), if any.
@@ -170,7 +176,7 @@ mod tests {
         let class = ClassBuilder::new().build();
         assert_eq!(
             should_provision(&ours().build(), Some(&class), DRIVER),
-            Decision::Provision
+            ProvisionDecision::Provision
         );
     }
 
@@ -182,7 +188,7 @@ mod tests {
         let class = ClassBuilder::new().build();
         assert_eq!(
             should_provision(&pvc, Some(&class), DRIVER),
-            Decision::Provision
+            ProvisionDecision::Provision
         );
     }
 
@@ -195,7 +201,7 @@ mod tests {
         let class = ClassBuilder::new().build();
         assert_eq!(
             should_provision(&pvc, Some(&class), DRIVER),
-            Decision::Skip(SkipReason::OtherProvisioner {
+            ProvisionDecision::Skip(SkipReason::OtherProvisioner {
                 provisioner: "other.example.com".into()
             })
         );
@@ -206,7 +212,7 @@ mod tests {
         let pvc = ours().volume_name("pv-1").build();
         assert_eq!(
             should_provision(&pvc, None, DRIVER),
-            Decision::Skip(SkipReason::AlreadyBound {
+            ProvisionDecision::Skip(SkipReason::AlreadyBound {
                 volume_name: "pv-1".into()
             })
         );
@@ -217,7 +223,7 @@ mod tests {
         let class = ClassBuilder::new().build();
         assert_eq!(
             should_provision(&PvcBuilder::new().build(), Some(&class), DRIVER),
-            Decision::Skip(SkipReason::NoProvisionerAnnotation)
+            ProvisionDecision::Skip(SkipReason::NoProvisionerAnnotation)
         );
     }
 
@@ -228,7 +234,7 @@ mod tests {
             .annotation(ANN_MIGRATED_TO, DRIVER)
             .build();
         let decision = should_provision(&pvc, None, DRIVER);
-        let Decision::Skip(reason) = decision else {
+        let ProvisionDecision::Skip(reason) = decision else {
             panic!("expected a skip, got {decision:?}");
         };
         assert_eq!(
@@ -241,7 +247,7 @@ mod tests {
     fn missing_class_is_an_error_with_the_api_servers_text() {
         let pvc = ours().class("fast").build();
         let decision = should_provision(&pvc, None, DRIVER);
-        let Decision::Error(error) = decision else {
+        let ProvisionDecision::Error(error) = decision else {
             panic!("expected an error, got {decision:?}");
         };
         assert_eq!(
@@ -257,12 +263,12 @@ mod tests {
             .build();
         assert_eq!(
             should_provision(&ours().build(), Some(&class), DRIVER),
-            Decision::Skip(SkipReason::WaitingForFirstConsumer)
+            ProvisionDecision::Skip(SkipReason::WaitingForFirstConsumer)
         );
         let empty_node = ours().annotation(ANN_SELECTED_NODE, "").build();
         assert_eq!(
             should_provision(&empty_node, Some(&class), DRIVER),
-            Decision::Skip(SkipReason::WaitingForFirstConsumer)
+            ProvisionDecision::Skip(SkipReason::WaitingForFirstConsumer)
         );
     }
 
@@ -274,7 +280,7 @@ mod tests {
         let pvc = ours().annotation(ANN_SELECTED_NODE, "node-1").build();
         assert_eq!(
             should_provision(&pvc, Some(&class), DRIVER),
-            Decision::Provision
+            ProvisionDecision::Provision
         );
     }
 
@@ -283,7 +289,7 @@ mod tests {
         let class = ClassBuilder::new().provisioner("other.example.com").build();
         assert_eq!(
             should_provision(&ours().build(), Some(&class), DRIVER),
-            Decision::Skip(SkipReason::ClassOfOtherProvisioner {
+            ProvisionDecision::Skip(SkipReason::ClassOfOtherProvisioner {
                 class: "standard".into(),
                 provisioner: "other.example.com".into()
             })

@@ -92,6 +92,20 @@ impl PvcBuilder {
         self
     }
 
+    pub fn finalizer(mut self, finalizer: &str) -> Self {
+        self.0
+            .metadata
+            .finalizers
+            .get_or_insert_with(Vec::new)
+            .push(finalizer.to_owned());
+        self
+    }
+
+    pub fn deleting(mut self) -> Self {
+        self.0.metadata.deletion_timestamp = Some(deletion_time());
+        self
+    }
+
     pub fn uid(mut self, uid: &str) -> Self {
         self.0.metadata.uid = Some(uid.to_owned());
         self

@@ -4,7 +4,8 @@
 //! coming from the API server or the driver: bad input is a typed error, never a panic.
 //!
 //! Provisioning one claim:
-//! 1. [`should_provision`] says Provision, Skip (with a reason) or Error.
+//! 1. [`claim_work`] says what the claim needs now (through [`should_provision`]: Provision,
+//!    Skip with a reason, or Error).
 //! 2. [`plan_provision`] validates the claim and its class and computes everything that does not
 //!    need the driver: volume name, size, capabilities, parameters and all secret references.
 //! 3. The executor GETs `plan.secrets.provisioner` (if any), turns it into a map with
@@ -12,9 +13,9 @@
 //! 4. After CreateVolume succeeds, [`build_persistent_volume`] gives the PV to create. When the
 //!    PV create answers AlreadyExists, [`already_exists_is_ours`] says whether that is success.
 //!
-//! Deleting one PV: [`is_provisioner_for_volume`], [`pv_finalizer_action`], [`should_delete`],
-//! then [`deletion_target`] (and [`deletion_secret_from_class`] when the PV does not record its
-//! deletion secret).
+//! Deleting one PV: [`volume_has_work`] (from [`is_provisioner_for_volume`],
+//! [`pv_finalizer_action`] and [`should_delete`]), then [`deletion_target`] (and
+//! [`deletion_secret_from_class`] when the PV does not record its deletion secret).
 
 mod capabilities;
 mod claim;
@@ -28,6 +29,7 @@ mod quantity;
 mod secrets;
 mod validation;
 mod volume;
+mod work;
 
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -37,7 +39,8 @@ pub use capabilities::{
     volume_capabilities,
 };
 pub use claim::{
-    Decision, DecisionError, SkipReason, claim_class_name, selected_node, should_provision,
+    DecisionError, ProvisionDecision, SkipReason, claim_class_name, selected_node,
+    should_provision, storage_provisioner,
 };
 pub use consistency::{
     ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER, consistency_enabled,
@@ -59,7 +62,8 @@ pub use secrets::{
     SecretError, SecretKind, SecretRef, SecretRefs, TemplateContext, resolve_secret_ref,
     resolve_secret_refs, secret_data,
 };
-pub use volume::{VolumeError, build_persistent_volume};
+pub use volume::{CreateResponseError, build_persistent_volume};
+pub use work::{ClaimWork, claim_work, volume_has_work};
 
 /// Claim annotation written by kube-controller-manager naming the provisioner it waits for.
 pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";

@@ -23,15 +23,15 @@ use super::{
 
 /// Why a successful CreateVolume answer cannot become a PV.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum VolumeError {
+pub enum CreateResponseError {
     /// The driver said OK without a volume; repeating CreateVolume with the same name is the
     /// only way to learn its id.
     #[error("CreateVolume response has no volume")]
     MissingVolume,
-    /// As [`VolumeError::MissingVolume`]: nothing to delete without an id.
+    /// As [`CreateResponseError::MissingVolume`]: nothing to delete without an id.
     #[error("CreateVolume response has an empty volume_id")]
     EmptyVolumeId,
-    /// The volume exists but is too small: delete it (see [`VolumeError::volume_to_delete`]).
+    /// The volume exists but is too small: delete it (see [`CreateResponseError::volume_to_delete`]).
     #[error("created volume capacity {capacity} less than requested capacity {requested}")]
     CapacityTooSmall {
         volume_id: String,
@@ -40,7 +40,7 @@ pub enum VolumeError {
     },
 }
 
-impl VolumeError {
+impl CreateResponseError {
     /// The backend volume the executor must DeleteVolume before anything else, if any.
     pub fn volume_to_delete(&self) -> Option<&str> {
         match self {
@@ -57,16 +57,19 @@ impl VolumeError {
 pub fn build_persistent_volume(
     plan: &ProvisionPlan,
     response: &csi::CreateVolumeResponse,
-) -> Result<PersistentVolume, VolumeError> {
-    let volume = response.volume.as_ref().ok_or(VolumeError::MissingVolume)?;
+) -> Result<PersistentVolume, CreateResponseError> {
+    let volume = response
+        .volume
+        .as_ref()
+        .ok_or(CreateResponseError::MissingVolume)?;
     if volume.volume_id.is_empty() {
-        return Err(VolumeError::EmptyVolumeId);
+        return Err(CreateResponseError::EmptyVolumeId);
     }
     let capacity = match volume.capacity_bytes {
         // The driver does not know or say: take what was asked for.
         0 => plan.required_bytes,
         capacity if capacity < plan.required_bytes => {
-            return Err(VolumeError::CapacityTooSmall {
+            return Err(CreateResponseError::CapacityTooSmall {
                 volume_id: volume.volume_id.clone(),
                 capacity,
                 requested: plan.required_bytes,
@@ -344,7 +347,10 @@ mod tests {
             Some("created volume capacity -1 less than requested capacity 1")
         );
         assert_eq!(
-            error.err().as_ref().and_then(VolumeError::volume_to_delete),
+            error
+                .err()
+                .as_ref()
+                .and_then(CreateResponseError::volume_to_delete),
             Some("vol-9")
         );
     }
@@ -357,7 +363,12 @@ mod tests {
             error.as_ref().map(ToString::to_string).as_deref(),
             Some("CreateVolume response has an empty volume_id")
         );
-        assert_eq!(error.as_ref().and_then(VolumeError::volume_to_delete), None);
+        assert_eq!(
+            error
+                .as_ref()
+                .and_then(CreateResponseError::volume_to_delete),
+            None
+        );
         let missing =
             build_persistent_volume(&plan, &csi::CreateVolumeResponse { volume: None }).err();
         assert_eq!(
@@ -365,7 +376,9 @@ mod tests {
             Some("CreateVolume response has no volume")
         );
         assert_eq!(
-            missing.as_ref().and_then(VolumeError::volume_to_delete),
+            missing
+                .as_ref()
+                .and_then(CreateResponseError::volume_to_delete),
             None
         );
     }

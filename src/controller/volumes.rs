@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use either::Either as DeleteResponse;
 use futures::future::{self, Either};
-use k8s_openapi::api::core::v1::{PersistentVolume, Secret};
+use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -16,16 +16,16 @@ use kube::{Resource, ResourceExt};
 use thiserror::Error;
 use tracing::{error, info, warn};
 
-use super::Context;
+use super::actions::{SecretReadError, delete_volume, read_secret};
 use super::cache::CachedVolume;
+use super::context::Context;
 use super::events::EventType;
 use super::finalizers::{add_finalizer, remove_finalizer};
-use super::provisioner::delete_backend_volume;
 use crate::csi_client::CallError;
 use crate::provision::{
-    DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError, SecretRef,
-    deletion_secret_from_class, deletion_target, is_provisioner_for_volume, may_delete_pv_first,
-    pv_finalizer_action, secret_data, should_delete,
+    DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
+    deletion_secret_from_class, deletion_target, may_delete_pv_first, pv_finalizer_action,
+    should_delete, volume_has_work,
 };
 
 #[derive(Debug, Error)]
@@ -121,7 +121,7 @@ fn triage(cached: &CachedVolume, ctx: &Context) -> Option<PersistentVolume> {
         .to_volume()
         .inspect_err(|error| error!(%error, "not reconciling"))
         .ok()?;
-    if needs_reconcile(&pv, &ctx.config.driver_name) {
+    if volume_has_work(&pv, &ctx.config.driver_name) {
         Some(pv)
     } else {
         ctx.volume_backoff().forget(&pv.name_any());
@@ -129,15 +129,8 @@ fn triage(cached: &CachedVolume, ctx: &Context) -> Option<PersistentVolume> {
     }
 }
 
-/// Whether a reconcile of this PV has anything to do: a PV of ours whose finalizer is out of
-/// line with its reclaim policy, or that is due for deletion.
-fn needs_reconcile(pv: &PersistentVolume, driver_name: &str) -> bool {
-    is_provisioner_for_volume(pv, driver_name)
-        && (pv_finalizer_action(pv) != FinalizerAction::None || should_delete(pv))
-}
-
 /// Returns whether the backend volume and the PV were deleted by this call. Called only for
-/// a PV that [`needs_reconcile`].
+/// a PV that [`volume_has_work`].
 async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, VolumeError> {
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     match pv_finalizer_action(pv) {
@@ -157,7 +150,7 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
     };
     let target = deletion_target(&stored, &ctx.caps)?;
     let secrets = deletion_secrets(ctx, &stored, &target.secrets).await?;
-    delete_backend_volume(ctx, &volume_class(&stored), &target.volume_handle, secrets)
+    delete_volume(ctx, &volume_class(&stored), &target.volume_handle, secrets)
         .await
         .map_err(VolumeError::Driver)?;
     let name = pv.name_any();
@@ -261,14 +254,11 @@ async fn deletion_secrets(
             }
         }
     };
-    let SecretRef { name, namespace } = reference;
-    match Api::<Secret>::namespaced(ctx.client.clone(), &namespace)
-        .get(&name)
-        .await
-    {
-        Ok(secret) => Ok(secret_data(&secret)?),
-        Err(error) => {
-            warn!(volume = pv.name_any(), %error, "deleting without secrets: the deletion secret is unreadable");
+    match read_secret(&ctx.client, Some(&reference)).await {
+        Ok(secrets) => Ok(secrets),
+        Err(SecretReadError::Data(error)) => Err(error.into()),
+        Err(SecretReadError::Get { source, .. }) => {
+            warn!(volume = pv.name_any(), error = %source, "deleting without secrets: the deletion secret is unreadable");
             Ok(HashMap::new())
         }
     }

@@ -5,8 +5,8 @@
 //! - the claim is gone and the orphan's DeleteVolume succeeded, or
 //! - CreateVolume answered with a final error, so no volume exists.
 //!
-//! This registry is the in-memory side of `crate::journal`, which makes every record durable
-//! in the API server before it is added here.
+//! This registry is the in-memory side of the journal (`super`), which makes every record
+//! durable in the API server before it is added here.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -17,7 +17,7 @@ use crate::provision::SecretRef;
 /// Everything needed to replay CreateVolume compatibly and then delete what it returns.
 /// Secret *values* are never kept: only the reference, read again when needed.
 #[derive(Clone, Debug, PartialEq)]
-pub struct InFlight {
+pub struct Operation {
     pub volume_name: String,
     pub claim_namespace: String,
     pub claim_name: String,
@@ -29,13 +29,13 @@ pub struct InFlight {
 }
 
 #[derive(Debug, Default)]
-pub struct InFlightRegistry {
+pub struct Registry {
     state: Mutex<State>,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    entries: HashMap<String, InFlight>,
+    entries: HashMap<String, Operation>,
     /// Operations a claim reconcile is working on right now; the orphan reaper leaves them be.
     busy: HashSet<String>,
 }
@@ -43,7 +43,7 @@ struct State {
 /// Marks an operation as being worked on by a claim reconcile until dropped.
 #[must_use]
 pub struct Busy<'a> {
-    registry: &'a InFlightRegistry,
+    registry: &'a Registry,
     volume_name: String,
 }
 
@@ -53,9 +53,9 @@ impl Drop for Busy<'_> {
     }
 }
 
-impl InFlightRegistry {
+impl Registry {
     /// Records an operation before its CreateVolume (idempotent: a retry re-records the same).
-    pub fn record(&self, operation: InFlight) -> Busy<'_> {
+    pub fn record(&self, operation: Operation) -> Busy<'_> {
         let volume_name = operation.volume_name.clone();
         let mut state = self.lock();
         state.busy.insert(volume_name.clone());
@@ -67,14 +67,14 @@ impl InFlightRegistry {
     }
 
     /// Restores an operation read back from the journal at start-up.
-    pub fn restore(&self, operation: InFlight) {
+    pub fn restore(&self, operation: Operation) {
         self.lock()
             .entries
             .insert(operation.volume_name.clone(), operation);
     }
 
     /// Operations nobody is working on: candidates for the orphan reaper.
-    pub fn idle(&self) -> Vec<InFlight> {
+    pub fn idle(&self) -> Vec<Operation> {
         let state = self.lock();
         state
             .entries

@@ -1,7 +1,8 @@
 //! The claim reconciler: turns a claim that names our driver into a backend volume and a
-//! pre-bound PV. Decisions come from `crate::provision`; this module only fetches what they
-//! need, calls the driver and the API server, and maps every failure to one event and one
-//! metric in [`ClaimReconciler::report_failure`].
+//! pre-bound PV. Decisions come from `crate::provision` (what work a claim needs:
+//! [`claim_work`]); this module only fetches what they need, calls the driver and the API
+//! server, and maps every failure to one event and one metric in
+//! [`ClaimReconciler::report_failure`].
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::{self, Either};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
@@ -18,20 +19,20 @@ use kube::{Resource, ResourceExt};
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
 
-use super::Context;
+use super::actions::{
+    ClaimFinalizerError, SecretReadError, claim_key, create_volume, delete_volume, read_secret,
+    set_claim_finalizer,
+};
 use super::cache::CachedClaim;
+use super::context::Context;
 use super::events::EventType;
-use super::finalizers::{add_finalizer, remove_finalizer};
-use super::inflight::InFlight;
 use crate::csi;
 use crate::csi_client::{CallError, ErrorClass};
-use crate::journal::{JournalError, Phase};
+use crate::journal::{JournalError, Operation, Phase};
 use crate::provision::{
-    ANN_BETA_STORAGE_PROVISIONER, ANN_STORAGE_PROVISIONER, Decision, DecisionError,
-    PROVISIONING_FINALIZER, ProvisionError, ProvisionPlan, SecretError, SecretRef, VolumeError,
+    ClaimWork, CreateResponseError, DecisionError, ProvisionError, ProvisionPlan,
     already_exists_is_ours, build_create_volume_request, build_persistent_volume, claim_class_name,
-    has_provisioning_finalizer, may_release_finalizer, needs_finalizer, plan_provision,
-    secret_data, should_provision, volume_name,
+    claim_work, needs_finalizer, plan_provision,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -42,18 +43,10 @@ pub enum ClaimError {
     Decision(#[from] DecisionError),
     #[error(transparent)]
     Plan(#[from] ProvisionError),
-    #[error("error getting secret {name} in namespace {namespace}: {source}")]
-    SecretGet {
-        name: String,
-        namespace: String,
-        source: kube::Error,
-    },
     #[error(transparent)]
-    SecretData(#[from] SecretError),
-    #[error("failed to read claim {0}: {1}")]
-    ClaimRead(String, kube::Error),
-    #[error("failed to update the finalizers of claim {0}: {1}")]
-    ClaimFinalizer(String, kube::Error),
+    Secret(#[from] SecretReadError),
+    #[error(transparent)]
+    ClaimFinalizer(#[from] ClaimFinalizerError),
     #[error("failed to record the operation in the journal: {0}")]
     Journal(#[from] JournalError),
     #[error("{0}")]
@@ -61,10 +54,10 @@ pub enum ClaimError {
     #[error("Volume provisioning failed with infeasible error. Retries will be delayed. {0}")]
     Infeasible(CallError),
     #[error(transparent)]
-    Volume(VolumeError),
+    Volume(CreateResponseError),
     #[error("{error}. Cleanup of volume {volume} failed, volume is orphaned: {cleanup}")]
     CleanupFailed {
-        error: VolumeError,
+        error: CreateResponseError,
         volume: String,
         cleanup: CallError,
     },
@@ -118,7 +111,7 @@ impl ClaimReconciler {
     ) -> Result<Action, std::convert::Infallible> {
         let uid = pvc.uid().unwrap_or_default();
         let started = Instant::now();
-        match provision(&pvc, &ctx, work).await {
+        match provision_claim(&pvc, &ctx, work).await {
             Ok(outcome) => {
                 ctx.claim_backoff().forget(&uid);
                 if let Outcome::Provisioned { volume } = &outcome {
@@ -155,9 +148,7 @@ impl ClaimReconciler {
                 debug!(claim = %claim_key(pvc), %message, "left to an external populator");
                 return Action::await_change();
             }
-            ClaimError::Decision(_)
-            | ClaimError::ClaimRead(..)
-            | ClaimError::ClaimFinalizer(..) => {}
+            ClaimError::Decision(_) | ClaimError::ClaimFinalizer(_) => {}
             _ => ctx.events.publish(
                 &reference,
                 EventType::Warning,
@@ -193,65 +184,38 @@ fn triage(cached: &CachedClaim, ctx: &Context) -> Option<(PersistentVolumeClaim,
         .to_claim()
         .inspect_err(|error| error!(%error, "not reconciling"))
         .ok()?;
-    match next_step(&pvc, ctx) {
-        Some(work) => Some((pvc, work)),
-        None => {
+    let class = ctx.classes.get(&ObjectRef::new(claim_class_name(&pvc)));
+    let registry = ctx.journal.registry();
+    let work = match claim_work(
+        &pvc,
+        class,
+        &ctx.config,
+        ctx.consistency_by_default,
+        |volume| registry.contains(volume),
+    ) {
+        ClaimWork::ReleaseFinalizer => Work::ReleaseFinalizer,
+        ClaimWork::Provision(class) => Work::Provision(class),
+        ClaimWork::Refuse(error) => Work::Refuse(error),
+        ClaimWork::Nothing(reason) => {
+            if let Some(reason) = reason {
+                debug!(claim = %claim_key(&pvc), %reason, "not provisioning");
+            }
             debug!(claim = %claim_key(&pvc), "nothing to do");
             ctx.claim_backoff().forget(&pvc.uid().unwrap_or_default());
-            None
-        }
-    }
-}
-
-/// `None`: nothing to do for this claim now.
-fn next_step(pvc: &PersistentVolumeClaim, ctx: &Context) -> Option<Work> {
-    // Every sidecar sees every claim, and another driver's sidecar has none of this claim's
-    // operations in flight: only the claim's own provisioner may let the finalizer go.
-    let ours = [ANN_STORAGE_PROVISIONER, ANN_BETA_STORAGE_PROVISIONER]
-        .into_iter()
-        .find_map(|key| pvc.annotations().get(key))
-        .is_some_and(|provisioner| *provisioner == ctx.config.driver_name);
-    if ours && has_provisioning_finalizer(pvc) {
-        let in_flight = volume_name(
-            &ctx.config.volume_name_prefix,
-            ctx.config.volume_name_uuid_length,
-            &pvc.uid().unwrap_or_default(),
-        )
-        .is_ok_and(|name| ctx.journal.registry().contains(&name));
-        if may_release_finalizer(pvc, in_flight, ctx.consistency_by_default) {
-            return Some(Work::ReleaseFinalizer);
-        }
-    }
-    if pvc.metadata.deletion_timestamp.is_some() {
-        // A claim being deleted gets no new volume; its operation in flight, if any, is the
-        // orphan reaper's.
-        return None;
-    }
-    let class = ctx.classes.get(&ObjectRef::new(claim_class_name(pvc)));
-    match should_provision(pvc, class.as_deref(), &ctx.config.driver_name) {
-        Decision::Provision => {}
-        Decision::Skip(reason) => {
-            debug!(claim = %claim_key(pvc), %reason, "not provisioning");
             return None;
         }
-        Decision::Error(error) => return Some(Work::Refuse(error)),
-    }
-    Some(match class {
-        Some(class) => Work::Provision(class),
-        None => Work::Refuse(DecisionError::StorageClassNotFound(
-            claim_class_name(pvc).to_owned(),
-        )),
-    })
+    };
+    Some((pvc, work))
 }
 
-async fn provision(
+async fn provision_claim(
     pvc: &PersistentVolumeClaim,
     ctx: &Context,
     work: Work,
 ) -> Result<Outcome, ClaimError> {
     let class = match work {
         Work::ReleaseFinalizer => {
-            set_claim_finalizer(ctx, pvc, false).await?;
+            set_claim_finalizer(&ctx.client, pvc, false).await?;
             return Ok(Outcome::Nothing);
         }
         Work::Refuse(error) => return Err(error.into()),
@@ -275,12 +239,12 @@ async fn provision(
     // journaled before the call (a claim found gone later gets its volume deleted), and a PV
     // create that meets another PV of that name deletes the new volume. See docs/design.md.
     if needs_finalizer(pvc, ctx.consistency_by_default) {
-        set_claim_finalizer(ctx, pvc, true).await?;
+        set_claim_finalizer(&ctx.client, pvc, true).await?;
     }
 
-    let secrets = read_provisioner_secret(ctx, plan.secrets.provisioner.as_ref()).await?;
+    let secrets = read_secret(&ctx.client, plan.secrets.provisioner.as_ref()).await?;
     let request = build_create_volume_request(&plan, secrets, None);
-    let _busy = ctx.journal.record(in_flight(pvc, &plan, &request)).await?;
+    let _busy = ctx.journal.record(operation(pvc, &plan, &request)).await?;
     ctx.events.publish(
         &pvc.object_ref(&()),
         EventType::Normal,
@@ -291,11 +255,7 @@ async fn provision(
         ),
     );
 
-    let response = {
-        let _permit = ctx.limits.acquire(&plan.class_name).await;
-        ctx.driver.create_volume(request.clone()).await
-    };
-    let response = match response {
+    let response = match create_volume(ctx, &plan.class_name, request.clone()).await {
         Ok(response) => response,
         Err(error) => {
             if error.class() == ErrorClass::InProgress {
@@ -333,53 +293,18 @@ async fn provision(
     })
 }
 
-/// Adds or removes the provisioning-consistency finalizer.
-pub(super) async fn set_claim_finalizer(
-    ctx: &Context,
-    pvc: &PersistentVolumeClaim,
-    present: bool,
-) -> Result<(), ClaimError> {
-    let api: Api<PersistentVolumeClaim> =
-        Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
-    if present {
-        add_finalizer(&api, pvc, PROVISIONING_FINALIZER).await
-    } else {
-        remove_finalizer(&api, pvc, PROVISIONING_FINALIZER).await
-    }
-    .map_err(|error| ClaimError::ClaimFinalizer(claim_key(pvc), error))
-}
-
-pub(super) async fn read_provisioner_secret(
-    ctx: &Context,
-    reference: Option<&SecretRef>,
-) -> Result<HashMap<String, String>, ClaimError> {
-    let Some(SecretRef { name, namespace }) = reference else {
-        return Ok(HashMap::new());
-    };
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let secret = api
-        .get(name)
-        .await
-        .map_err(|source| ClaimError::SecretGet {
-            name: name.clone(),
-            namespace: namespace.clone(),
-            source,
-        })?;
-    Ok(secret_data(&secret)?)
-}
-
 /// A volume that cannot back a PV (too small) is deleted again, as upstream does; a response
 /// without a volume id leaves the operation in flight so the next attempt learns the id.
 async fn clean_up_unusable(
     ctx: &Context,
     plan: &ProvisionPlan,
     request: &csi::CreateVolumeRequest,
-    error: VolumeError,
+    error: CreateResponseError,
 ) -> ClaimError {
     let Some(volume_id) = error.volume_to_delete().map(str::to_owned) else {
         return ClaimError::Volume(error);
     };
-    match delete_backend_volume(ctx, &plan.class_name, &volume_id, request.secrets.clone()).await {
+    match delete_volume(ctx, &plan.class_name, &volume_id, request.secrets.clone()).await {
         Ok(()) => {
             ctx.journal.complete(&plan.volume_name);
             ClaimError::Volume(error)
@@ -426,7 +351,7 @@ async fn save_volume(
                 .and_then(|spec| spec.csi)
                 .map(|csi| csi.volume_handle)
                 .unwrap_or_default();
-            delete_backend_volume(ctx, &plan.class_name, &handle, request.secrets.clone())
+            delete_volume(ctx, &plan.class_name, &handle, request.secrets.clone())
                 .await
                 .map_err(ClaimError::Driver)?;
             ctx.journal.complete(&name);
@@ -440,28 +365,12 @@ async fn save_volume(
     }
 }
 
-pub(super) async fn delete_backend_volume(
-    ctx: &Context,
-    class: &str,
-    volume_id: &str,
-    secrets: HashMap<String, String>,
-) -> Result<(), CallError> {
-    let _permit = ctx.limits.acquire(class).await;
-    ctx.driver
-        .delete_volume(csi::DeleteVolumeRequest {
-            volume_id: volume_id.to_owned(),
-            secrets,
-        })
-        .await
-        .map(|_| ())
-}
-
-fn in_flight(
+fn operation(
     pvc: &PersistentVolumeClaim,
     plan: &ProvisionPlan,
     request: &csi::CreateVolumeRequest,
-) -> InFlight {
-    InFlight {
+) -> Operation {
+    Operation {
         volume_name: plan.volume_name.clone(),
         claim_namespace: pvc.namespace().unwrap_or_default(),
         claim_name: pvc.name_any(),
@@ -473,10 +382,6 @@ fn in_flight(
         },
         provisioner_secret: plan.secrets.provisioner.clone(),
     }
-}
-
-pub(super) fn claim_key(pvc: &PersistentVolumeClaim) -> String {
-    format!("{}/{}", pvc.namespace().unwrap_or_default(), pvc.name_any())
 }
 
 /// The `source` label of the provisioning metrics: the claim's data source kind, or "".

@@ -1,0 +1,123 @@
+//! What the reconcilers and the orphan reaper share: the API client, the driver, the caches,
+//! the journal, the event recorder and the per-object retry state, built once from
+//! [`Settings`].
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::Client;
+use kube::runtime::reflector::Store;
+
+use super::backoff::{Backoff, InfeasibleSet};
+use super::cache::{CachedClaim, CachedVolume};
+use super::events::EventRecorder;
+use super::limits::CallLimits;
+use crate::csi_client::CsiController;
+use crate::journal::Journal;
+use crate::metrics::Metrics;
+use crate::provision::{DriverCapabilities, ProvisionerConfig};
+
+/// Settings of [`run`] that come from flags.
+pub struct Settings {
+    pub config: ProvisionerConfig,
+    pub caps: DriverCapabilities,
+    pub retry_interval_start: Duration,
+    pub retry_interval_max: Duration,
+    pub worker_threads: usize,
+    pub max_concurrent_per_class: usize,
+    /// Source component of events: `<driver>_<hostname>_<uuid>` as upstream's library writes.
+    pub event_component: String,
+    pub hostname: String,
+    pub consistency_by_default: bool,
+    /// Where the journal shards live (the sidecar's namespace) and their name prefix.
+    pub journal_namespace: String,
+    pub journal_base_name: String,
+    /// How long a journal write may take before CreateVolume is given up for this attempt.
+    pub journal_timeout: Duration,
+}
+
+/// What the reconcilers share.
+pub struct Context {
+    pub client: Client,
+    pub driver: Arc<dyn CsiController>,
+    pub caps: DriverCapabilities,
+    pub config: ProvisionerConfig,
+    pub claims: Store<CachedClaim>,
+    pub volumes: Store<CachedVolume>,
+    pub classes: Store<StorageClass>,
+    pub events: EventRecorder,
+    pub metrics: Arc<Metrics>,
+    pub limits: CallLimits,
+    pub journal: Journal,
+    /// `--provisioning-consistency-default enable`.
+    pub consistency_by_default: bool,
+    pub retry_interval_start: Duration,
+    pub retry_interval_max: Duration,
+    claim_backoff: Mutex<Backoff<String>>,
+    volume_backoff: Mutex<Backoff<String>>,
+    infeasible: Mutex<InfeasibleSet>,
+}
+
+/// The watched objects, as cached by [`super::cache`].
+pub struct Stores {
+    pub claims: Store<CachedClaim>,
+    pub volumes: Store<CachedVolume>,
+    pub classes: Store<StorageClass>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        driver: Arc<dyn CsiController>,
+        stores: Stores,
+        events: EventRecorder,
+        metrics: Arc<Metrics>,
+        journal: Journal,
+        settings: &Settings,
+    ) -> Self {
+        let backoff = || {
+            Mutex::new(Backoff::new(
+                settings.retry_interval_start,
+                settings.retry_interval_max,
+            ))
+        };
+        Context {
+            client,
+            driver,
+            caps: settings.caps,
+            config: settings.config.clone(),
+            claims: stores.claims,
+            volumes: stores.volumes,
+            classes: stores.classes,
+            events,
+            metrics,
+            limits: CallLimits::new(settings.worker_threads, settings.max_concurrent_per_class),
+            journal,
+            consistency_by_default: settings.consistency_by_default,
+            retry_interval_start: settings.retry_interval_start,
+            retry_interval_max: settings.retry_interval_max,
+            claim_backoff: backoff(),
+            volume_backoff: backoff(),
+            infeasible: Mutex::new(InfeasibleSet::new(settings.retry_interval_max)),
+        }
+    }
+
+    pub(super) fn claim_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
+        lock(&self.claim_backoff)
+    }
+
+    pub(super) fn volume_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
+        lock(&self.volume_backoff)
+    }
+
+    pub(super) fn infeasible(&self) -> MutexGuard<'_, InfeasibleSet> {
+        lock(&self.infeasible)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::Error;
+use super::error::Error;
 
 const UNIX_SCHEME: &str = "unix://";
 

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tracing::info;
 
-use super::Error;
+use super::error::Error;
 use super::error::error_chain;
 
 /// What is at the socket path right now.

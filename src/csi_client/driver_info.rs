@@ -8,7 +8,7 @@ use crate::csi::{
     ControllerGetCapabilitiesResponse, GetPluginCapabilitiesResponse, GetPluginInfoResponse,
 };
 
-use super::Error;
+use super::error::Error;
 
 /// Longest driver name the CSI spec allows.
 const MAX_NAME_LEN: usize = 63;

@@ -9,7 +9,7 @@ use crate::csi::VolumeCapability;
 use crate::csi::volume_capability::access_mode::Mode;
 use crate::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume};
 
-use super::DriverCapabilities;
+use super::settings::DriverCapabilities;
 
 pub(super) const FSTYPE_KEY: &str = "csi.storage.k8s.io/fstype";
 /// Deprecated spelling, matched in any letter case and forwarded to the driver (quirk Q10).

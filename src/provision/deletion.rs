@@ -9,11 +9,12 @@ use thiserror::Error;
 
 use super::capabilities::{CapabilityError, check_create_delete_capabilities};
 use super::claim::annotation;
-use super::secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
-use super::{
+use super::names::{
     ANN_BETA_STORAGE_CLASS, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
-    ANN_MIGRATED_TO, ANN_PROVISIONED_BY, DriverCapabilities, PV_FINALIZER,
+    ANN_MIGRATED_TO, ANN_PROVISIONED_BY, PV_FINALIZER,
 };
+use super::secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
+use super::settings::DriverCapabilities;
 
 const POLICY_DELETE: &str = "Delete";
 const POLICY_RETAIN: &str = "Retain";

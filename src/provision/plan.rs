@@ -18,7 +18,7 @@ use super::parameters::{
 };
 use super::quantity::{QuantityError, requested_bytes};
 use super::secrets::{SecretError, SecretRefs, TemplateContext, resolve_secret_refs};
-use super::{DriverCapabilities, ProvisionerConfig};
+use super::settings::{DriverCapabilities, ProvisionerConfig};
 
 const SNAPSHOT_KIND: &str = "VolumeSnapshot";
 const SNAPSHOT_API_GROUP: &str = "snapshot.storage.k8s.io";

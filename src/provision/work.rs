@@ -7,7 +7,6 @@ use std::ops::Deref;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use super::ProvisionerConfig;
 use super::claim::{
     DecisionError, ProvisionDecision, SkipReason, claim_class_name, should_provision,
     storage_provisioner,
@@ -17,6 +16,7 @@ use super::deletion::{
     FinalizerAction, is_provisioner_for_volume, pv_finalizer_action, should_delete,
 };
 use super::naming::volume_name;
+use super::settings::ProvisionerConfig;
 
 /// The work a claim needs now. `C` is how the caller holds the claim's StorageClass (a
 /// reference, or the cache's `Arc`), handed back with [`ClaimWork::Provision`].

@@ -49,7 +49,7 @@ impl<K: Eq + Hash> Backoff<K> {
 
 /// Claims whose CreateVolume was rejected with InvalidArgument ("infeasible"): left alone for
 /// `delay` unless their StorageClass is replaced meanwhile. Upstream always waits 5 minutes
-/// and ignores `--retry-interval-max` here (its quirk Q3); we use `--retry-interval-max`,
+/// and ignores `--retry-interval-max` here; we use `--retry-interval-max`,
 /// whose default is 5 minutes, so the default behaviour is unchanged.
 /// Entries map claim UID → (StorageClass UID, when).
 #[derive(Debug)]

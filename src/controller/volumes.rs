@@ -231,7 +231,7 @@ async fn commit_deletion(
 }
 
 /// DeleteVolume's secrets. A Secret that cannot be read is logged and skipped, as upstream
-/// does (quirk Q12): refusing would keep the volume forever when the Secret is gone.
+/// does: refusing would keep the volume forever when the Secret is gone.
 async fn deletion_secrets(
     ctx: &Context,
     pv: &PersistentVolume,

@@ -1,5 +1,5 @@
-//! What the driver must support, and the CSI volume capabilities of a claim (§3.2 steps 6, 9
-//! and 11, §3.3).
+//! What the driver must support, and the CSI volume capabilities of a claim (upstream's
+//! capability checks and access-mode mapping).
 
 use std::collections::BTreeMap;
 
@@ -12,7 +12,8 @@ use crate::csi::volume_capability::{AccessMode, AccessType, BlockVolume, MountVo
 use super::settings::DriverCapabilities;
 
 pub(super) const FSTYPE_KEY: &str = "csi.storage.k8s.io/fstype";
-/// Deprecated spelling, matched in any letter case and forwarded to the driver (quirk Q10).
+/// Deprecated spelling, matched in any letter case and forwarded to the driver, as upstream
+/// does.
 pub(super) const LEGACY_FSTYPE_KEY: &str = "fstype";
 
 /// A capability the claim needs and the driver lacks, or a claim the mapping cannot express.

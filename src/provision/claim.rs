@@ -1,4 +1,4 @@
-//! Whether a claim is ours to provision now (upstream's shouldProvision chain, §2.2).
+//! Whether a claim is ours to provision now (upstream's shouldProvision chain).
 
 use std::fmt;
 

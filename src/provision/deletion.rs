@@ -1,4 +1,4 @@
-//! Decisions about existing PersistentVolumes (§5): responsibility, the PV finalizer, when to
+//! Decisions about existing PersistentVolumes (upstream's deletion path): responsibility, the PV finalizer, when to
 //! delete, what to send to DeleteVolume; and whether an AlreadyExists PV is the one we wanted.
 
 use std::collections::BTreeMap;
@@ -51,7 +51,7 @@ pub enum DeletionSecrets {
     /// Call DeleteVolume without secrets.
     None,
     /// GET this Secret and send its data. Upstream deletes without secrets when the GET fails
-    /// (quirk Q12); that choice is the executor's.
+    /// (upstream deletes without secrets then); that choice is the executor's.
     Fetch(SecretRef),
     /// The PV predates the deletion-secret annotations: GET this StorageClass and pass it to
     /// [`deletion_secret_from_class`] (a missing class means no secrets).

@@ -1,4 +1,5 @@
-//! The volume name: PV name and CreateVolume `name` (§1.2).
+//! The volume name: PV name and CreateVolume `name` (`--volume-name-prefix`,
+//! `--volume-name-uuid-length`).
 //!
 //! Deliberate differences from upstream, which never validates these flags:
 //! - `--volume-name-uuid-length` outside -1..=32 is an error instead of a panic.

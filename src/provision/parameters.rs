@@ -1,5 +1,5 @@
-//! CreateVolume `parameters` (§3.2 steps 16-17): the class parameters without the sidecar's
-//! own `csi.storage.k8s.io/` keys, plus the optional claim metadata.
+//! CreateVolume `parameters`: the class parameters without the sidecar's own
+//! `csi.storage.k8s.io/` keys, plus the optional claim metadata.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -33,7 +33,7 @@ pub struct ExtraCreateMetadata<'a> {
 
 /// The class parameters without the known reserved keys (fstype and all secret keys). Any
 /// other reserved key is an error (the first in key order is reported). Deprecated keys such as
-/// `fstype` or `csiProvisionerSecretName` are passed on as upstream does (quirk Q10). `extra`
+/// `fstype` or `csiProvisionerSecretName` are passed on as upstream does. `extra`
 /// is added afterwards, so it cannot be stripped or overridden by the class.
 pub fn create_volume_parameters(
     class_parameters: &BTreeMap<String, String>,

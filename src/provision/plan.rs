@@ -1,5 +1,5 @@
-//! Everything decided about one claim before the driver is called (§3.2 step 3), and the
-//! CreateVolume request made from it (§3.3).
+//! Everything decided about one claim before the driver is called, and the CreateVolume
+//! request made from it.
 
 use std::collections::{BTreeMap, HashMap};
 

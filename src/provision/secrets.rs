@@ -1,4 +1,4 @@
-//! Secret references from StorageClass parameters (§4): which keys name which secret, the
+//! Secret references from StorageClass parameters: which keys name which secret, the
 //! `${...}` templates in them, and the checks on what they resolve to.
 //!
 //! Templates expand like a shell (`$VAR` and `${VAR}`, Go's `os.Expand`), with one deliberate

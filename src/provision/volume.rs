@@ -1,4 +1,4 @@
-//! The PersistentVolume for a created volume (§3.6).
+//! The PersistentVolume for a created volume.
 
 use std::collections::BTreeMap;
 
@@ -53,7 +53,7 @@ impl CreateResponseError {
 /// The pre-bound PV for a volume the driver created according to `plan`.
 ///
 /// Node-affinity expressions are sorted by topology key, so the same response always gives
-/// the same PV (upstream iterates a map and its order varies between runs, quirk Q13).
+/// the same PV (upstream iterates a map and its order varies between runs).
 pub fn build_persistent_volume(
     plan: &ProvisionPlan,
     response: &csi::CreateVolumeResponse,
@@ -80,7 +80,7 @@ pub fn build_persistent_volume(
 
     let mut annotations =
         BTreeMap::from([(ANN_PROVISIONED_BY.to_owned(), plan.provisioned_by.clone())]);
-    // Always written, empty when there is no secret (quirk Q12): deletion then knows the
+    // Always written, empty when there is no secret (as upstream writes it): deletion then knows the
     // class had none instead of re-reading a class that may have changed.
     let (deletion_name, deletion_namespace) = plan
         .secrets

@@ -82,7 +82,7 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
         }
     };
 
-    let mut work: Work = if leader_election {
+    let work: Work = if leader_election {
         let config = LeaderConfig::from_args(&args.leader, &info.name).map_err(AppError::Leader)?;
         let lease = config.lease_name.clone();
         let (elector, watch) = Elector::new(clients.client, config);
@@ -111,9 +111,20 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
         })
     };
 
+    supervise(work, &mut tasks, &shutdown).await
+}
+
+/// Runs `work` to its end, unless a task of `tasks` fails first: then the drain starts (the
+/// first shutdown stage), `work` finishes what is in flight, and the task's error is returned.
+/// Dropping `tasks` afterwards stops the ones still running.
+async fn supervise(
+    mut work: Work,
+    tasks: &mut JoinSet<Result<(), AppError>>,
+    shutdown: &Shutdown,
+) -> Result<(), AppError> {
     tokio::select! {
         result = &mut work => result,
-        error = first_failure(&mut tasks) => {
+        error = first_failure(tasks) => {
             error!(%error, "shutting down: draining before exit");
             shutdown.start_drain();
             if let Err(drain_error) = work.await {
@@ -140,4 +151,70 @@ fn fatal(error: &AppError) -> ExitCode {
     error!("{error}");
     eprintln!("csi-provisioner: {error}");
     ExitCode::FAILURE
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    fn failing_task(tasks: &mut JoinSet<Result<(), AppError>>) {
+        tasks.spawn(async { Err(AppError::LeadershipLost) });
+    }
+
+    /// Work that only ends after the drain started, and says whether it got there.
+    fn draining_work(shutdown: &Shutdown, drained: &Arc<AtomicBool>) -> Work {
+        let drain = shutdown.drain_started();
+        let drained = Arc::clone(drained);
+        Box::pin(async move {
+            drain.await;
+            drained.store(true, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+
+    #[tokio::test]
+    async fn a_failed_task_drains_the_work_then_reports_its_error() {
+        let shutdown = Shutdown::new();
+        let drained = Arc::new(AtomicBool::new(false));
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async { Ok(()) });
+        failing_task(&mut tasks);
+        let result = supervise(draining_work(&shutdown, &drained), &mut tasks, &shutdown).await;
+        assert!(
+            matches!(result, Err(AppError::LeadershipLost)),
+            "{result:?}"
+        );
+        assert!(shutdown.is_draining());
+        assert!(
+            drained.load(Ordering::SeqCst),
+            "the work finished its drain"
+        );
+        assert!(!matches!(shutdown.stage(), crate::shutdown::Stage::Aborted));
+    }
+
+    #[tokio::test]
+    async fn tasks_that_end_well_let_the_work_run() {
+        let shutdown = Shutdown::new();
+        let drained = Arc::new(AtomicBool::new(false));
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async { Ok(()) });
+        let stopper = shutdown.clone();
+        tokio::spawn(async move { stopper.start_drain() });
+        let result = supervise(draining_work(&shutdown, &drained), &mut tasks, &shutdown).await;
+        assert!(result.is_ok(), "{result:?}");
+        assert!(drained.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_panicked_task_is_a_failure() {
+        let shutdown = Shutdown::new();
+        let drained = Arc::new(AtomicBool::new(false));
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async { panic!("boom") });
+        let result = supervise(draining_work(&shutdown, &drained), &mut tasks, &shutdown).await;
+        assert!(matches!(result, Err(AppError::Task(_))), "{result:?}");
+        assert!(drained.load(Ordering::SeqCst));
+    }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
-pub use error::AppError;
+use error::AppError;
 
 use crate::config::Args;
 use crate::controller;

@@ -134,9 +134,10 @@ impl FeatureGates {
     }
 
     /// Gates the command line turns on, by name or through `AllAlpha`, whose behaviour is not
-    /// built: the sidecar refuses them rather than run without what they promise. Gates on
-    /// by default are judged where their behaviour would start (see
-    /// [`FeatureGates::check_driver_topology`]).
+    /// built: the sidecar refuses them rather than run without what they promise. The GA gates
+    /// on by default are judged where their behaviour would start: Topology against the
+    /// driver ([`FeatureGates::check_driver_topology`]), VolumeAttributesClass per claim (a
+    /// claim naming a class is not provisioned).
     pub fn refused(&self) -> Vec<ConfigError> {
         Gate::ALL
             .iter()

@@ -12,9 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use crate::config::Args;
-
-pub const LEADER_HEALTH_PATH: &str = "/healthz/leader-election";
+use crate::config::{HttpArgs, LEADER_HEALTH_PATH};
 
 /// What prometheus-client's text encoder produces.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
@@ -49,9 +47,10 @@ pub struct ServerPlan {
 
 impl ServerPlan {
     /// `None` when neither `--http-endpoint` nor `--metrics-address` is set.
-    pub fn from_args(args: &Args) -> Option<Self> {
+    /// `leader_election`: whether `--leader-election` is on.
+    pub fn from_args(args: &HttpArgs, leader_election: bool) -> Option<Self> {
         let (address, leader_health) = if !args.http_endpoint.is_empty() {
-            (args.http_endpoint.clone(), args.leader_election)
+            (args.http_endpoint.clone(), leader_election)
         } else if !args.metrics_address.is_empty() {
             (args.metrics_address.clone(), false)
         } else {
@@ -145,22 +144,25 @@ mod tests {
 
     use super::*;
 
-    fn args(flags: &[&str]) -> Args {
-        Args::parse_flags_from(std::iter::once("p").chain(flags.iter().copied())).expect("flags")
+    fn args(http_endpoint: &str, metrics_address: &str) -> HttpArgs {
+        HttpArgs {
+            http_endpoint: http_endpoint.into(),
+            metrics_address: metrics_address.into(),
+            metrics_path: "/metrics".into(),
+            enable_pprof: false,
+        }
     }
 
     #[test]
     fn plan_follows_upstream_rules() {
-        assert_eq!(ServerPlan::from_args(&args(&[])), None);
-        let p = ServerPlan::from_args(&args(&["--http-endpoint=:8080", "--leader-election"]))
-            .expect("plan");
+        assert_eq!(ServerPlan::from_args(&args("", ""), true), None);
+        let p = ServerPlan::from_args(&args(":8080", ""), true).expect("plan");
         assert_eq!(p.address, ":8080");
         assert!(p.leader_health);
-        let p = ServerPlan::from_args(&args(&["--http-endpoint=:8080"])).expect("plan");
+        let p = ServerPlan::from_args(&args(":8080", ""), false).expect("plan");
         assert!(!p.leader_health);
         // The deprecated flag never gets the health path.
-        let p = ServerPlan::from_args(&args(&["--metrics-address=:9090", "--leader-election"]))
-            .expect("plan");
+        let p = ServerPlan::from_args(&args("", ":9090"), true).expect("plan");
         assert_eq!(p.address, ":9090");
         assert!(!p.leader_health);
         assert_eq!(p.metrics_path, "/metrics");

@@ -16,7 +16,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower::{Layer, Service};
 
-use crate::config::Args;
+use crate::config::ClientArgs;
 
 /// client-go's defaults for a zero `--kube-api-qps` / `--kube-api-burst`.
 const DEFAULT_QPS: f64 = 5.0;
@@ -124,7 +124,7 @@ impl ConfigSource {
 
 /// Builds the client for the flags in `args` (all API traffic goes through the limiter),
 /// and the limiter's handle for callers that can wait for spare capacity.
-pub async fn client_from_args(args: &Args) -> Result<ApiClients, KubeClientError> {
+pub async fn client_from_args(args: &ClientArgs) -> Result<ApiClients, KubeClientError> {
     let env = std::env::var("KUBECONFIG").ok();
     let source = ConfigSource::decide(&args.kubeconfig, &args.master, env.as_deref());
     let config = source.load().await?;

@@ -24,7 +24,7 @@ use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 
-use crate::config::Args;
+use crate::config::LeaderArgs;
 
 /// Where a pod finds its namespace when POD_NAMESPACE is not set.
 pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
@@ -90,7 +90,7 @@ pub struct LeaderConfig {
 
 impl LeaderConfig {
     /// Reads the hostname, env POD_NAMESPACE and the service-account namespace file.
-    pub fn from_args(args: &Args, driver_name: &str) -> Result<Self, LeaderError> {
+    pub fn from_args(args: &LeaderArgs, driver_name: &str) -> Result<Self, LeaderError> {
         let host = hostname::get().map_err(LeaderError::Hostname)?;
         let pod_namespace = std::env::var("POD_NAMESPACE").ok();
         let sa_namespace = std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE_FILE).ok();
@@ -105,7 +105,7 @@ impl LeaderConfig {
             lease_duration: args.leader_election_lease_duration,
             renew_deadline: args.leader_election_renew_deadline,
             retry_period: args.leader_election_retry_period,
-            labels: args.leader_election_labels(),
+            labels: args.labels(),
         })
     }
 

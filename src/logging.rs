@@ -11,13 +11,13 @@
 //! | ≥ 6   | `trace` everywhere |
 //!
 //! The environment variable `RUST_LOG`, when set, replaces the filter (ours; upstream has
-//! `--vmodule` for per-file levels instead, which is accepted but not built yet).
+//! `--vmodule` for per-file levels instead, which the sidecar refuses: it is not built).
 
 use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LoggingFormat;
+use crate::config::{LogArgs, LoggingFormat};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoggingError {
@@ -49,16 +49,17 @@ fn env_filter(verbosity: i32, rust_log: Option<&str>) -> Result<EnvFilter, Loggi
     Ok(EnvFilter::builder().parse(directives)?)
 }
 
-/// Installs the global subscriber; call once, first thing in main.
-pub fn init(verbosity: i32, format: LoggingFormat) -> Result<(), LoggingError> {
+/// Installs the global subscriber from `-v` and `--logging-format`; call once, first thing
+/// in main.
+pub fn init(args: &LogArgs) -> Result<(), LoggingError> {
     let rust_log = std::env::var("RUST_LOG").ok();
-    let filter = env_filter(verbosity, rust_log.as_deref())?;
+    let filter = env_filter(args.verbosity, rust_log.as_deref())?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         // Colour codes only for a terminal: container logs are read by log collectors.
         .with_ansi(std::io::stderr().is_terminal());
-    let installed = match format {
+    let installed = match args.logging_format {
         LoggingFormat::Text => builder.try_init(),
         LoggingFormat::Json => builder.json().try_init(),
     };

@@ -28,7 +28,7 @@ async fn run() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    if let Err(error) = logging::init(args.verbosity, args.logging_format) {
+    if let Err(error) = logging::init(&args.log) {
         eprintln!("csi-provisioner: {error}");
         return ExitCode::FAILURE;
     }
@@ -36,8 +36,13 @@ async fn run() -> ExitCode {
         eprintln!("csi-provisioner: {error}");
         return ExitCode::FAILURE;
     }
-    for flag in args.not_built_yet_in_use() {
-        tracing::warn!(flag, "flag accepted, but its behaviour is not built yet");
+    // A flag whose behaviour is not built is refused, never silently ignored.
+    let refused = args.refused();
+    if !refused.is_empty() {
+        for error in refused {
+            eprintln!("csi-provisioner: {error}");
+        }
+        return ExitCode::FAILURE;
     }
     app::run(args).await
 }

@@ -1,0 +1,47 @@
+//! Why the sidecar stopped with a failure; `app::run` prints it and exits 1.
+
+use crate::config::ConfigError;
+use crate::csi_client;
+use crate::http::HttpError;
+use crate::journal::JournalError;
+use crate::kube_client::KubeClientError;
+use crate::leader::LeaderError;
+use crate::shutdown::ShutdownError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Signals(#[from] ShutdownError),
+    #[error("--csi-address: {0}")]
+    CsiAddress(#[source] csi_client::Error),
+    #[error(transparent)]
+    Driver(csi_client::Error),
+    // Upstream starts anyway and fails every operation; a provisioner for a driver that cannot
+    // provision is a deployment mistake, so we say so and stop.
+    #[error(
+        "the CSI driver {driver:?} does not report the CONTROLLER_SERVICE plugin capability, so it cannot provision volumes (is --csi-address the node plugin's socket?)"
+    )]
+    NoControllerService { driver: String },
+    #[error(
+        "the CSI driver {driver:?} does not report the CREATE_DELETE_VOLUME controller capability, so it cannot provision volumes"
+    )]
+    NoCreateDelete { driver: String },
+    /// What the driver reports needs behaviour that is not built.
+    #[error(transparent)]
+    Refused(ConfigError),
+    #[error(transparent)]
+    KubeClient(KubeClientError),
+    #[error(transparent)]
+    Http(HttpError),
+    #[error("--volume-name-uuid-length: out of range")]
+    UuidLength,
+    #[error(transparent)]
+    Leader(LeaderError),
+    /// Renewal failed for the whole renew deadline; upstream exits 1 too.
+    #[error("Stopped leading")]
+    LeadershipLost,
+    #[error(transparent)]
+    Controllers(JournalError),
+    #[error("a task of the sidecar ended abnormally: {0}")]
+    Task(#[source] tokio::task::JoinError),
+}

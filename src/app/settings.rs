@@ -1,0 +1,76 @@
+//! The reconcilers' settings from the flags and what the driver reported.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::error::AppError;
+use crate::config::{Args, ConsistencyDefault, Gate};
+use crate::controller::Settings;
+use crate::csi_client::DriverInfo;
+use crate::leader;
+use crate::provision::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
+
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppError> {
+    let gates = args.feature_gates();
+    let caps = DriverCapabilities {
+        controller_service: info.supports_controller_service(),
+        create_delete_volume: info.supports_create_delete(),
+        single_node_multi_writer: info.supports_single_node_multi_writer(),
+        topology: info.supports_topology() && gates.enabled(Gate::Topology),
+        clone: info.supports_clone(),
+        snapshot: info.supports_snapshot(),
+    };
+    let provision = &args.provision;
+    let controller = &args.controller;
+    let uuid_length =
+        i32::try_from(provision.volume_name_uuid_length).map_err(|_| AppError::UuidLength)?;
+    let hostname = leader::sanitize_name(&hostname());
+    let identity = provisioner_identity(unix_millis(), random_below_10000(), &info.name, None);
+    Ok(Settings {
+        config: ProvisionerConfig {
+            driver_name: info.name.clone(),
+            volume_name_prefix: provision.volume_name_prefix.clone(),
+            volume_name_uuid_length: uuid_length,
+            extra_create_metadata: provision.extra_create_metadata,
+            default_fstype: provision.default_fstype.clone(),
+            controller_publish_readonly: provision.controller_publish_readonly,
+            identity,
+        },
+        caps,
+        retry_interval_start: controller.retry_interval_start,
+        retry_interval_max: controller.retry_interval_max,
+        worker_threads: usize::try_from(controller.worker_threads).unwrap_or(usize::MAX),
+        max_concurrent_per_class: usize::try_from(controller.max_concurrent_per_storage_class)
+            .unwrap_or(usize::MAX),
+        event_component: format!("{}_{}_{}", info.name, hostname, uuid::Uuid::new_v4()),
+        hostname,
+        consistency_by_default: controller.provisioning_consistency_default
+            == ConsistencyDefault::Enable,
+        journal_namespace: leader::resolve_namespace(
+            &args.leader.leader_election_namespace,
+            std::env::var("POD_NAMESPACE").ok().as_deref(),
+            std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+                .ok()
+                .as_deref(),
+        ),
+        journal_base_name: leader::lease_name(&info.name),
+        journal_timeout: args.driver.timeout,
+    })
+}
+
+fn hostname() -> String {
+    hostname::get()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+fn unix_millis() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis())
+}
+
+fn random_below_10000() -> u16 {
+    (uuid::Uuid::new_v4().as_u128() % 10_000) as u16
+}

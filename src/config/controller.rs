@@ -1,0 +1,64 @@
+//! Flags of the reconcilers: retries, workers, side controllers and our own limits.
+
+use std::time::Duration;
+
+use clap::ValueEnum;
+
+use super::error::{ConfigError, not_after, positive_count, positive_duration};
+use super::go::parse_go_duration;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControllerArgs {
+    /// Base of the per-item exponential retry backoff.
+    #[arg(long, default_value = "1s", value_parser = parse_go_duration)]
+    pub retry_interval_start: Duration,
+
+    /// Cap of the per-item exponential retry backoff.
+    #[arg(long, default_value = "5m", value_parser = parse_go_duration)]
+    pub retry_interval_max: Duration,
+
+    /// Claim workers and volume workers (each).
+    #[arg(long, default_value_t = 100)]
+    pub worker_threads: u64,
+
+    /// Workers removing the clone-source finalizer.
+    #[arg(long, default_value_t = 1)]
+    pub cloning_protection_threads: u64,
+
+    /// Period of the orphaned snapshot-finalizer sweep; 0 disables it.
+    #[arg(long, default_value = "5m", value_parser = parse_go_duration)]
+    pub snapshot_orphan_sweep_interval: Duration,
+
+    /// Ours (not upstream): at most this many CreateVolume/DeleteVolume calls in flight per
+    /// StorageClass, so one slow class cannot occupy every worker. 0 = unlimited.
+    #[arg(long, default_value_t = 0)]
+    pub max_concurrent_per_storage_class: u64,
+
+    /// Ours (not upstream): whether a PVC without the annotation
+    /// `volume.kubernetes.io/provisioning-consistency` gets the provisioning-protection
+    /// finalizer before CreateVolume (guards against the volume leak of upstream issue #486).
+    #[arg(long, value_enum, default_value_t = ConsistencyDefault::Disable)]
+    pub provisioning_consistency_default: ConsistencyDefault,
+}
+
+/// `--provisioning-consistency-default` (ours).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ConsistencyDefault {
+    Enable,
+    Disable,
+}
+
+impl ControllerArgs {
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        positive_count("worker-threads", self.worker_threads)?;
+        positive_count(
+            "cloning-protection-threads",
+            self.cloning_protection_threads,
+        )?;
+        positive_duration("retry-interval-start", self.retry_interval_start)?;
+        not_after(
+            ("retry-interval-start", self.retry_interval_start),
+            ("retry-interval-max", self.retry_interval_max),
+        )
+    }
+}

@@ -1,0 +1,139 @@
+//! The flag table: every flag with how it relates to upstream. docs/flags.md shows the same
+//! table for people; a test holds the two together.
+
+/// Whether a flag's behaviour matches upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlagStatus {
+    /// Same name, type, default and behaviour as upstream.
+    Same,
+    /// Accepted with the same default, but deliberately behaves differently (docs/flags.md).
+    Different,
+    /// Parsed and validated, but its behaviour is not built: the sidecar refuses to start
+    /// when the flag is given. The text says what is missing.
+    Refused(&'static str),
+    /// Accepted and ignored by design (Go-runtime specific or no-op for us).
+    Ignored,
+    /// One of our own flags, fully built (no upstream counterpart to compare with).
+    Built,
+}
+
+impl FlagStatus {
+    /// The label used in docs/flags.md.
+    pub fn label(self) -> &'static str {
+        match self {
+            FlagStatus::Same => "same",
+            FlagStatus::Different => "different",
+            FlagStatus::Refused(_) => "refused",
+            FlagStatus::Ignored => "ignored",
+            FlagStatus::Built => "built",
+        }
+    }
+}
+
+/// One row of the flag table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlagInfo {
+    /// Long name without dashes.
+    pub name: &'static str,
+    pub status: FlagStatus,
+    /// Our own flag, not in upstream.
+    pub ours: bool,
+}
+
+const fn up(name: &'static str, status: FlagStatus) -> FlagInfo {
+    FlagInfo {
+        name,
+        status,
+        ours: false,
+    }
+}
+
+const fn ours(name: &'static str, status: FlagStatus) -> FlagInfo {
+    FlagInfo {
+        name,
+        status,
+        ours: true,
+    }
+}
+
+const TOPOLOGY: FlagStatus = FlagStatus::Refused("topology is not built");
+const CAPACITY: FlagStatus = FlagStatus::Refused("capacity tracking is not built");
+const NODE_DEPLOYMENT: FlagStatus = FlagStatus::Refused("node deployment is not built");
+const SPLIT_LOGS: FlagStatus = FlagStatus::Refused("split log streams are not built");
+
+/// Every flag with its status; docs/flags.md must agree (checked by a test).
+pub const FLAGS: &[FlagInfo] = {
+    use FlagStatus::*;
+    &[
+        up("csi-address", Same),
+        up("timeout", Same),
+        up("kubeconfig", Same),
+        up("master", Same),
+        up("kube-api-qps", Same),
+        up("kube-api-burst", Same),
+        up("version", Same),
+        up("automaxprocs", Ignored),
+        up("volume-name-prefix", Different),
+        up("volume-name-uuid-length", Different),
+        up("extra-create-metadata", Same),
+        up("default-fstype", Same),
+        up("controller-publish-readonly", Same),
+        up(
+            "prevent-volume-mode-conversion",
+            Refused("restoring from snapshots is not built"),
+        ),
+        up("strict-topology", TOPOLOGY),
+        up("immediate-topology", TOPOLOGY),
+        up("enable-capacity", CAPACITY),
+        up("capacity-for-immediate-binding", CAPACITY),
+        up("capacity-poll-interval", CAPACITY),
+        up("capacity-ownerref-level", CAPACITY),
+        up("capacity-threads", CAPACITY),
+        up("kube-api-capacity-qps", CAPACITY),
+        up("kube-api-capacity-burst", CAPACITY),
+        up("node-deployment", NODE_DEPLOYMENT),
+        up("node-deployment-immediate-binding", NODE_DEPLOYMENT),
+        up("node-deployment-base-delay", NODE_DEPLOYMENT),
+        up("node-deployment-max-delay", NODE_DEPLOYMENT),
+        up("leader-election", Different),
+        up("leader-election-namespace", Same),
+        up("leader-election-lease-duration", Same),
+        up("leader-election-renew-deadline", Same),
+        up("leader-election-retry-period", Same),
+        up("leader-election-labels", Same),
+        up("http-endpoint", Same),
+        up("metrics-address", Same),
+        up("metrics-path", Same),
+        up("enable-pprof", Refused("profiling endpoints are not built")),
+        up("retry-interval-start", Same),
+        up("retry-interval-max", Same),
+        up("worker-threads", Same),
+        up(
+            "cloning-protection-threads",
+            Refused("cloning protection is not built"),
+        ),
+        up(
+            "snapshot-orphan-sweep-interval",
+            Refused("snapshots are not built"),
+        ),
+        up("feature-gates", Different),
+        up("logging-format", Different),
+        up("log-flush-frequency", Ignored),
+        up("v", Different),
+        up("vmodule", Refused("per-module verbosity is not built")),
+        up("log-text-split-stream", SPLIT_LOGS),
+        up("log-text-info-buffer-size", SPLIT_LOGS),
+        up("log-json-split-stream", SPLIT_LOGS),
+        up("log-json-info-buffer-size", SPLIT_LOGS),
+        ours("max-concurrent-per-storage-class", Built),
+        ours("provisioning-consistency-default", Built),
+    ]
+};
+
+/// The flags the sidecar refuses, with what is missing.
+pub fn refused_flags() -> impl Iterator<Item = (&'static str, &'static str)> {
+    FLAGS.iter().filter_map(|f| match f.status {
+        FlagStatus::Refused(missing) => Some((f.name, missing)),
+        _ => None,
+    })
+}

@@ -1,0 +1,215 @@
+//! `--feature-gates`: the provisioner's gates, their defaults and stages, and which of them
+//! the sidecar refuses because their behaviour is not built.
+
+use std::collections::BTreeMap;
+
+use super::error::ConfigError;
+use super::go::parse_go_bool;
+
+/// One occurrence of `--feature-gates`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GateList(pub Vec<(GateKey, bool)>);
+
+/// A name accepted by `--feature-gates`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateKey {
+    Provisioner(Gate),
+    AllAlpha,
+    AllBeta,
+    /// A generic Kubernetes gate upstream also accepts; it has no effect here.
+    Generic(&'static str),
+}
+
+/// The provisioner's own feature gates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Gate {
+    Topology,
+    CrossNamespaceVolumeDataSource,
+    VolumeAttributesClass,
+    ReleaseLeaderElectionOnExit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Alpha,
+    Ga,
+}
+
+impl Gate {
+    pub const ALL: [Gate; 4] = [
+        Gate::Topology,
+        Gate::CrossNamespaceVolumeDataSource,
+        Gate::VolumeAttributesClass,
+        Gate::ReleaseLeaderElectionOnExit,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Gate::Topology => "Topology",
+            Gate::CrossNamespaceVolumeDataSource => "CrossNamespaceVolumeDataSource",
+            Gate::VolumeAttributesClass => "VolumeAttributesClass",
+            Gate::ReleaseLeaderElectionOnExit => "ReleaseLeaderElectionOnExit",
+        }
+    }
+
+    fn default_enabled(self) -> bool {
+        matches!(self, Gate::Topology | Gate::VolumeAttributesClass)
+    }
+
+    fn stage(self) -> Stage {
+        match self {
+            Gate::Topology | Gate::VolumeAttributesClass => Stage::Ga,
+            Gate::CrossNamespaceVolumeDataSource | Gate::ReleaseLeaderElectionOnExit => {
+                Stage::Alpha
+            }
+        }
+    }
+
+    /// What is missing when the gate's behaviour is not built; `None` when it is.
+    /// ReleaseLeaderElectionOnExit is built: the Lease is released on exit regardless.
+    pub fn not_built(self) -> Option<&'static str> {
+        match self {
+            Gate::Topology => Some("topology is not built"),
+            Gate::CrossNamespaceVolumeDataSource => {
+                Some("cross-namespace data sources are not built")
+            }
+            Gate::VolumeAttributesClass => Some("VolumeAttributesClass support is not built"),
+            Gate::ReleaseLeaderElectionOnExit => None,
+        }
+    }
+}
+
+/// Generic gates of the Kubernetes component libraries that upstream's gate set knows too;
+/// accepted so existing manifests keep working, without effect.
+const GENERIC_GATES: &[&str] = &[
+    "LoggingAlphaOptions",
+    "LoggingBetaOptions",
+    "ContextualLogging",
+];
+
+/// The resolved `--feature-gates`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FeatureGates {
+    explicit: BTreeMap<Gate, bool>,
+    all_alpha: Option<bool>,
+    all_beta: Option<bool>,
+}
+
+impl FeatureGates {
+    /// Resolves every occurrence of `--feature-gates` (later occurrences win).
+    pub fn resolve(lists: &[GateList]) -> Self {
+        let mut gates = Self::default();
+        for (key, value) in lists.iter().flat_map(|l| l.0.iter()) {
+            gates.apply(*key, *value);
+        }
+        gates
+    }
+
+    pub fn enabled(&self, gate: Gate) -> bool {
+        if let Some(v) = self.explicit.get(&gate) {
+            return *v;
+        }
+        match gate.stage() {
+            Stage::Alpha => self.all_alpha.unwrap_or(gate.default_enabled()),
+            Stage::Ga => gate.default_enabled(),
+        }
+    }
+
+    /// Whether the gate was named on the command line (upstream auto-disables
+    /// VolumeAttributesClass only when it was not).
+    pub fn is_explicit(&self, gate: Gate) -> bool {
+        self.explicit.contains_key(&gate)
+    }
+
+    fn apply(&mut self, key: GateKey, value: bool) {
+        match key {
+            GateKey::Provisioner(g) => {
+                self.explicit.insert(g, value);
+            }
+            GateKey::AllAlpha => self.all_alpha = Some(value),
+            // No provisioner gate is beta; kept so that `AllBeta=...` is accepted like upstream.
+            GateKey::AllBeta => self.all_beta = Some(value),
+            GateKey::Generic(_) => {}
+        }
+    }
+
+    /// Gates the command line turns on, by name or through `AllAlpha`, whose behaviour is not
+    /// built: the sidecar refuses them rather than run without what they promise. The GA gates
+    /// on by default are judged where their behaviour would start: Topology against the
+    /// driver ([`FeatureGates::check_driver_topology`]), VolumeAttributesClass per claim (a
+    /// claim naming a class is not provisioned).
+    pub fn refused(&self) -> Vec<ConfigError> {
+        Gate::ALL
+            .iter()
+            .filter(|gate| self.enabled(**gate))
+            .filter_map(|gate| {
+                let missing = gate.not_built()?;
+                if self.is_explicit(*gate) {
+                    Some(ConfigError::GateNotBuilt {
+                        gate: gate.name(),
+                        missing,
+                    })
+                } else if gate.stage() == Stage::Alpha && self.all_alpha == Some(true) {
+                    Some(ConfigError::GateNotBuiltViaAll {
+                        all: "AllAlpha",
+                        gate: gate.name(),
+                        missing,
+                    })
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// Topology (on by default, as upstream) only acts with a driver that reports the
+    /// VOLUME_ACCESSIBILITY_CONSTRAINTS capability. Topology is not built, so with such a
+    /// driver the sidecar would create volumes without accessibility requirements: refused.
+    pub fn check_driver_topology(
+        &self,
+        driver: &str,
+        driver_has_topology: bool,
+    ) -> Result<(), ConfigError> {
+        if driver_has_topology && self.enabled(Gate::Topology) {
+            return Err(ConfigError::DriverTopology {
+                driver: driver.to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `Gate=bool,...` like Kubernetes' feature-gate flag; unknown gates are an error.
+pub fn parse_gate_list(s: &str) -> Result<GateList, String> {
+    let mut out = Vec::new();
+    for item in s.split(',') {
+        let item = item.trim();
+        if item.is_empty() {
+            continue;
+        }
+        let Some((name, value)) = item.split_once('=') else {
+            return Err(format!("missing bool value for {item}"));
+        };
+        let (name, value) = (name.trim(), value.trim());
+        let value = parse_go_bool(value).map_err(|e| format!("invalid value of {name}: {e}"))?;
+        let key = match name {
+            "AllAlpha" => GateKey::AllAlpha,
+            "AllBeta" => GateKey::AllBeta,
+            _ => {
+                if let Some(g) = Gate::ALL.iter().find(|g| g.name() == name) {
+                    GateKey::Provisioner(*g)
+                } else if let Some(g) = GENERIC_GATES.iter().find(|g| **g == name) {
+                    GateKey::Generic(g)
+                } else {
+                    let known: Vec<_> = Gate::ALL.iter().map(|g| g.name()).collect();
+                    return Err(format!(
+                        "unrecognized feature gate: {name} (known: {}, AllAlpha, AllBeta)",
+                        known.join(", ")
+                    ));
+                }
+            }
+        };
+        out.push((key, value));
+    }
+    Ok(GateList(out))
+}

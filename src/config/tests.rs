@@ -1,0 +1,650 @@
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use clap::CommandFactory;
+
+use super::*;
+
+fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
+    Args::parse_flags_from(std::iter::once("csi-provisioner").chain(flags.iter().copied()))
+}
+
+fn ok(flags: &[&str]) -> Args {
+    match parse(flags) {
+        Ok(a) => a,
+        Err(e) => panic!("{flags:?}: {e}"),
+    }
+}
+
+fn err(flags: &[&str]) -> String {
+    match parse(flags) {
+        Ok(a) => panic!("{flags:?} parsed: {a:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+#[test]
+fn defaults_equal_upstream() {
+    let a = ok(&[]);
+    assert_eq!(a.driver.csi_address, "/run/csi/socket");
+    assert_eq!(a.driver.timeout, secs(10));
+    assert_eq!(a.client.kubeconfig, "");
+    assert_eq!(a.client.master, "");
+    assert_eq!(a.client.kube_api_qps, 5.0);
+    assert_eq!(a.client.kube_api_burst, 10);
+    assert!(!a.version);
+    assert!(!a.automaxprocs);
+    assert_eq!(a.provision.volume_name_prefix, "pvc");
+    assert_eq!(a.provision.volume_name_uuid_length, -1);
+    assert!(!a.provision.extra_create_metadata);
+    assert_eq!(a.provision.default_fstype, "");
+    assert!(!a.provision.controller_publish_readonly);
+    assert!(a.provision.prevent_volume_mode_conversion);
+    assert!(!a.topology.strict_topology);
+    assert!(a.topology.immediate_topology);
+    assert!(!a.capacity.enable_capacity);
+    assert!(!a.capacity.capacity_for_immediate_binding);
+    assert_eq!(a.capacity.capacity_poll_interval, secs(60));
+    assert_eq!(a.capacity.capacity_ownerref_level, 1);
+    assert_eq!(a.capacity.capacity_threads, 1);
+    assert_eq!(a.capacity.kube_api_capacity_qps, 1.0);
+    assert_eq!(a.capacity.kube_api_capacity_burst, 5);
+    assert!(!a.node_deployment.node_deployment);
+    assert!(a.node_deployment.node_deployment_immediate_binding);
+    assert_eq!(a.node_deployment.node_deployment_base_delay, secs(20));
+    assert_eq!(a.node_deployment.node_deployment_max_delay, secs(60));
+    assert!(!a.leader.leader_election);
+    assert_eq!(a.leader.leader_election_namespace, "");
+    assert_eq!(a.leader.leader_election_lease_duration, secs(15));
+    assert_eq!(a.leader.leader_election_renew_deadline, secs(10));
+    assert_eq!(a.leader.leader_election_retry_period, secs(5));
+    assert!(a.leader.labels().is_empty());
+    assert_eq!(a.http.http_endpoint, "");
+    assert_eq!(a.http.metrics_address, "");
+    assert_eq!(a.http.metrics_path, "/metrics");
+    assert!(!a.http.enable_pprof);
+    assert_eq!(a.controller.retry_interval_start, secs(1));
+    assert_eq!(a.controller.retry_interval_max, secs(300));
+    assert_eq!(a.controller.worker_threads, 100);
+    assert_eq!(a.controller.cloning_protection_threads, 1);
+    assert_eq!(a.controller.snapshot_orphan_sweep_interval, secs(300));
+    assert_eq!(a.log.logging_format, LoggingFormat::Text);
+    assert_eq!(a.log.log_flush_frequency, secs(5));
+    assert_eq!(a.log.verbosity, 0);
+    assert_eq!(a.log.vmodule, "");
+    assert!(!a.log.log_text_split_stream);
+    assert!(!a.log.log_json_split_stream);
+    assert_eq!(a.controller.max_concurrent_per_storage_class, 0);
+    assert_eq!(
+        a.controller.provisioning_consistency_default,
+        ConsistencyDefault::Disable
+    );
+    let g = a.feature_gates();
+    assert!(g.enabled(Gate::Topology));
+    assert!(!g.enabled(Gate::CrossNamespaceVolumeDataSource));
+    assert!(g.enabled(Gate::VolumeAttributesClass));
+    assert!(!g.enabled(Gate::ReleaseLeaderElectionOnExit));
+    assert!(a.explicit.is_empty());
+    assert_eq!(a.validate(), Ok(()));
+    assert!(a.refused().is_empty());
+}
+
+#[test]
+fn every_flag_parses() {
+    let a = ok(&[
+        "--csi-address=unix:///csi/csi.sock",
+        "--timeout=1m30s",
+        "--kubeconfig=/k",
+        "--master=https://h:6443",
+        "--kube-api-qps=20.5",
+        "--kube-api-burst=40",
+        "--version=false",
+        "--automaxprocs",
+        "--volume-name-prefix=vol",
+        "--volume-name-uuid-length=8",
+        "--extra-create-metadata",
+        "--default-fstype=ext4",
+        "--controller-publish-readonly=true",
+        "--prevent-volume-mode-conversion=false",
+        "--strict-topology",
+        "--immediate-topology=false",
+        "--enable-capacity",
+        "--capacity-for-immediate-binding",
+        "--capacity-poll-interval=2m",
+        "--capacity-ownerref-level=-1",
+        "--capacity-threads=3",
+        "--kube-api-capacity-qps=2.5",
+        "--kube-api-capacity-burst=7",
+        "--node-deployment",
+        "--node-deployment-immediate-binding=false",
+        "--node-deployment-base-delay=5s",
+        "--node-deployment-max-delay=2m",
+        "--leader-election",
+        "--leader-election-namespace=kube-system",
+        "--leader-election-lease-duration=30s",
+        "--leader-election-renew-deadline=20s",
+        "--leader-election-retry-period=2s",
+        "--leader-election-labels=a:b,c:d",
+        "--http-endpoint=:8080",
+        "--metrics-path=/m",
+        "--enable-pprof",
+        "--retry-interval-start=500ms",
+        "--retry-interval-max=10m",
+        "--worker-threads=7",
+        "--cloning-protection-threads=2",
+        "--snapshot-orphan-sweep-interval=0",
+        "--feature-gates=Topology=false,AllAlpha=true",
+        "--logging-format=json",
+        "--log-flush-frequency=1s",
+        "-v=5",
+        "--vmodule=foo=2,bar*=3",
+        "--log-text-split-stream",
+        "--log-text-info-buffer-size=1Mi",
+        "--log-json-split-stream=true",
+        "--log-json-info-buffer-size=2Mi",
+        "--max-concurrent-per-storage-class=4",
+        "--provisioning-consistency-default=enable",
+    ]);
+    assert_eq!(a.driver.csi_address, "unix:///csi/csi.sock");
+    assert_eq!(a.driver.timeout, secs(90));
+    assert_eq!(a.client.kubeconfig, "/k");
+    assert_eq!(a.client.master, "https://h:6443");
+    assert_eq!(a.client.kube_api_qps, 20.5);
+    assert_eq!(a.client.kube_api_burst, 40);
+    assert!(!a.version);
+    assert!(a.automaxprocs);
+    assert_eq!(a.provision.volume_name_prefix, "vol");
+    assert_eq!(a.provision.volume_name_uuid_length, 8);
+    assert!(a.provision.extra_create_metadata);
+    assert_eq!(a.provision.default_fstype, "ext4");
+    assert!(a.provision.controller_publish_readonly);
+    assert!(!a.provision.prevent_volume_mode_conversion);
+    assert!(a.topology.strict_topology);
+    assert!(!a.topology.immediate_topology);
+    assert!(a.capacity.enable_capacity);
+    assert!(a.capacity.capacity_for_immediate_binding);
+    assert_eq!(a.capacity.capacity_poll_interval, secs(120));
+    assert_eq!(a.capacity.capacity_ownerref_level, -1);
+    assert_eq!(a.capacity.capacity_threads, 3);
+    assert_eq!(a.capacity.kube_api_capacity_qps, 2.5);
+    assert_eq!(a.capacity.kube_api_capacity_burst, 7);
+    assert!(a.node_deployment.node_deployment);
+    assert!(!a.node_deployment.node_deployment_immediate_binding);
+    assert_eq!(a.node_deployment.node_deployment_base_delay, secs(5));
+    assert_eq!(a.node_deployment.node_deployment_max_delay, secs(120));
+    assert!(a.leader.leader_election);
+    assert_eq!(a.leader.leader_election_namespace, "kube-system");
+    assert_eq!(a.leader.leader_election_lease_duration, secs(30));
+    assert_eq!(a.leader.leader_election_renew_deadline, secs(20));
+    assert_eq!(a.leader.leader_election_retry_period, secs(2));
+    assert_eq!(
+        a.leader.labels(),
+        BTreeMap::from([("a".into(), "b".into()), ("c".into(), "d".into())])
+    );
+    assert_eq!(a.http.http_endpoint, ":8080");
+    assert_eq!(a.http.metrics_path, "/m");
+    assert!(a.http.enable_pprof);
+    assert_eq!(
+        a.controller.retry_interval_start,
+        Duration::from_millis(500)
+    );
+    assert_eq!(a.controller.retry_interval_max, secs(600));
+    assert_eq!(a.controller.worker_threads, 7);
+    assert_eq!(a.controller.cloning_protection_threads, 2);
+    assert_eq!(a.controller.snapshot_orphan_sweep_interval, Duration::ZERO);
+    let g = a.feature_gates();
+    assert!(!g.enabled(Gate::Topology));
+    assert!(g.enabled(Gate::CrossNamespaceVolumeDataSource));
+    assert!(g.enabled(Gate::ReleaseLeaderElectionOnExit));
+    assert!(g.enabled(Gate::VolumeAttributesClass));
+    assert!(!g.is_explicit(Gate::VolumeAttributesClass));
+    assert_eq!(a.log.logging_format, LoggingFormat::Json);
+    assert_eq!(a.log.log_flush_frequency, secs(1));
+    assert_eq!(a.log.verbosity, 5);
+    assert_eq!(a.log.vmodule, "foo=2,bar*=3");
+    assert!(a.log.log_text_split_stream);
+    assert_eq!(a.log.log_text_info_buffer_size, "1Mi");
+    assert!(a.log.log_json_split_stream);
+    assert_eq!(a.log.log_json_info_buffer_size, "2Mi");
+    assert_eq!(a.controller.max_concurrent_per_storage_class, 4);
+    assert_eq!(
+        a.controller.provisioning_consistency_default,
+        ConsistencyDefault::Enable
+    );
+    assert_eq!(a.validate(), Ok(()));
+    // Every flag of the table was given above, except the one excluding --http-endpoint.
+    let mut given: BTreeSet<_> = FLAGS.iter().map(|f| f.name.to_owned()).collect();
+    given.remove("metrics-address");
+    assert_eq!(a.explicit, given);
+    assert_eq!(
+        ok(&["--metrics-address=:9090"]).http.metrics_address,
+        ":9090"
+    );
+}
+
+#[test]
+fn command_is_consistent_and_documented() {
+    Args::command().debug_assert();
+    let help = Args::command().render_long_help().to_string();
+    for f in FLAGS {
+        assert!(
+            help.contains(&format!("--{}", f.name)),
+            "--{} missing from help",
+            f.name
+        );
+    }
+}
+
+#[test]
+fn flag_table_matches_the_parser() {
+    let cmd = Args::command();
+    let parser: BTreeSet<_> = cmd
+        .get_arguments()
+        .filter_map(|a| a.get_long())
+        .filter(|l| *l != "help")
+        .collect();
+    let table: BTreeSet<_> = FLAGS.iter().map(|f| f.name).collect();
+    assert_eq!(parser, table);
+    assert_eq!(table.len(), FLAGS.len(), "duplicate rows in FLAGS");
+}
+
+/// docs/flags.md has one row per flag whose status column equals `FLAGS`.
+#[test]
+fn docs_table_matches_flag_table() {
+    let doc = include_str!("../../docs/flags.md");
+    for f in FLAGS {
+        let prefix = format!("| `--{}` |", f.name);
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("docs/flags.md has no row for --{}", f.name));
+        let cols: Vec<_> = row.split('|').map(str::trim).collect();
+        assert_eq!(
+            cols.get(4).copied(),
+            Some(f.status.label()),
+            "status of --{}",
+            f.name
+        );
+    }
+}
+
+#[test]
+fn refused_flag_list() {
+    assert_eq!(
+        refused_flags().map(|(flag, _)| flag).collect::<Vec<_>>(),
+        vec![
+            "prevent-volume-mode-conversion",
+            "strict-topology",
+            "immediate-topology",
+            "enable-capacity",
+            "capacity-for-immediate-binding",
+            "capacity-poll-interval",
+            "capacity-ownerref-level",
+            "capacity-threads",
+            "kube-api-capacity-qps",
+            "kube-api-capacity-burst",
+            "node-deployment",
+            "node-deployment-immediate-binding",
+            "node-deployment-base-delay",
+            "node-deployment-max-delay",
+            "enable-pprof",
+            "cloning-protection-threads",
+            "snapshot-orphan-sweep-interval",
+            "vmodule",
+            "log-text-split-stream",
+            "log-text-info-buffer-size",
+            "log-json-split-stream",
+            "log-json-info-buffer-size",
+        ]
+    );
+    let messages = |flags: &[&str]| -> Vec<String> {
+        ok(flags)
+            .refused()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+    assert_eq!(
+        messages(&[
+            "--enable-capacity",
+            "--feature-gates=VolumeAttributesClass=true",
+        ]),
+        vec![
+            "--enable-capacity is not supported yet (capacity tracking is not built); remove the flag",
+            "--feature-gates=VolumeAttributesClass=true is not supported yet (VolumeAttributesClass \
+             support is not built); remove it or set VolumeAttributesClass=false",
+        ]
+    );
+    assert_eq!(
+        messages(&["--strict-topology=false"]),
+        vec!["--strict-topology is not supported yet (topology is not built); remove the flag"],
+        "given is refused, whatever the value"
+    );
+    // Flags built or ignored by design are not refused.
+    assert!(
+        messages(&[
+            "--automaxprocs",
+            "--log-flush-frequency=1s",
+            "--leader-election"
+        ])
+        .is_empty()
+    );
+}
+
+#[test]
+fn gates_turned_on_without_their_behaviour_are_refused() {
+    let refused =
+        |gates: &str| -> Vec<ConfigError> { ok(&[&format!("--feature-gates={gates}")]).refused() };
+    assert_eq!(
+        refused("Topology=true"),
+        vec![ConfigError::GateNotBuilt {
+            gate: "Topology",
+            missing: "topology is not built"
+        }]
+    );
+    assert_eq!(
+        refused("AllAlpha=true"),
+        vec![ConfigError::GateNotBuiltViaAll {
+            all: "AllAlpha",
+            gate: "CrossNamespaceVolumeDataSource",
+            missing: "cross-namespace data sources are not built"
+        }]
+    );
+    assert!(
+        refused("AllAlpha=true")[0]
+            .to_string()
+            .contains("add CrossNamespaceVolumeDataSource=false"),
+    );
+    // What AllAlpha enables is fine once the unbuilt gate is named off; the built one stays on.
+    assert!(refused("AllAlpha=true,CrossNamespaceVolumeDataSource=false").is_empty());
+    assert!(refused("ReleaseLeaderElectionOnExit=true").is_empty());
+    // No provisioner gate is beta.
+    assert!(refused("AllBeta=true").is_empty());
+    // Gates turned off, and defaults, are accepted: the default-on Topology is judged against
+    // the driver's capabilities.
+    assert!(refused("Topology=false,VolumeAttributesClass=false").is_empty());
+    assert!(ok(&[]).refused().is_empty());
+}
+
+#[test]
+fn topology_capable_driver_needs_the_topology_gate_off() {
+    let gates = |flags: &[&str]| ok(flags).feature_gates();
+    let on = gates(&[]);
+    assert_eq!(
+        on.check_driver_topology("d.example.com", true),
+        Err(ConfigError::DriverTopology {
+            driver: "d.example.com".into()
+        })
+    );
+    let message = on
+        .check_driver_topology("d.example.com", true)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        message.contains("--feature-gates=Topology=false"),
+        "{message}"
+    );
+    assert!(
+        message.contains("VOLUME_ACCESSIBILITY_CONSTRAINTS"),
+        "{message}"
+    );
+    assert_eq!(on.check_driver_topology("d.example.com", false), Ok(()));
+    let off = gates(&["--feature-gates=Topology=false"]);
+    assert_eq!(off.check_driver_topology("d.example.com", true), Ok(()));
+}
+
+#[test]
+fn bools_follow_pflag() {
+    assert!(ok(&["--leader-election"]).leader.leader_election);
+    assert!(ok(&["--leader-election=true"]).leader.leader_election);
+    assert!(ok(&["--leader-election=T"]).leader.leader_election);
+    assert!(!ok(&["--leader-election=false"]).leader.leader_election);
+    assert!(!ok(&["--leader-election=0"]).leader.leader_election);
+    assert!(
+        !ok(&["--immediate-topology=false"])
+            .topology
+            .immediate_topology
+    );
+    // Last occurrence wins, as in pflag.
+    assert!(
+        !ok(&["--leader-election", "--leader-election=false"])
+            .leader
+            .leader_election
+    );
+    // The value of a bool must be attached with `=`.
+    let e = err(&["--leader-election", "false"]);
+    assert!(e.contains("false"), "{e}");
+    let e = err(&["--leader-election=yes"]);
+    assert!(e.contains("--leader-election"), "{e}");
+}
+
+#[test]
+fn go_single_dash_forms() {
+    assert_eq!(ok(&["-v=5"]).log.verbosity, 5);
+    assert_eq!(ok(&["-v", "3"]).log.verbosity, 3);
+    assert_eq!(ok(&["-v4"]).log.verbosity, 4);
+    assert_eq!(ok(&["--v=2"]).log.verbosity, 2);
+    let a = ok(&[
+        "-csi-address=/csi.sock",
+        "-leader-election",
+        "-timeout",
+        "3s",
+    ]);
+    assert_eq!(a.driver.csi_address, "/csi.sock");
+    assert!(a.leader.leader_election);
+    assert_eq!(a.driver.timeout, secs(3));
+    // A value that looks like a flag stays a value.
+    assert_eq!(
+        ok(&["--volume-name-prefix", "-timeout"])
+            .provision
+            .volume_name_prefix,
+        "-timeout"
+    );
+    assert_eq!(
+        ok(&["--volume-name-uuid-length", "-1"])
+            .provision
+            .volume_name_uuid_length,
+        -1
+    );
+}
+
+#[test]
+fn unknown_flags_are_rejected() {
+    let e = err(&["--no-such-flag"]);
+    assert!(e.contains("--no-such-flag"), "{e}");
+    // Legacy klog flags are gone upstream too.
+    assert!(err(&["--logtostderr"]).contains("--logtostderr"));
+    let e = Args::parse_flags_from(["csi-provisioner", "--bogus"]).map(|_| ());
+    assert_eq!(e.map_err(|e| e.exit_code()), Err(2));
+}
+
+#[test]
+fn bad_values_name_the_flag() {
+    for (flags, flag) in [
+        (&["--timeout=10"][..], "--timeout"),
+        (&["--timeout=-1s"], "--timeout"),
+        (&["--retry-interval-max=5x"], "--retry-interval-max"),
+        (&["--worker-threads=-1"], "--worker-threads"),
+        (&["--kube-api-qps=fast"], "--kube-api-qps"),
+        (
+            &["--leader-election-labels=a=b"],
+            "--leader-election-labels",
+        ),
+        (
+            &["--leader-election-labels=a:b:c"],
+            "--leader-election-labels",
+        ),
+        (&["--feature-gates=NoSuchGate=true"], "--feature-gates"),
+        (&["--feature-gates=Topology"], "--feature-gates"),
+        (&["--feature-gates=Topology=maybe"], "--feature-gates"),
+        (&["--logging-format=xml"], "--logging-format"),
+        (&["--vmodule=foo"], "--vmodule"),
+        (&["-v=high"], "--v"),
+        (
+            &["--provisioning-consistency-default=yes"],
+            "--provisioning-consistency-default",
+        ),
+    ] {
+        let e = err(flags);
+        assert!(e.contains(flag), "{flags:?}: {e}");
+    }
+    assert!(err(&["--feature-gates=NoSuchGate=true"]).contains("unrecognized feature gate"));
+}
+
+#[test]
+fn validation_errors_name_the_flag() {
+    for (flags, flag) in [
+        (
+            &["--http-endpoint=:8080", "--metrics-address=:8081"][..],
+            "--metrics-address",
+        ),
+        (
+            &["--volume-name-uuid-length=33"],
+            "--volume-name-uuid-length",
+        ),
+        (
+            &["--volume-name-uuid-length=-2"],
+            "--volume-name-uuid-length",
+        ),
+        (&["--volume-name-prefix="], "--volume-name-prefix"),
+        (&["--worker-threads=0"], "--worker-threads"),
+        (
+            &["--cloning-protection-threads=0"],
+            "--cloning-protection-threads",
+        ),
+        (
+            &["--enable-capacity", "--capacity-threads=0"],
+            "--capacity-threads",
+        ),
+        (&["--timeout=0"], "--timeout"),
+        (&["--retry-interval-start=10m"], "--retry-interval-start"),
+        (&["--retry-interval-start=0s"], "--retry-interval-start"),
+        (
+            &["--node-deployment-base-delay=2m"],
+            "--node-deployment-base-delay",
+        ),
+        (&["--kube-api-qps=NaN"], "--kube-api-qps"),
+        (&["--kube-api-burst=-1"], "--kube-api-burst"),
+        (&["--metrics-path=metrics"], "--metrics-path"),
+        (&["--http-endpoint=localhost"], "--http-endpoint"),
+        (
+            &[
+                "--leader-election",
+                "--metrics-path=/healthz/leader-election",
+            ],
+            "--metrics-path",
+        ),
+        (
+            &["--leader-election", "--leader-election-lease-duration=10s"],
+            "--leader-election-lease-duration",
+        ),
+        (
+            &["--leader-election", "--leader-election-retry-period=9s"],
+            "--leader-election-renew-deadline",
+        ),
+        (
+            &["--leader-election", "--leader-election-retry-period=500ms"],
+            "--leader-election-retry-period",
+        ),
+    ] {
+        let a = ok(flags);
+        match a.validate() {
+            Ok(()) => panic!("{flags:?} validated"),
+            Err(e) => assert!(e.to_string().contains(flag), "{flags:?}: {e}"),
+        }
+    }
+    assert_eq!(
+        ok(&["--http-endpoint=:8080", "--metrics-address=:8081"]).validate(),
+        Err(ConfigError::EndpointConflict)
+    );
+    // Bounds are inclusive.
+    assert_eq!(ok(&["--volume-name-uuid-length=32"]).validate(), Ok(()));
+    assert_eq!(ok(&["--volume-name-uuid-length=0"]).validate(), Ok(()));
+    // Leader-election timing is only checked when leader election is on.
+    assert_eq!(
+        ok(&["--leader-election-lease-duration=1s"]).validate(),
+        Ok(())
+    );
+}
+
+#[test]
+fn go_durations() {
+    let ms = Duration::from_millis;
+    for (s, d) in [
+        ("0", Duration::ZERO),
+        ("-0", Duration::ZERO),
+        ("-0s", Duration::ZERO),
+        ("+5s", secs(5)),
+        ("10s", secs(10)),
+        ("5m", secs(300)),
+        ("1m30s", secs(90)),
+        ("500ms", ms(500)),
+        ("1.5h", secs(5400)),
+        ("2h45m", secs(9900)),
+        (".5s", ms(500)),
+        ("1.s", secs(1)),
+        ("3us", Duration::from_micros(3)),
+        ("3µs", Duration::from_micros(3)),
+        ("7ns", Duration::from_nanos(7)),
+        ("1.0000000001s", Duration::from_nanos(1_000_000_000)),
+    ] {
+        assert_eq!(parse_go_duration(s), Ok(d), "{s}");
+    }
+    for s in [
+        "",
+        "s",
+        "10",
+        "1x",
+        ".s",
+        "1h-5m",
+        "-1s",
+        "1..5s",
+        "9999999999h",
+    ] {
+        assert!(parse_go_duration(s).is_err(), "{s}");
+    }
+}
+
+#[test]
+fn feature_gate_resolution() {
+    let a = ok(&[
+        "--feature-gates=Topology=false",
+        "--feature-gates= ReleaseLeaderElectionOnExit = true ,LoggingBetaOptions=false",
+        "--feature-gates=AllAlpha=true,CrossNamespaceVolumeDataSource=false",
+    ]);
+    let g = a.feature_gates();
+    assert!(!g.enabled(Gate::Topology));
+    assert!(g.enabled(Gate::ReleaseLeaderElectionOnExit));
+    // Explicit beats AllAlpha regardless of order.
+    assert!(!g.enabled(Gate::CrossNamespaceVolumeDataSource));
+    assert!(g.is_explicit(Gate::Topology));
+    assert!(!g.is_explicit(Gate::VolumeAttributesClass));
+    assert!(ok(&["--feature-gates="]).feature_gates() == FeatureGates::default());
+}
+
+#[test]
+fn labels_accumulate_and_later_keys_win() {
+    let a = ok(&[
+        "--leader-election-labels=a:1,b:2",
+        "--leader-election-labels=b:3",
+    ]);
+    assert_eq!(
+        a.leader.labels(),
+        BTreeMap::from([("a".into(), "1".into()), ("b".into(), "3".into())])
+    );
+    assert!(parse_label_list("").is_err());
+}
+
+#[test]
+fn version_line_is_argv0_and_version() {
+    assert_eq!(
+        version_line("/csi-provisioner"),
+        format!("/csi-provisioner {VERSION}")
+    );
+    assert!(ok(&["--version"]).version);
+}

@@ -150,16 +150,16 @@ async fn reap(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError>
             name: operation.volume_name.clone(),
             source,
         })?;
-    if !pv.is_some_and(|pv| holds(operation, ctx, &pv)) {
-        if let Err(error) = delete_orphan(ctx, operation).await {
-            // The secret lived in the claim's namespace, which is being deleted: waiting for it
-            // would keep the namespace forever. The record, durable in our own namespace, keeps
-            // the orphan; it is deleted once the secret can be read again (see journal.md).
-            if let (ReapError::Secret(_), Some(claim)) = (&error, &deleting_claim) {
-                release_finalizer(ctx, claim).await?;
-            }
-            return Err(error);
+    if !pv.is_some_and(|pv| holds(operation, ctx, &pv))
+        && let Err(error) = delete_orphan(ctx, operation).await
+    {
+        // The secret lived in the claim's namespace, which is being deleted: waiting for it
+        // would keep the namespace forever. The record, durable in our own namespace, keeps
+        // the orphan; it is deleted once the secret can be read again (see journal.md).
+        if let (ReapError::Secret(_), Some(claim)) = (&error, &deleting_claim) {
+            release_finalizer(ctx, claim).await?;
         }
+        return Err(error);
     }
     // With a PV, the volume reconciler deletes the volume once the PV is Released.
     ctx.journal.complete(&operation.volume_name);

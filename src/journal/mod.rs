@@ -160,7 +160,7 @@ impl Journal {
         let volume_name = operation.volume_name.clone();
         let record = OperationRecord::from_operation(&operation, Timestamp::now());
         let busy = match self.registry.reserve(operation.clone())? {
-            Reservation::Recorded(busy, recorded) => return Ok((busy, recorded)),
+            Reservation::Recorded(busy, recorded) => return Ok((busy, *recorded)),
             Reservation::Fresh(busy) => busy,
         };
         let (durable, stored) = oneshot::channel();

@@ -78,7 +78,7 @@ pub enum Reservation<'a> {
     /// New: write it to the journal, then [`Registry::confirm`] it (or [`Registry::abandon`]).
     Fresh(Busy<'a>),
     /// Already durable: replay this operation, not the caller's.
-    Recorded(Busy<'a>, Operation),
+    Recorded(Busy<'a>, Box<Operation>),
 }
 
 /// Marks an operation as being worked on by a claim reconcile until dropped.
@@ -128,7 +128,7 @@ impl Registry {
             volume_name,
         };
         Ok(match recorded {
-            Some(operation) => Reservation::Recorded(busy, operation),
+            Some(operation) => Reservation::Recorded(busy, Box::new(operation)),
             None => Reservation::Fresh(busy),
         })
     }

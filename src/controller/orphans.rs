@@ -130,26 +130,21 @@ enum ClaimState {
 
 async fn reap(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError> {
     let ClaimState::Gone(deleting_claim) = claim_state(ctx, operation).await? else {
-        // A PV holds the volume, so the outcome is safe: only the record's removal was lost
-        // (a crash, or an exit before the journal's lazy flush).
+        // A PV of that name in the cache may hold the volume: then only the record's removal
+        // was lost (a crash, or an exit before the journal's lazy flush). The cache keeps no
+        // claim reference, so the PV is read to tell.
         let cached = ctx.volumes.get(&ObjectRef::new(&operation.volume_name));
-        if cached
-            .and_then(|pv| pv.to_volume().ok())
-            .is_some_and(|pv| holds(operation, ctx, &pv))
+        if cached.is_some()
+            && read_pv(ctx, operation)
+                .await?
+                .is_some_and(|pv| holds(operation, ctx, &pv))
         {
             ctx.journal.complete(&operation.volume_name);
             return Ok(Reaped::Done);
         }
         return Ok(Reaped::NotAnOrphan);
     };
-    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let pv = volumes
-        .get_opt(&operation.volume_name)
-        .await
-        .map_err(|source| ReapError::VolumeRead {
-            name: operation.volume_name.clone(),
-            source,
-        })?;
+    let pv = read_pv(ctx, operation).await?;
     if !pv.is_some_and(|pv| holds(operation, ctx, &pv))
         && let Err(error) = delete_orphan(ctx, operation).await
     {
@@ -174,6 +169,21 @@ async fn release_finalizer(ctx: &Context, claim: &PersistentVolumeClaim) -> Resu
         set_claim_finalizer(&ctx.client, claim, false).await?;
     }
     Ok(())
+}
+
+/// The PV named like the operation, from a quorum read.
+async fn read_pv(
+    ctx: &Context,
+    operation: &Operation,
+) -> Result<Option<PersistentVolume>, ReapError> {
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    volumes
+        .get_opt(&operation.volume_name)
+        .await
+        .map_err(|source| ReapError::VolumeRead {
+            name: operation.volume_name.clone(),
+            source,
+        })
 }
 
 /// Whether `pv` is the PV the operation created (see `provision::pv_is_for_claim`).

@@ -21,6 +21,7 @@ use csi_provisioner::journal::{DRIVER_LABEL, OperationRecord, Phase, Provisionin
 use csi_provisioner::provision::{ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
@@ -900,4 +901,114 @@ async fn a_record_whose_removal_was_lost_is_dropped_once_its_pv_exists() {
         "nothing was treated as an orphan"
     );
     sidecar.assert_running();
+}
+
+// ------------------------------------------------------------------------------ answers that prove nothing
+
+/// Waits until the driver has answered CreateVolume at least `count` times (with `code`, if
+/// given).
+async fn wait_create_answered(driver: &Driver, code: Option<&str>, count: usize) {
+    support::eventually(
+        &format!("{count} CreateVolume calls answered {code:?}"),
+        TIMEOUT,
+        || async {
+            let calls = driver.calls("CreateVolume");
+            let answered = calls
+                .iter()
+                .filter(|call| code.is_none_or(|code| call.code == code))
+                .count();
+            if answered >= count {
+                Ok(())
+            } else {
+                Err(format!("{answered} so far, of {} calls", calls.len()))
+            }
+        },
+    )
+    .await;
+}
+
+/// A final error after an attempt whose answer was lost proves nothing: the first attempt
+/// created the volume. The operation stays until the volume is deleted, however the claim ends.
+#[tokio::test]
+async fn a_final_error_after_a_timeout_leaves_the_operation_until_the_volume_is_deleted() {
+    let cluster = Cluster::new("journal-final-after-timeout").await;
+    let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
+    let class = cluster.class(&driver).await;
+    let created = cluster.claim("data", &class, None).await;
+    let volume = pv_name(&created);
+
+    wait_driver_has(&driver, &volume).await;
+    cluster
+        .wait_operation(&driver, &volume, "with a lost answer", |op| {
+            op.attempts >= 1
+        })
+        .await;
+    driver.set_faults("fault CreateVolume=before:internal\n");
+    wait_create_answered(&driver, Some("Internal"), 2).await;
+    cluster
+        .wait_operation(&driver, &volume, "kept, with the final error", |op| {
+            op.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("Internal"))
+        })
+        .await;
+
+    cluster.delete_claim("data").await;
+    cluster.wait_claim_gone("data").await;
+    driver.clear_faults();
+    cluster.wait_nothing_left(&driver).await;
+    cluster.wait_orphan_event(&volume).await;
+    assert_eq!(orphans_deleted_metric(&mut sidecar).await, 1.0);
+    sidecar.assert_running();
+}
+
+/// A StorageClass deleted and re-created with other parameters while CreateVolume is in flight:
+/// every retry sends the request recorded first, so the volume the first attempt created is the
+/// one the claim gets (a new plan would be answered ALREADY_EXISTS for ever).
+#[tokio::test]
+async fn a_class_recreated_mid_flight_does_not_change_the_recorded_request() {
+    let cluster = Cluster::new("journal-class-recreated").await;
+    let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
+    let _sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let class = format!("{}-journal", cluster.ns());
+    create_class(
+        &cluster.client,
+        &storage_class(&class, &driver, "Delete", &[("tier", "silver")]),
+    )
+    .await;
+    let created = cluster.claim("data", &class, None).await;
+    let volume = pv_name(&created);
+    wait_driver_has(&driver, &volume).await;
+
+    let classes: Api<StorageClass> = Api::all(cluster.client.clone());
+    classes
+        .delete(&class, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting class {class}: {e}"));
+    support::eventually("the class to be gone", TIMEOUT, || async {
+        match classes.get_opt(&class).await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    create_class(
+        &cluster.client,
+        &storage_class(&class, &driver, "Delete", &[("tier", "gold")]),
+    )
+    .await;
+    // Let the sidecar retry under the new class a few times before the driver answers again.
+    let seen = driver.calls("CreateVolume").len();
+    wait_create_answered(&driver, None, seen + 3).await;
+    driver.clear_faults();
+
+    let bound = wait_bound(&cluster.claims, "data").await;
+    assert_eq!(pv_name(&bound), volume);
+    let requests = driver.requests("CreateVolume");
+    assert!(
+        requests.iter().all(|r| !r.contains("gold")),
+        "no CreateVolume carried the new class's parameters: {requests:#?}"
+    );
+    assert_eq!(driver.volume_count(), 1);
 }

@@ -27,12 +27,12 @@ use super::cache::CachedClaim;
 use super::context::Context;
 use super::events::EventType;
 use crate::csi;
-use crate::csi_client::{CallError, ErrorClass};
+use crate::csi_client::CallError;
 use crate::journal::{JournalError, Operation, Phase};
 use crate::provision::{
-    ClaimWork, CreateResponseError, DecisionError, ProvisionError, ProvisionPlan,
-    already_exists_is_ours, build_create_volume_request, build_persistent_volume, claim_class_name,
-    claim_work, needs_finalizer, plan_provision,
+    ClaimWork, CreateResponseError, DecisionError, ExistingPv, ProvisionError, ProvisionPlan,
+    build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
+    existing_pv, needs_finalizer, plan_provision,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -70,6 +70,14 @@ pub enum ClaimError {
         name: String,
         existing: String,
         created: String,
+    },
+    #[error(
+        "PersistentVolume {name} already exists and holds the volume {volume:?} the driver returned for this claim (bound to {holder}); the volume is in use and is not deleted, and this claim gets no volume: its volume name collides with another's (raise --volume-name-uuid-length)"
+    )]
+    VolumeInUse {
+        name: String,
+        volume: String,
+        holder: String,
     },
 }
 
@@ -243,8 +251,19 @@ async fn provision_claim(
     }
 
     let secrets = read_secret(&ctx.client, plan.secrets.provisioner.as_ref()).await?;
-    let request = build_create_volume_request(&plan, secrets, None);
-    let _busy = ctx.journal.record(operation(pvc, &plan, &request)).await?;
+    let planned = build_create_volume_request(&plan, secrets.clone(), None);
+    let (_busy, recorded) = ctx.journal.record(operation(pvc, &plan, &planned)).await?;
+    // A retry sends what was recorded first, with that record's secret: the driver may hold a
+    // volume made from it, and a changed request would only be answered ALREADY_EXISTS.
+    let secrets = if recorded.provisioner_secret == plan.secrets.provisioner {
+        secrets
+    } else {
+        read_secret(&ctx.client, recorded.provisioner_secret.as_ref()).await?
+    };
+    let request = csi::CreateVolumeRequest {
+        secrets,
+        ..recorded.request
+    };
     ctx.events.publish(
         &pvc.object_ref(&()),
         EventType::Normal,
@@ -258,16 +277,12 @@ async fn provision_claim(
     let response = match create_volume(ctx, &plan.class_name, request.clone()).await {
         Ok(response) => response,
         Err(error) => {
-            if error.class() == ErrorClass::InProgress {
-                ctx.journal.note_failure(
-                    &plan.volume_name,
-                    Phase::Provisioning,
-                    &error.to_string(),
-                );
-            } else {
-                // A final answer: the driver created nothing under this name.
-                ctx.journal.complete(&plan.volume_name);
-            }
+            ctx.journal.settle_failure(
+                &plan.volume_name,
+                Phase::Provisioning,
+                error.may_have_created(),
+                &error.to_string(),
+            );
             if error.is_infeasible() {
                 ctx.infeasible().insert(&uid, &class_uid, Instant::now());
                 return Err(ClaimError::Infeasible(error));
@@ -343,25 +358,56 @@ async fn save_volume(
                     name: name.clone(),
                     source,
                 })?;
-            if already_exists_is_ours(&existing, &pv) {
+            let verdict = existing_pv(&existing, &pv);
+            if verdict == ExistingPv::Ours {
                 return Ok(());
             }
-            let existing_handle = existing
-                .spec
-                .and_then(|spec| spec.csi)
-                .map(|csi| csi.volume_handle)
-                .unwrap_or_default();
-            delete_volume(ctx, &plan.class_name, &handle, request.secrets.clone())
-                .await
-                .map_err(ClaimError::Driver)?;
+            let error = pv_conflict(&existing, name.clone(), handle.clone(), verdict);
+            if verdict == ExistingPv::Other {
+                delete_volume(ctx, &plan.class_name, &handle, request.secrets.clone())
+                    .await
+                    .map_err(ClaimError::Driver)?;
+            }
+            // A PV holds the volume, or it is deleted: either way the operation is over.
             ctx.journal.complete(&name);
-            Err(ClaimError::PvTaken {
-                name,
-                existing: existing_handle,
-                created: handle,
-            })
+            Err(error)
         }
         Err(source) => Err(ClaimError::PvCreate { name, source }),
+    }
+}
+
+/// The error for a PV name taken by `existing`, whose verdict is not `Ours`.
+fn pv_conflict(
+    existing: &PersistentVolume,
+    name: String,
+    created: String,
+    verdict: ExistingPv,
+) -> ClaimError {
+    let spec = existing.spec.as_ref();
+    if verdict == ExistingPv::HoldsTheVolume {
+        let holder = spec.and_then(|spec| spec.claim_ref.as_ref()).map_or_else(
+            || "no claim".to_owned(),
+            |claim| {
+                format!(
+                    "claim {}/{}",
+                    claim.namespace.as_deref().unwrap_or_default(),
+                    claim.name.as_deref().unwrap_or_default()
+                )
+            },
+        );
+        return ClaimError::VolumeInUse {
+            name,
+            volume: created,
+            holder,
+        };
+    }
+    ClaimError::PvTaken {
+        name,
+        existing: spec
+            .and_then(|spec| spec.csi.as_ref())
+            .map(|csi| csi.volume_handle.clone())
+            .unwrap_or_default(),
+        created,
     }
 }
 

@@ -25,9 +25,9 @@ use super::actions::{
 use super::backoff::Backoff;
 use super::context::Context;
 use super::events::EventType;
-use crate::csi_client::{CallError, ErrorClass};
+use crate::csi_client::CallError;
 use crate::journal::{Operation, Phase};
-use crate::provision::has_provisioning_finalizer;
+use crate::provision::{has_provisioning_finalizer, pv_holds_volume, pv_is_for_claim};
 
 /// Why reaping one operation did not finish; it is retried with a backoff, and the text is
 /// stored in its journal record.
@@ -43,6 +43,10 @@ enum ReapError {
     Driver(CallError),
     #[error(transparent)]
     ClaimFinalizer(#[from] ClaimFinalizerError),
+    #[error(
+        "the replayed CreateVolume succeeded without a volume id; the volume cannot be deleted"
+    )]
+    NoVolumeId,
 }
 
 const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
@@ -126,40 +130,70 @@ enum ClaimState {
 
 async fn reap(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError> {
     let ClaimState::Gone(deleting_claim) = claim_state(ctx, operation).await? else {
-        // A PV holds the volume, so the outcome is safe: only the record's removal was lost
-        // (a crash, or an exit before the journal's lazy flush).
-        if ctx
-            .volumes
-            .get(&ObjectRef::new(&operation.volume_name))
-            .is_some()
+        // A PV of that name in the cache may hold the volume: then only the record's removal
+        // was lost (a crash, or an exit before the journal's lazy flush). The cache keeps no
+        // claim reference, so the PV is read to tell.
+        let cached = ctx.volumes.get(&ObjectRef::new(&operation.volume_name));
+        if cached.is_some()
+            && read_pv(ctx, operation)
+                .await?
+                .is_some_and(|pv| holds(operation, ctx, &pv))
         {
             ctx.journal.complete(&operation.volume_name);
             return Ok(Reaped::Done);
         }
         return Ok(Reaped::NotAnOrphan);
     };
+    let pv = read_pv(ctx, operation).await?;
+    if !pv.is_some_and(|pv| holds(operation, ctx, &pv))
+        && let Err(error) = delete_orphan(ctx, operation).await
+    {
+        // The secret lived in the claim's namespace, which is being deleted: waiting for it
+        // would keep the namespace forever. The record, durable in our own namespace, keeps
+        // the orphan; it is deleted once the secret can be read again (see journal.md).
+        if let (ReapError::Secret(_), Some(claim)) = (&error, &deleting_claim) {
+            release_finalizer(ctx, claim).await?;
+        }
+        return Err(error);
+    }
+    // With a PV, the volume reconciler deletes the volume once the PV is Released.
+    ctx.journal.complete(&operation.volume_name);
+    if let Some(claim) = &deleting_claim {
+        release_finalizer(ctx, claim).await?;
+    }
+    Ok(Reaped::Done)
+}
+
+async fn release_finalizer(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), ReapError> {
+    if has_provisioning_finalizer(claim) {
+        set_claim_finalizer(&ctx.client, claim, false).await?;
+    }
+    Ok(())
+}
+
+/// The PV named like the operation, from a quorum read.
+async fn read_pv(
+    ctx: &Context,
+    operation: &Operation,
+) -> Result<Option<PersistentVolume>, ReapError> {
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let pv_exists = volumes
+    volumes
         .get_opt(&operation.volume_name)
         .await
         .map_err(|source| ReapError::VolumeRead {
             name: operation.volume_name.clone(),
             source,
-        })?
-        .is_some();
-    if !pv_exists {
-        delete_orphan(ctx, operation).await?;
-    }
-    // With a PV, the volume reconciler deletes the volume once the PV is Released.
-    ctx.journal.complete(&operation.volume_name);
-    if let Some(claim) = deleting_claim.filter(|claim| has_provisioning_finalizer(claim)) {
-        set_claim_finalizer(&ctx.client, &claim, false).await?;
-    }
-    Ok(Reaped::Done)
+        })
+}
+
+/// Whether `pv` is the PV the operation created (see `provision::pv_is_for_claim`).
+fn holds(operation: &Operation, ctx: &Context, pv: &PersistentVolume) -> bool {
+    pv_is_for_claim(pv, &ctx.config.driver_name, &operation.claim_uid)
 }
 
 /// Replays CreateVolume with the recorded name and inputs to learn the volume id, then
-/// deletes the volume. A final error on the replay means no volume exists under that name.
+/// deletes the volume unless a PV references it. A final error on the replay ends the
+/// operation only if no attempt may have created the volume (see `journal::Registry`).
 async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapError> {
     let secrets = read_secret(&ctx.client, operation.provisioner_secret.as_ref()).await?;
     let request = crate::csi::CreateVolumeRequest {
@@ -170,13 +204,23 @@ async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapE
         Ok(response) => response
             .volume
             .map(|volume| volume.volume_id)
-            .unwrap_or_default(),
-        Err(error) if error.class() == ErrorClass::InProgress => {
-            return Err(ReapError::Driver(error));
+            .filter(|id| !id.is_empty())
+            .ok_or(ReapError::NoVolumeId)?,
+        Err(error) => {
+            let registry = ctx.journal.registry();
+            if registry.keep_after_failure(&operation.volume_name, error.may_have_created()) {
+                return Err(ReapError::Driver(error));
+            }
+            return Ok(());
         }
-        Err(_) => String::new(),
     };
-    if volume_id.is_empty() {
+    if let Some(holder) = volume_holder(ctx, &volume_id) {
+        info!(
+            volume = operation.volume_name,
+            volume_id,
+            pv = holder,
+            "the volume of a claim that is gone is referenced by a PV: not deleted"
+        );
         return Ok(());
     }
     delete_volume(ctx, &operation.class_name, &volume_id, secrets)
@@ -200,6 +244,16 @@ async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapE
             ),
         );
     Ok(())
+}
+
+/// The PV, whatever its name, that references `volume_id` of our driver. From the cache: a PV
+/// created in the last moments may be missed, but one the sidecar created (the only kind a
+/// replay of our own operation can return) is known before its operation is ever idle.
+fn volume_holder(ctx: &Context, volume_id: &str) -> Option<String> {
+    ctx.volumes.state().iter().find_map(|cached| {
+        let pv = cached.to_volume().ok()?;
+        pv_holds_volume(&pv, &ctx.config.driver_name, volume_id).then(|| cached.name_any())
+    })
 }
 
 /// The cache may answer "wants the volume"; only a quorum read may answer "gone", since that

@@ -141,6 +141,13 @@ impl CallError {
         classify(Some(self.code()))
     }
 
+    /// Whether a CreateVolume that failed this way may have left a volume under its name: the
+    /// driver may still be creating it, or it says one exists (ALREADY_EXISTS, with other
+    /// parameters than asked).
+    pub fn may_have_created(&self) -> bool {
+        self.class() == ErrorClass::InProgress || self.code() == Code::AlreadyExists
+    }
+
     /// Whether the request is infeasible (InvalidArgument) and should be retried only slowly
     /// (5 min, or when the StorageClass is re-created).
     pub fn is_infeasible(&self) -> bool {

@@ -758,6 +758,18 @@ async fn a_call_in_flight_when_the_driver_dies_fails_as_unavailable() {
 }
 
 #[test]
+fn only_a_lost_answer_or_already_exists_says_a_volume_may_have_been_created() {
+    let may = |error: CallError| error.may_have_created();
+    assert!(may(CallError::Timeout(Duration::from_secs(1))));
+    assert!(may(CallError::Transport("reset".into())));
+    assert!(may(Status::aborted("busy").into()));
+    assert!(may(Status::already_exists("other parameters").into()));
+    assert!(!may(Status::internal("broken").into()));
+    assert!(!may(Status::resource_exhausted("full").into()));
+    assert!(!may(Status::invalid_argument("bad").into()));
+}
+
+#[test]
 fn probe_verdicts() {
     let ready = |ready| probe_verdict(Ok(ProbeResponse { ready }));
     assert!(matches!(ready(None), ProbeVerdict::Ready));

@@ -31,7 +31,7 @@ pub use record::{
     Change, OperationRecord, Phase, ProvisioningJournal, ProvisioningJournalSpec, RECORD_FORMAT,
     RecordError, SecretReference, Summary, apply,
 };
-pub use registry::{Busy, Operation, Registry};
+pub use registry::{Busy, NameTaken, Operation, Registry, Reservation};
 use writer::{Queued, ShardWriter, WriteSlots};
 
 /// Shards per driver, filled one after the other (see `placement`): the first holds up to
@@ -55,6 +55,8 @@ pub enum JournalError {
     NotDurable(Duration),
     #[error("the journal writer stopped")]
     WriterGone,
+    #[error(transparent)]
+    NameTaken(#[from] NameTaken),
 }
 
 pub struct Journal {
@@ -148,17 +150,40 @@ impl Journal {
         })
     }
 
-    /// Makes the operation durable, then marks it busy for the caller. CreateVolume may be
-    /// sent only after this returns `Ok`.
-    pub async fn record(&self, operation: Operation) -> Result<Busy<'_>, JournalError> {
+    /// Makes the operation durable and marks it busy for the caller; CreateVolume may be sent
+    /// only after this returns `Ok`, and only with the operation it returns: the one recorded
+    /// first for this volume name, which a later plan never replaces.
+    pub async fn record(
+        &self,
+        operation: Operation,
+    ) -> Result<(Busy<'_>, Operation), JournalError> {
+        let volume_name = operation.volume_name.clone();
         let record = OperationRecord::from_operation(&operation, Timestamp::now());
+        let busy = match self.registry.reserve(operation.clone())? {
+            Reservation::Recorded(busy, recorded) => return Ok((busy, *recorded)),
+            Reservation::Fresh(busy) => busy,
+        };
         let (durable, stored) = oneshot::channel();
-        let shard = self.placement().place(&operation.volume_name);
-        self.queue(shard, Change::Upsert(record), Some(durable))?;
-        match tokio::time::timeout(self.record_timeout, stored).await {
-            Ok(Ok(())) => Ok(self.registry.record(operation)),
-            Ok(Err(_)) => Err(JournalError::WriterGone),
-            Err(_) => Err(JournalError::NotDurable(self.record_timeout)),
+        let shard = self.placement().place(&volume_name);
+        let written = match self.queue(shard, Change::Upsert(record), Some(durable)) {
+            Ok(()) => match tokio::time::timeout(self.record_timeout, stored).await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(_)) => Err(JournalError::WriterGone),
+                Err(_) => Err(JournalError::NotDurable(self.record_timeout)),
+            },
+            Err(error) => Err(error),
+        };
+        match written {
+            Ok(()) => {
+                self.registry.confirm(&volume_name);
+                Ok((busy, operation))
+            }
+            // Nothing was sent. Should the write still land, the next attempt's write replaces
+            // it, or recovery after a restart finds it and replays it (idempotent).
+            Err(error) => {
+                self.registry.abandon(&volume_name);
+                Err(error)
+            }
         }
     }
 
@@ -172,6 +197,27 @@ impl Journal {
             };
             let _ = self.queue(shard, change, None);
         }
+    }
+
+    /// After a failed CreateVolume (or its replay): the operation stays, with the failure
+    /// noted, once any attempt `may_have_created` the volume; otherwise nothing exists under
+    /// its name and it is forgotten. Returns whether it stays.
+    pub fn settle_failure(
+        &self,
+        volume_name: &str,
+        phase: Phase,
+        may_have_created: bool,
+        error: &str,
+    ) -> bool {
+        let keep = self
+            .registry
+            .keep_after_failure(volume_name, may_have_created);
+        if keep {
+            self.note_failure(volume_name, phase, error);
+        } else {
+            self.complete(volume_name);
+        }
+        keep
     }
 
     /// Records a failed attempt so `kubectl get provisioningjournals` shows it.

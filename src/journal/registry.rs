@@ -1,15 +1,18 @@
-//! Operations in flight: every CreateVolume the sidecar has issued and not yet seen through to
-//! a PV (or to a final "no volume" answer). An operation is recorded *before* the first
-//! CreateVolume call and dropped only when the outcome is safe:
-//! - the PV exists with the volume handle, or
+//! Operations in flight: every CreateVolume the sidecar is about to send or has sent and not
+//! yet seen through to a PV or a deletion. An operation is reserved here, made durable in the
+//! API server (`super`), and only then sent; it is dropped only when the outcome is safe:
+//! - a PV holds the volume, or
 //! - the claim is gone and the orphan's DeleteVolume succeeded, or
-//! - CreateVolume answered with a final error, so no volume exists.
+//! - CreateVolume answered a final error and no earlier attempt may have created the volume.
 //!
-//! This registry is the in-memory side of the journal (`super`), which makes every record
-//! durable in the API server before it is added here.
+//! Once recorded, an operation is replayed as it was recorded: a later plan (a StorageClass
+//! re-created with other parameters) never replaces it, since the driver may hold a volume
+//! created from the first request.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
+
+use thiserror::Error;
 
 use crate::csi;
 use crate::provision::SecretRef;
@@ -28,6 +31,19 @@ pub struct Operation {
     pub provisioner_secret: Option<SecretRef>,
 }
 
+/// Two claims whose volume names collide (a short `--volume-name-uuid-length`): they must not
+/// share an operation, or one claim's cleanup would delete the other's volume.
+#[derive(Debug, Error, PartialEq)]
+#[error(
+    "volume name {volume_name} is already taken by an operation of claim {claim} (uid {claim_uid}); \
+     no volume is created for this claim"
+)]
+pub struct NameTaken {
+    pub volume_name: String,
+    pub claim: String,
+    pub claim_uid: String,
+}
+
 #[derive(Debug, Default)]
 pub struct Registry {
     state: Mutex<State>,
@@ -35,9 +51,34 @@ pub struct Registry {
 
 #[derive(Debug, Default)]
 struct State {
-    entries: HashMap<String, Operation>,
+    entries: HashMap<String, Entry>,
     /// Operations a claim reconcile is working on right now; the orphan reaper leaves them be.
     busy: HashSet<String>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    operation: Operation,
+    stage: Stage,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stage {
+    /// Being written to the journal: no CreateVolume has been sent for it.
+    Reserved,
+    /// Durable. `may_exist`: an attempt may have created the volume (its answer was lost or
+    /// in progress, or ALREADY_EXISTS), or the operation was recovered after a restart, when
+    /// nobody knows what the last process sent.
+    Recorded { may_exist: bool },
+}
+
+/// The outcome of [`Registry::reserve`]; holding it marks the operation busy.
+#[must_use]
+pub enum Reservation<'a> {
+    /// New: write it to the journal, then [`Registry::confirm`] it (or [`Registry::abandon`]).
+    Fresh(Busy<'a>),
+    /// Already durable: replay this operation, not the caller's.
+    Recorded(Busy<'a>, Box<Operation>),
 }
 
 /// Marks an operation as being worked on by a claim reconcile until dropped.
@@ -54,33 +95,101 @@ impl Drop for Busy<'_> {
 }
 
 impl Registry {
-    /// Records an operation before its CreateVolume (idempotent: a retry re-records the same).
-    pub fn record(&self, operation: Operation) -> Busy<'_> {
+    /// Reserves `operation`'s volume name for its claim. A name already recorded for the same
+    /// claim gives back the recorded operation; one recorded for another claim is refused.
+    pub fn reserve(&self, operation: Operation) -> Result<Reservation<'_>, NameTaken> {
         let volume_name = operation.volume_name.clone();
         let mut state = self.lock();
+        let recorded = match state.entries.get(&volume_name) {
+            Some(entry) if entry.operation.claim_uid != operation.claim_uid => {
+                return Err(NameTaken {
+                    volume_name,
+                    claim: format!(
+                        "{}/{}",
+                        entry.operation.claim_namespace, entry.operation.claim_name
+                    ),
+                    claim_uid: entry.operation.claim_uid.clone(),
+                });
+            }
+            Some(entry) if entry.stage != Stage::Reserved => Some(entry.operation.clone()),
+            // Reserved by an attempt whose write failed: nothing was sent, write this one.
+            Some(_) | None => None,
+        };
+        if recorded.is_none() {
+            let entry = Entry {
+                operation,
+                stage: Stage::Reserved,
+            };
+            state.entries.insert(volume_name.clone(), entry);
+        }
         state.busy.insert(volume_name.clone());
-        state.entries.insert(volume_name.clone(), operation);
-        Busy {
+        let busy = Busy {
             registry: self,
             volume_name,
+        };
+        Ok(match recorded {
+            Some(operation) => Reservation::Recorded(busy, Box::new(operation)),
+            None => Reservation::Fresh(busy),
+        })
+    }
+
+    /// The reserved operation is durable: CreateVolume may be sent.
+    pub fn confirm(&self, volume_name: &str) {
+        if let Some(entry) = self.lock().entries.get_mut(volume_name) {
+            entry.stage = Stage::Recorded { may_exist: false };
         }
     }
 
-    /// Restores an operation read back from the journal at start-up.
-    pub fn restore(&self, operation: Operation) {
-        self.lock()
+    /// The reserved operation could not be made durable; nothing was sent for it.
+    pub fn abandon(&self, volume_name: &str) {
+        let mut state = self.lock();
+        if state
             .entries
-            .insert(operation.volume_name.clone(), operation);
+            .get(volume_name)
+            .is_some_and(|entry| entry.stage == Stage::Reserved)
+        {
+            state.entries.remove(volume_name);
+        }
     }
 
-    /// Operations nobody is working on: candidates for the orphan reaper.
+    /// Restores an operation read back from the journal at start-up. The process that
+    /// recorded it may have sent CreateVolume, so its volume may exist.
+    pub fn restore(&self, operation: Operation) {
+        let entry = Entry {
+            operation,
+            stage: Stage::Recorded { may_exist: true },
+        };
+        self.lock()
+            .entries
+            .insert(entry.operation.volume_name.clone(), entry);
+    }
+
+    /// After a failed CreateVolume or replay: whether the operation must stay recorded. It
+    /// must once any attempt `may_have_created` the volume, whatever later attempts answer:
+    /// only a PV holding the volume or a successful DeleteVolume ends it then.
+    pub fn keep_after_failure(&self, volume_name: &str, may_have_created: bool) -> bool {
+        let mut state = self.lock();
+        let Some(entry) = state.entries.get_mut(volume_name) else {
+            return false;
+        };
+        match &mut entry.stage {
+            Stage::Recorded { may_exist } => {
+                *may_exist |= may_have_created;
+                *may_exist
+            }
+            Stage::Reserved => false,
+        }
+    }
+
+    /// Recorded operations nobody is working on: candidates for the orphan reaper.
     pub fn idle(&self) -> Vec<Operation> {
         let state = self.lock();
         state
             .entries
             .values()
-            .filter(|operation| !state.busy.contains(&operation.volume_name))
-            .cloned()
+            .filter(|entry| entry.stage != Stage::Reserved)
+            .filter(|entry| !state.busy.contains(&entry.operation.volume_name))
+            .map(|entry| entry.operation.clone())
             .collect()
     }
 
@@ -104,5 +213,110 @@ impl Registry {
         self.state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn operation(volume: &str, uid: &str, parameter: &str) -> Operation {
+        Operation {
+            volume_name: volume.to_owned(),
+            claim_namespace: "ns".to_owned(),
+            claim_name: format!("claim-{uid}"),
+            claim_uid: uid.to_owned(),
+            class_name: "fast".to_owned(),
+            request: csi::CreateVolumeRequest {
+                name: volume.to_owned(),
+                parameters: [("type".to_owned(), parameter.to_owned())].into(),
+                ..Default::default()
+            },
+            provisioner_secret: None,
+        }
+    }
+
+    fn recorded(registry: &Registry, operation: Operation) {
+        let name = operation.volume_name.clone();
+        let Ok(Reservation::Fresh(_busy)) = registry.reserve(operation) else {
+            panic!("a new name is fresh");
+        };
+        registry.confirm(&name);
+    }
+
+    #[test]
+    fn a_recorded_operation_is_replayed_as_recorded_not_as_planned_again() {
+        let registry = Registry::default();
+        recorded(&registry, operation("pvc-1", "a", "first"));
+        match registry.reserve(operation("pvc-1", "a", "second")) {
+            Ok(Reservation::Recorded(_, replay)) => {
+                assert_eq!(replay.request.parameters["type"], "first");
+            }
+            _ => panic!("the recorded operation is given back"),
+        }
+    }
+
+    #[test]
+    fn another_claim_with_the_same_volume_name_shares_no_operation() {
+        let registry = Registry::default();
+        recorded(&registry, operation("pvc-1", "a", "x"));
+        let error = registry
+            .reserve(operation("pvc-1", "b", "x"))
+            .err()
+            .expect("the name is taken");
+        assert_eq!(error.claim_uid, "a");
+        assert!(error.to_string().contains("ns/claim-a"), "{error}");
+    }
+
+    #[test]
+    fn a_reservation_whose_write_failed_is_replaced_by_the_next_plan() {
+        let registry = Registry::default();
+        let Ok(Reservation::Fresh(busy)) = registry.reserve(operation("pvc-1", "a", "first"))
+        else {
+            panic!("fresh");
+        };
+        drop(busy);
+        assert!(
+            registry.idle().is_empty(),
+            "the reaper never sees a reservation"
+        );
+        registry.abandon("pvc-1");
+        assert!(!registry.contains("pvc-1"));
+        assert!(matches!(
+            registry.reserve(operation("pvc-1", "a", "second")),
+            Ok(Reservation::Fresh(_))
+        ));
+    }
+
+    #[test]
+    fn a_final_error_ends_an_operation_only_if_no_attempt_may_have_created_the_volume() {
+        let registry = Registry::default();
+        recorded(&registry, operation("pvc-1", "a", "x"));
+        assert!(
+            !registry.keep_after_failure("pvc-1", false),
+            "first answer final"
+        );
+
+        recorded(&registry, operation("pvc-2", "a", "x"));
+        assert!(registry.keep_after_failure("pvc-2", true), "timed out");
+        assert!(
+            registry.keep_after_failure("pvc-2", false),
+            "a final error after a timeout proves nothing"
+        );
+
+        registry.restore(operation("pvc-3", "a", "x"));
+        assert!(
+            registry.keep_after_failure("pvc-3", false),
+            "a recovered operation may have been sent by the last process"
+        );
+    }
+
+    #[test]
+    fn abandon_leaves_a_recorded_operation_alone() {
+        let registry = Registry::default();
+        recorded(&registry, operation("pvc-1", "a", "x"));
+        registry.abandon("pvc-1");
+        assert!(registry.contains("pvc-1"));
+        assert_eq!(registry.idle().len(), 1);
     }
 }

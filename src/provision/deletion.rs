@@ -195,11 +195,22 @@ pub fn deletion_secret_from_class(
     })
 }
 
-/// Whether an existing PV that made our PV create fail with AlreadyExists is the PV we wanted
-/// to create: same driver, same volume handle, same claim UID, and not being deleted. Anything
-/// else means our newly created backend volume has no PV and must be deleted (upstream counts
-/// every AlreadyExists as success and leaks it, #1469).
-pub fn already_exists_is_ours(existing: &PersistentVolume, wanted: &PersistentVolume) -> bool {
+/// What an existing PV that made our PV create fail with AlreadyExists means for the volume
+/// CreateVolume just returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExistingPv {
+    /// The PV we wanted: same driver, volume handle and claim UID, not being deleted.
+    Ours,
+    /// Another PV (another claim's, or one being deleted) references the very volume: it is in
+    /// use and must not be deleted. Two claims whose names collide (a short
+    /// `--volume-name-uuid-length`) get the same volume back from an idempotent CreateVolume.
+    HoldsTheVolume,
+    /// A PV of another volume or driver: the volume just created has no PV and is deleted
+    /// (upstream counts every AlreadyExists as success and leaks it, #1469).
+    Other,
+}
+
+pub fn existing_pv(existing: &PersistentVolume, wanted: &PersistentVolume) -> ExistingPv {
     let csi = |pv: &PersistentVolume| pv.spec.as_ref().and_then(|spec| spec.csi.clone());
     let claim_uid = |pv: &PersistentVolume| {
         pv.spec
@@ -208,13 +219,43 @@ pub fn already_exists_is_ours(existing: &PersistentVolume, wanted: &PersistentVo
             .and_then(|claim_ref| claim_ref.uid.clone())
     };
     let (Some(existing_csi), Some(wanted_csi)) = (csi(existing), csi(wanted)) else {
-        return false;
+        return ExistingPv::Other;
     };
-    existing.metadata.deletion_timestamp.is_none()
-        && existing_csi.driver == wanted_csi.driver
-        && existing_csi.volume_handle == wanted_csi.volume_handle
+    if existing_csi.driver != wanted_csi.driver
+        || existing_csi.volume_handle != wanted_csi.volume_handle
+    {
+        return ExistingPv::Other;
+    }
+    if existing.metadata.deletion_timestamp.is_none()
         && claim_uid(wanted).is_some()
         && claim_uid(existing) == claim_uid(wanted)
+    {
+        ExistingPv::Ours
+    } else {
+        ExistingPv::HoldsTheVolume
+    }
+}
+
+/// Whether `pv` references the backend volume `handle` of `driver`, whatever its name: such a
+/// volume is in use and never deleted for an operation in flight.
+pub fn pv_holds_volume(pv: &PersistentVolume, driver: &str, handle: &str) -> bool {
+    pv.spec
+        .as_ref()
+        .and_then(|spec| spec.csi.as_ref())
+        .is_some_and(|csi| csi.driver == driver && csi.volume_handle == handle)
+}
+
+/// Whether `pv` is the PV of an operation of `driver` for the claim `claim_uid`: the only PV
+/// whose existence ends that operation (the volume reconciler owns the volume from then on).
+/// A PV of that name from another driver or for another claim says nothing about it.
+pub fn pv_is_for_claim(pv: &PersistentVolume, driver: &str, claim_uid: &str) -> bool {
+    let spec = pv.spec.as_ref();
+    spec.and_then(|spec| spec.csi.as_ref())
+        .is_some_and(|csi| csi.driver == driver)
+        && spec
+            .and_then(|spec| spec.claim_ref.as_ref())
+            .and_then(|claim| claim.uid.as_deref())
+            == Some(claim_uid)
 }
 
 /// The PV's class: the legacy beta annotation wins over `spec.storageClassName`.
@@ -249,7 +290,7 @@ fn phase(pv: &PersistentVolume) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::fixtures::{ClassBuilder, DRIVER, PvBuilder, caps};
+    use crate::provision::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvBuilder, caps};
 
     #[test]
     fn provisioned_by_annotation_decides_responsibility() {
@@ -541,45 +582,61 @@ mod tests {
     #[test]
     fn existing_pv_with_same_handle_and_claim_is_ours() {
         let wanted = PvBuilder::new().build();
-        assert!(already_exists_is_ours(
-            &PvBuilder::new().phase("Bound").build(),
-            &wanted
-        ));
+        assert_eq!(
+            existing_pv(&PvBuilder::new().phase("Bound").build(), &wanted),
+            ExistingPv::Ours
+        );
     }
 
     #[test]
-    fn existing_pv_with_another_handle_claim_or_driver_is_not_ours() {
+    fn existing_pv_of_another_handle_or_driver_is_another_volume() {
         let wanted = PvBuilder::new().build();
-        assert!(!already_exists_is_ours(
-            &PvBuilder::new().handle("vol-2").build(),
-            &wanted
-        ));
-        assert!(!already_exists_is_ours(
-            &PvBuilder::new().claim_uid("other").build(),
-            &wanted
-        ));
-        assert!(!already_exists_is_ours(
-            &PvBuilder::new().csi_driver("x").build(),
-            &wanted
-        ));
-        assert!(!already_exists_is_ours(
-            &PvBuilder::new().no_csi().build(),
-            &wanted
-        ));
-        assert!(!already_exists_is_ours(
-            &PvBuilder::new().no_claim_ref().build(),
-            &wanted
-        ));
+        for existing in [
+            PvBuilder::new().handle("vol-2").build(),
+            PvBuilder::new().csi_driver("x").build(),
+            PvBuilder::new().no_csi().build(),
+        ] {
+            assert_eq!(existing_pv(&existing, &wanted), ExistingPv::Other);
+        }
+    }
+
+    #[test]
+    fn existing_pv_with_our_handle_but_another_claim_or_being_deleted_holds_the_volume() {
+        let wanted = PvBuilder::new().build();
+        for existing in [
+            PvBuilder::new().claim_uid("other").build(),
+            PvBuilder::new().no_claim_ref().build(),
+            PvBuilder::new().deleting().build(),
+        ] {
+            assert_eq!(existing_pv(&existing, &wanted), ExistingPv::HoldsTheVolume);
+        }
         let no_uid = PvBuilder::new().no_claim_ref().build();
-        assert!(!already_exists_is_ours(&no_uid, &no_uid));
+        assert_eq!(existing_pv(&no_uid, &no_uid), ExistingPv::HoldsTheVolume);
     }
 
     #[test]
-    fn existing_pv_being_deleted_is_not_ours_even_with_the_same_handle() {
-        let wanted = PvBuilder::new().build();
-        assert!(!already_exists_is_ours(
-            &PvBuilder::new().deleting().build(),
-            &wanted
+    fn a_pv_holds_a_volume_by_driver_and_handle_whatever_its_name() {
+        let pv = PvBuilder::new().name("static-1").handle("vol-1").build();
+        assert!(pv_holds_volume(&pv, DRIVER, "vol-1"));
+        assert!(!pv_holds_volume(&pv, DRIVER, "vol-2"));
+        assert!(!pv_holds_volume(&pv, "other.driver", "vol-1"));
+        assert!(!pv_holds_volume(
+            &PvBuilder::new().no_csi().build(),
+            DRIVER,
+            "vol-1"
+        ));
+    }
+
+    #[test]
+    fn only_a_pv_of_our_driver_for_the_operations_claim_ends_the_operation() {
+        let pv = PvBuilder::new().build();
+        assert!(pv_is_for_claim(&pv, DRIVER, PVC_UID));
+        assert!(!pv_is_for_claim(&pv, DRIVER, "another-claim"));
+        assert!(!pv_is_for_claim(&pv, "other.driver", PVC_UID));
+        assert!(!pv_is_for_claim(
+            &PvBuilder::new().no_claim_ref().build(),
+            DRIVER,
+            PVC_UID
         ));
     }
 }

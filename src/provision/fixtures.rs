@@ -312,6 +312,11 @@ impl PvBuilder {
         self
     }
 
+    pub fn name(mut self, name: &str) -> Self {
+        self.0.metadata.name = Some(name.to_owned());
+        self
+    }
+
     pub fn handle(mut self, handle: &str) -> Self {
         if let Some(csi) = self.spec().csi.as_mut() {
             csi.volume_handle = handle.to_owned();

@@ -11,7 +11,8 @@
 //! 3. The executor GETs `plan.secrets.provisioner` (if any), turns it into a map with
 //!    [`secret_data`] and builds the request with [`build_create_volume_request`].
 //! 4. After CreateVolume succeeds, [`build_persistent_volume`] gives the PV to create. When the
-//!    PV create answers AlreadyExists, [`already_exists_is_ours`] says whether that is success.
+//!    PV create answers AlreadyExists, [`existing_pv`] says whether that is success, or whether
+//!    the new volume is in use by another PV or belongs to nobody.
 //!
 //! Deleting one PV: [`volume_has_work`] (from [`is_provisioner_for_volume`],
 //! [`pv_finalizer_action`] and [`should_delete`]), then [`deletion_target`] (and
@@ -49,9 +50,10 @@ pub use consistency::{
     has_provisioning_finalizer, may_release_finalizer, needs_finalizer,
 };
 pub use deletion::{
-    DeletionError, DeletionSecrets, DeletionTarget, FinalizerAction, already_exists_is_ours,
-    deletion_secret_from_class, deletion_secrets, deletion_target, is_provisioner_for_volume,
-    may_delete_pv_first, pv_finalizer_action, should_delete,
+    DeletionError, DeletionSecrets, DeletionTarget, ExistingPv, FinalizerAction,
+    deletion_secret_from_class, deletion_secrets, deletion_target, existing_pv,
+    is_provisioner_for_volume, may_delete_pv_first, pv_finalizer_action, pv_holds_volume,
+    pv_is_for_claim, should_delete,
 };
 pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
 pub use names::{

@@ -20,12 +20,14 @@ use csi_provisioner::csi::volume_capability::{
 use csi_provisioner::journal::{DRIVER_LABEL, OperationRecord, Phase, ProvisioningJournal};
 use csi_provisioner::provision::{ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER};
 use hyper_util::rt::TokioIo;
-use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
 };
 use kube::{Client, Resource};
+use nix::sys::signal::Signal;
 use prost::Message;
 use tonic::transport::{Channel, Endpoint};
 
@@ -328,6 +330,28 @@ async fn create_on_driver(driver: &Driver, request: csi::CreateVolumeRequest) ->
         .into_inner()
         .volume
         .unwrap_or_else(|| panic!("a reply without a volume"))
+}
+
+/// Puts `record` back in the journal as it was before its removal, whether or not that was
+/// written (the sidecar must not be running). A lone operation is in the first shard, which
+/// fills before the others.
+async fn put_back(cluster: &Cluster, driver: &Driver, record: OperationRecord) {
+    let shards: Api<ProvisioningJournal> = Api::namespaced(cluster.client.clone(), cluster.ns());
+    let shard_name = format!("{}-0", csi_provisioner::leader::lease_name(driver.name()));
+    let mut shard = shards
+        .get(&shard_name)
+        .await
+        .unwrap_or_else(|e| panic!("reading journal shard {shard_name}: {e}"));
+    shard
+        .spec
+        .operations
+        .retain(|op| op.volume_name != record.volume_name);
+    shard.spec.operations.push(record);
+    shards
+        .replace(&shard_name, &PostParams::default(), &shard)
+        .await
+        .unwrap_or_else(|e| panic!("restoring the record: {e}"));
+    assert_eq!(cluster.operations(driver).await.len(), 1);
 }
 
 fn decode_request(record: &OperationRecord) -> csi::CreateVolumeRequest {
@@ -859,34 +883,25 @@ async fn a_record_whose_removal_was_lost_is_dropped_once_its_pv_exists() {
     wait_bound(&cluster.claims, "data").await;
     sidecar.kill().await;
 
-    // Put the record back as it was before its removal, whether or not that was written. A
-    // lone operation is in the first shard, which fills before the others.
-    let shards: Api<ProvisioningJournal> = Api::namespaced(cluster.client.clone(), cluster.ns());
-    let shard_name = format!("{}-0", csi_provisioner::leader::lease_name(driver.name()));
-    let mut shard = shards
-        .get(&shard_name)
-        .await
-        .unwrap_or_else(|e| panic!("reading journal shard {shard_name}: {e}"));
     // Only the name matters here: the PV is found before anything would be replayed.
     let request = csi::CreateVolumeRequest {
         name: volume.clone(),
         ..Default::default()
     };
-    shard.spec.operations.retain(|op| op.volume_name != volume);
-    shard.spec.operations.push(OperationRecord {
-        format_version: 1,
-        volume_name: volume.clone(),
-        claim: format!("{}/data", cluster.ns()),
-        claim_uid: created.metadata.uid.clone().unwrap_or_default(),
-        storage_class: class.clone(),
-        request: STANDARD.encode(request.encode_to_vec()),
-        ..OperationRecord::default()
-    });
-    shards
-        .replace(&shard_name, &PostParams::default(), &shard)
-        .await
-        .unwrap_or_else(|e| panic!("restoring the record: {e}"));
-    assert_eq!(cluster.operations(&driver).await.len(), 1);
+    put_back(
+        &cluster,
+        &driver,
+        OperationRecord {
+            format_version: 1,
+            volume_name: volume.clone(),
+            claim: format!("{}/data", cluster.ns()),
+            claim_uid: created.metadata.uid.clone().unwrap_or_default(),
+            storage_class: class.clone(),
+            request: STANDARD.encode(request.encode_to_vec()),
+            ..OperationRecord::default()
+        },
+    )
+    .await;
 
     sidecar.restart().await;
     cluster.wait_nothing_in_journal(&driver).await;
@@ -1011,4 +1026,96 @@ async fn a_class_recreated_mid_flight_does_not_change_the_recorded_request() {
         "no CreateVolume carried the new class's parameters: {requests:#?}"
     );
     assert_eq!(driver.volume_count(), 1);
+}
+
+// ------------------------------------------------------------------------------ stale records, exits
+
+/// With reclaim policy Retain an admin may delete the PV and reuse its volume in a static PV of
+/// another name. A stale record of the first claim (a removal lost, or a downgrade and
+/// re-upgrade) must not delete that volume when it is replayed.
+#[tokio::test]
+async fn a_stale_record_never_deletes_a_volume_that_a_pv_of_another_name_references() {
+    let cluster = Cluster::new("journal-stale-record").await;
+    let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let class = format!("{}-retain", cluster.ns());
+    create_class(
+        &cluster.client,
+        &storage_class(&class, &driver, "Retain", &[]),
+    )
+    .await;
+    let created = cluster.claim("data", &class, None).await;
+    let volume = pv_name(&created);
+    let record = cluster
+        .wait_operation(&driver, &volume, "recorded", |_| true)
+        .await;
+    driver.clear_faults();
+    wait_bound(&cluster.claims, "data").await;
+    sidecar.kill().await;
+
+    // The admin: the claim goes, the retained PV goes, its volume comes back as a static PV.
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client.clone());
+    let provisioned = pvs
+        .get(&volume)
+        .await
+        .unwrap_or_else(|e| panic!("reading PV {volume}: {e}"));
+    cluster.delete_claim("data").await;
+    cluster.wait_claim_gone("data").await;
+    pvs.delete(&volume, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting PV {volume}: {e}"));
+    support::eventually("the provisioned PV to be gone", TIMEOUT, || async {
+        match pvs.get_opt(&volume).await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|pv| pv.map(|pv| pv.metadata)))),
+        }
+    })
+    .await;
+    let static_name = format!("static-{}", cluster.ns());
+    let mut reused = provisioned.clone();
+    reused.metadata = ObjectMeta {
+        name: Some(static_name.clone()),
+        ..ObjectMeta::default()
+    };
+    reused.status = None;
+    if let Some(spec) = reused.spec.as_mut() {
+        spec.claim_ref = None;
+    }
+    pvs.create(&PostParams::default(), &reused)
+        .await
+        .unwrap_or_else(|e| panic!("creating the static PV: {e}"));
+
+    put_back(&cluster, &driver, record).await;
+    sidecar.restart().await;
+    cluster.wait_nothing_in_journal(&driver).await;
+    assert_eq!(driver.volume_count(), 1, "the reused volume is still there");
+    assert!(
+        driver.calls("DeleteVolume").is_empty(),
+        "no DeleteVolume was sent: {:?}",
+        driver.calls("DeleteVolume")
+    );
+    sidecar.assert_running();
+    pvs.delete(&static_name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting the static PV: {e}"));
+}
+
+/// A graceful exit writes the removals the journal still holds, so the next leader has no
+/// finished operation to replay.
+#[tokio::test]
+async fn a_graceful_exit_writes_the_removals_it_still_holds() {
+    let cluster = Cluster::new("journal-flush").await;
+    let driver = Driver::start(&[]).await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let class = cluster.class(&driver).await;
+    let created = cluster.claim("data", &class, None).await;
+    cluster
+        .wait_operation(&driver, &pv_name(&created), "recorded", |_| true)
+        .await;
+    wait_bound(&cluster.claims, "data").await;
+    sidecar.signal(Signal::SIGTERM);
+    let status = sidecar.wait_exit(TIMEOUT).await;
+    assert!(status.success(), "{}", support::peers::describe(status));
+    let left = cluster.operations(&driver).await;
+    assert!(left.is_empty(), "operations left after exit: {left:?}");
 }

@@ -67,6 +67,7 @@ pub async fn run(
     )
     .await?;
     let worker_threads = settings.worker_threads;
+    let journal_timeout = settings.journal_timeout;
     let initial_list = cache::probe_initial_list(&client).await;
     let watches = cache::watch_all(&client, initial_list);
     let (claims, claim_stream) = watches.claims;
@@ -154,6 +155,7 @@ pub async fn run(
         ),
         reaper
     );
+    ctx.journal.flush(journal_timeout).await;
     Ok(())
 }
 

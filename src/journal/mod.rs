@@ -233,6 +233,27 @@ impl Journal {
         let _ = self.queue(shard, change, None);
     }
 
+    /// Stores every change still queued, removals included, waiting at most `timeout`: at a
+    /// graceful exit, so the next leader replays no operation that is already over.
+    pub async fn flush(&self, timeout: Duration) {
+        let mut stored = Vec::with_capacity(self.shards.len());
+        for shard in 0..self.shards.len() {
+            let (durable, done) = oneshot::channel();
+            if self.queue(shard, Change::Flush, Some(durable)).is_ok() {
+                stored.push(done);
+            }
+        }
+        if tokio::time::timeout(timeout, futures::future::join_all(stored))
+            .await
+            .is_err()
+        {
+            warn!(
+                ?timeout,
+                "the journal was not flushed in time; the next leader replays what is left"
+            );
+        }
+    }
+
     pub fn registry(&self) -> &Registry {
         &self.registry
     }

@@ -121,6 +121,8 @@ pub enum Change {
         phase: Phase,
         error: String,
     },
+    /// No change: the writer stores what it holds now, lazy changes included (at exit).
+    Flush,
 }
 
 #[derive(Debug, Error, PartialEq)]
@@ -254,6 +256,7 @@ pub fn apply(spec: &mut ProvisioningJournalSpec, changes: &[Change]) -> bool {
                     existing.last_error = Some(truncate(error));
                 }
             }
+            Change::Flush => {}
         }
     }
     let changed = operations != before;

@@ -232,3 +232,164 @@ async fn claim_state(ctx: &Context, operation: &Operation) -> Result<ClaimState,
         _ => ClaimState::Gone(None),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::fixtures::{
+        Cluster, CreateVolumeCall, SHARD, Scenario, bounded, create_volume, created, delete_volume,
+        get, journal_replaced, secret, strings,
+    };
+    use crate::csi;
+    use crate::provision::SecretRef;
+    use crate::provision::fixtures::{PVC_UID, PvBuilder, PvcBuilder};
+
+    const GIB: i64 = 1 << 30;
+    const CLAIM_PATH: &str = "/api/v1/namespaces/apps/persistentvolumeclaims/data";
+
+    fn volume() -> String {
+        format!("pvc-{PVC_UID}")
+    }
+
+    fn pv_path() -> String {
+        format!("/api/v1/persistentvolumes/{}", volume())
+    }
+
+    /// The journaled operation of claim `apps/data`.
+    fn operation() -> Operation {
+        Operation {
+            volume_name: volume(),
+            claim_namespace: "apps".to_owned(),
+            claim_name: "data".to_owned(),
+            claim_uid: PVC_UID.to_owned(),
+            class_name: "standard".to_owned(),
+            request: csi::CreateVolumeRequest {
+                name: volume(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: GIB,
+                    limit_bytes: 0,
+                }),
+                parameters: strings(&[("type", "fast")]),
+                ..csi::CreateVolumeRequest::default()
+            },
+            provisioner_secret: Some(SecretRef {
+                name: "creds".to_owned(),
+                namespace: "apps".to_owned(),
+            }),
+        }
+    }
+
+    /// The journal's operation, as the reaper finds it after a restart.
+    async fn reap_journaled(scenario: &Scenario) -> Result<Reaped, ReapError> {
+        let ctx = scenario.ctx();
+        let idle = ctx.journal.registry().idle();
+        assert_eq!(idle, [operation()], "the journal restored the operation");
+        bounded(reap(&ctx, &idle[0])).await
+    }
+
+    fn in_flight(scenario: &Scenario) -> bool {
+        scenario.ctx().journal.registry().contains(&volume())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn orphan_reaped() {
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .start([
+                get(CLAIM_PATH).refuse(404, "NotFound"),
+                get(pv_path()).refuse(404, "NotFound"),
+                get("/api/v1/namespaces/apps/secrets/creds")
+                    .answer(200, secret("apps", "creds", &[("password", "s3cret")])),
+                // The replay: the recorded request, with the secrets read again.
+                create_volume(
+                    CreateVolumeCall {
+                        name: volume(),
+                        required_bytes: GIB,
+                        parameters: strings(&[("type", "fast")]),
+                        secrets: strings(&[("password", "s3cret")]),
+                    },
+                    created("vol-1", GIB),
+                ),
+                delete_volume("vol-1", &[("password", "s3cret")], Ok(())),
+                journal_replaced(json!([])),
+            ])
+            .await;
+        assert!(matches!(reap_journaled(&scenario).await, Ok(Reaped::Done)));
+        assert!(!in_flight(&scenario));
+        assert_eq!(
+            scenario.finish().await,
+            [format!(
+                "ProvisioningJournal/{SHARD} Normal OrphanedVolumeDeleted: Deleted volume vol-1 ({}) created for claim apps/data (uid {PVC_UID}), which no longer exists",
+                volume()
+            )]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_that_still_wants_its_volume_keeps_it() {
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .claim(PvcBuilder::new().build())
+            .start([])
+            .await;
+        assert!(matches!(
+            reap_journaled(&scenario).await,
+            Ok(Reaped::NotAnOrphan)
+        ));
+        assert!(in_flight(&scenario));
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_volume_held_by_its_pv_only_loses_the_record() {
+        let mut pv = PvBuilder::new().build();
+        pv.metadata.name = Some(volume());
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .claim(PvcBuilder::new().build())
+            .volume(pv)
+            .start([journal_replaced(json!([]))])
+            .await;
+        assert!(matches!(reap_journaled(&scenario).await, Ok(Reaped::Done)));
+        assert!(!in_flight(&scenario));
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_missing_from_the_cache_but_still_there_keeps_its_volume() {
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .start([get(CLAIM_PATH).answer(200, PvcBuilder::new().build())])
+            .await;
+        assert!(matches!(
+            reap_journaled(&scenario).await,
+            Ok(Reaped::NotAnOrphan)
+        ));
+        assert!(in_flight(&scenario));
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_pv_read_is_reported_as_such() {
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .start([
+                get(CLAIM_PATH).refuse(404, "NotFound"),
+                get(pv_path()).refuse(500, "InternalError"),
+            ])
+            .await;
+        let Err(error) = reap_journaled(&scenario).await else {
+            panic!("the reap went on without knowing whether a PV holds the volume");
+        };
+        assert!(
+            error
+                .to_string()
+                .starts_with(&format!("failed to read PersistentVolume {}: ", volume())),
+            "{error}"
+        );
+        assert!(in_flight(&scenario));
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+}

@@ -239,12 +239,12 @@ mod tests {
 
     use super::*;
     use crate::controller::fixtures::{
-        Cluster, CreateVolumeCall, SHARD, Scenario, bounded, create_volume, created, delete_volume,
-        get, journal_replaced, secret, strings,
+        Cluster, CreateVolumeCall, SHARD, Scenario, Step, bounded, create_volume, created,
+        delete_volume, get, journal_replaced, patch, secret, strings,
     };
     use crate::csi;
-    use crate::provision::SecretRef;
     use crate::provision::fixtures::{PVC_UID, PvBuilder, PvcBuilder};
+    use crate::provision::{PROVISIONING_FINALIZER, SecretRef};
 
     const GIB: i64 = 1 << 30;
     const CLAIM_PATH: &str = "/api/v1/namespaces/apps/persistentvolumeclaims/data";
@@ -281,6 +281,28 @@ mod tests {
         }
     }
 
+    fn read_secret() -> Step {
+        get("/api/v1/namespaces/apps/secrets/creds")
+            .answer(200, secret("apps", "creds", &[("password", "s3cret")]))
+    }
+
+    /// The replay: the recorded request, with the secrets read again.
+    fn replayed_create() -> CreateVolumeCall {
+        CreateVolumeCall {
+            name: volume(),
+            required_bytes: GIB,
+            parameters: strings(&[("type", "fast")]),
+            secrets: strings(&[("password", "s3cret")]),
+        }
+    }
+
+    fn orphan_deleted() -> String {
+        format!(
+            "ProvisioningJournal/{SHARD} Normal OrphanedVolumeDeleted: Deleted volume vol-1 ({}) created for claim apps/data (uid {PVC_UID}), which no longer exists",
+            volume()
+        )
+    }
+
     /// The journal's operation, as the reaper finds it after a restart.
     async fn reap_journaled(scenario: &Scenario) -> Result<Reaped, ReapError> {
         let ctx = scenario.ctx();
@@ -300,31 +322,46 @@ mod tests {
             .start([
                 get(CLAIM_PATH).refuse(404, "NotFound"),
                 get(pv_path()).refuse(404, "NotFound"),
-                get("/api/v1/namespaces/apps/secrets/creds")
-                    .answer(200, secret("apps", "creds", &[("password", "s3cret")])),
-                // The replay: the recorded request, with the secrets read again.
-                create_volume(
-                    CreateVolumeCall {
-                        name: volume(),
-                        required_bytes: GIB,
-                        parameters: strings(&[("type", "fast")]),
-                        secrets: strings(&[("password", "s3cret")]),
-                    },
-                    created("vol-1", GIB),
-                ),
+                read_secret(),
+                create_volume(replayed_create(), created("vol-1", GIB)),
                 delete_volume("vol-1", &[("password", "s3cret")], Ok(())),
                 journal_replaced(json!([])),
             ])
             .await;
         assert!(matches!(reap_journaled(&scenario).await, Ok(Reaped::Done)));
         assert!(!in_flight(&scenario));
-        assert_eq!(
-            scenario.finish().await,
-            [format!(
-                "ProvisioningJournal/{SHARD} Normal OrphanedVolumeDeleted: Deleted volume vol-1 ({}) created for claim apps/data (uid {PVC_UID}), which no longer exists",
-                volume()
-            )]
-        );
+        assert_eq!(scenario.finish().await, [orphan_deleted()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_orphan_of_a_claim_being_deleted_releases_its_consistency_finalizer() {
+        let deleting = || {
+            PvcBuilder::new()
+                .finalizer(PROVISIONING_FINALIZER)
+                .deleting()
+        };
+        let mut released = deleting().build();
+        released.metadata.finalizers = None;
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .start([
+                get(CLAIM_PATH).answer(200, deleting().build()),
+                get(pv_path()).refuse(404, "NotFound"),
+                read_secret(),
+                create_volume(replayed_create(), created("vol-1", GIB)),
+                delete_volume("vol-1", &[("password", "s3cret")], Ok(())),
+                patch(CLAIM_PATH)
+                    .body(json!([
+                        { "op": "test", "path": "/metadata/uid", "value": PVC_UID },
+                        { "op": "test", "path": "/metadata/finalizers/0", "value": PROVISIONING_FINALIZER },
+                        { "op": "remove", "path": "/metadata/finalizers/0" },
+                    ]))
+                    .answer(200, released),
+                journal_replaced(json!([])),
+            ])
+            .await;
+        assert!(matches!(reap_journaled(&scenario).await, Ok(Reaped::Done)));
+        assert_eq!(scenario.finish().await, [orphan_deleted()]);
     }
 
     #[tokio::test(start_paused = true)]

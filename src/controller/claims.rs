@@ -405,9 +405,10 @@ mod tests {
 
     use super::*;
     use crate::controller::fixtures::{
-        Cluster, CreateVolumeCall, RETRY_MAX, RETRY_START, Scenario, Step, bounded, cached,
-        create_volume, created, delete_volume, get, journal_created, journal_path,
-        journal_replaced, patch, post, put, secret, shard, shard_path, strings,
+        CLAIM_PATH, Cluster, CreateVolumeCall, GIB, RETRY_MAX, RETRY_START, SECRETS, Scenario,
+        Step, bounded, cached, claim_volume, claim_volume_path, create_volume, created,
+        delete_volume, get, journal_created, journal_path, journal_replaced, patch, post, put,
+        secret_read, shard, shard_path, strings,
     };
     use crate::journal::OperationRecord;
     use crate::provision::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvBuilder, PvcBuilder};
@@ -415,8 +416,6 @@ mod tests {
         ANN_PROVISIONING_CONSISTENCY, ANN_STORAGE_PROVISIONER, PROVISIONING_FINALIZER,
     };
 
-    const GIB: i64 = 1 << 30;
-    const CLAIM_PATH: &str = "/api/v1/namespaces/apps/persistentvolumeclaims/data";
     const CLAIM_EVENT: &str = "PersistentVolumeClaim/data";
 
     /// Our claim `apps/data` of class `standard`, 1Gi, waiting for a volume.
@@ -437,19 +436,6 @@ mod tests {
         )
     }
 
-    fn volume() -> String {
-        format!("pvc-{PVC_UID}")
-    }
-
-    fn pv_path() -> String {
-        format!("/api/v1/persistentvolumes/{}", volume())
-    }
-
-    fn read_secret() -> Step {
-        get("/api/v1/namespaces/apps/secrets/creds")
-            .answer(200, secret("apps", "creds", &[("password", "s3cret")]))
-    }
-
     /// The journal record of the claim's operation, as first written.
     fn record_written() -> Step {
         journal_created(json!([our_record()]))
@@ -457,7 +443,7 @@ mod tests {
 
     fn our_record() -> Value {
         json!({
-            "volumeName": volume(),
+            "volumeName": claim_volume(),
             "claim": "apps/data",
             "claimUid": PVC_UID,
             "storageClass": "standard",
@@ -469,17 +455,17 @@ mod tests {
     /// The class's parameter without the secret keys; the Secret's data as secrets.
     fn expected_create() -> CreateVolumeCall {
         CreateVolumeCall {
-            name: volume(),
+            name: claim_volume(),
             required_bytes: GIB,
             parameters: strings(&[("type", "fast")]),
-            secrets: strings(&[("password", "s3cret")]),
+            secrets: strings(SECRETS),
         }
     }
 
     fn pv_created() -> Step {
         post("/api/v1/persistentvolumes")
             .body(json!({
-                "metadata": { "name": volume() },
+                "metadata": { "name": claim_volume() },
                 "spec": {
                     "capacity": { "storage": "1Gi" },
                     "csi": { "driver": DRIVER, "volumeHandle": "vol-1" },
@@ -503,7 +489,7 @@ mod tests {
     fn succeeded() -> String {
         format!(
             "{CLAIM_EVENT} Normal ProvisioningSucceeded: Successfully provisioned volume {}",
-            volume()
+            claim_volume()
         )
     }
 
@@ -521,14 +507,14 @@ mod tests {
     }
 
     fn in_flight(scenario: &Scenario) -> bool {
-        scenario.ctx().journal.registry().contains(&volume())
+        scenario.ctx().journal.registry().contains(&claim_volume())
     }
 
     #[tokio::test(start_paused = true)]
     async fn provisioned() {
         let scenario = cluster()
             .start([
-                read_secret(),
+                secret_read(),
                 record_written(),
                 create_volume(expected_create(), created("vol-1", GIB)),
                 pv_created(),
@@ -557,7 +543,7 @@ mod tests {
                         "metadata": { "finalizers": [PROVISIONING_FINALIZER], "resourceVersion": "7" }
                     }))
                     .answer(200, stored),
-                read_secret(),
+                secret_read(),
                 record_written(),
                 create_volume(expected_create(), created("vol-1", GIB)),
                 pv_created(),
@@ -572,7 +558,7 @@ mod tests {
     async fn a_final_error_drops_the_record_and_retries_slowly() {
         let scenario = cluster()
             .start([
-                read_secret(),
+                secret_read(),
                 record_written(),
                 create_volume(
                     expected_create(),
@@ -581,7 +567,7 @@ mod tests {
                 // Written once nothing more urgent came for 5 seconds.
                 record_removed(),
                 // The slow retry, once --retry-interval-max has passed.
-                read_secret(),
+                secret_read(),
                 journal_replaced(json!([our_record()])),
                 create_volume(expected_create(), created("vol-1", GIB)),
                 pv_created(),
@@ -622,14 +608,14 @@ mod tests {
         noted["lastError"] = json!(timeout);
         let scenario = cluster()
             .start([
-                read_secret(),
+                secret_read(),
                 record_written(),
                 create_volume(
                     expected_create(),
                     Err(Status::deadline_exceeded("still creating")),
                 ),
                 // The retry: the failure noted on the record joins its next write.
-                read_secret(),
+                secret_read(),
                 journal_replaced(json!([noted])),
                 create_volume(expected_create(), created("vol-1", GIB)),
                 pv_created(),
@@ -655,20 +641,20 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_pv_name_taken_by_another_volume_deletes_the_new_volume() {
+    async fn a_pv_name_taken_by_another_volume_deletes_the_new_claim_volume() {
         let mut theirs = PvBuilder::new()
             .handle("vol-other")
             .claim_uid("uid-of-another-claim")
             .build();
-        theirs.metadata.name = Some(volume());
+        theirs.metadata.name = Some(claim_volume());
         let scenario = cluster()
             .start([
-                read_secret(),
+                secret_read(),
                 record_written(),
                 create_volume(expected_create(), created("vol-new", GIB)),
                 post("/api/v1/persistentvolumes").refuse(409, "AlreadyExists"),
-                get(pv_path()).answer(200, theirs),
-                delete_volume("vol-new", &[("password", "s3cret")], Ok(())),
+                get(claim_volume_path()).answer(200, theirs),
+                delete_volume("vol-new", SECRETS, Ok(())),
                 record_removed(),
             ])
             .await;
@@ -679,7 +665,7 @@ mod tests {
         assert!(!in_flight(&scenario));
         let taken = failed(&format!(
             "PersistentVolume {} already exists for another volume (\"vol-other\"); the new volume \"vol-new\" was deleted",
-            volume()
+            claim_volume()
         ));
         assert_eq!(scenario.finish().await, [provisioning(), taken]);
     }
@@ -687,14 +673,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_pv_that_already_holds_the_volume_is_success() {
         let mut ours = PvBuilder::new().handle("vol-1").build();
-        ours.metadata.name = Some(volume());
+        ours.metadata.name = Some(claim_volume());
         let scenario = cluster()
             .start([
-                read_secret(),
+                secret_read(),
                 record_written(),
                 create_volume(expected_create(), created("vol-1", GIB)),
                 post("/api/v1/persistentvolumes").refuse(409, "AlreadyExists"),
-                get(pv_path()).answer(200, ours),
+                get(claim_volume_path()).answer(200, ours),
                 record_removed(),
             ])
             .await;
@@ -706,11 +692,11 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_failed_journal_write_sends_no_create_volume() {
+    async fn a_failed_journal_write_sends_no_create_claim_volume() {
         let scenario = cluster()
             .journal_timeout(Duration::from_millis(50))
             .start([
-                read_secret(),
+                secret_read(),
                 post(journal_path()).refuse(500, "InternalError"),
                 // The shard writer keeps the record and tries again after the reconcile gave
                 // up: re-read, write.
@@ -732,7 +718,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_journal_write_conflict_rereads_the_shard_before_create_volume() {
+    async fn a_journal_write_conflict_rereads_the_shard_before_create_claim_volume() {
         let previous_leaders = OperationRecord {
             volume_name: "pvc-other".to_owned(),
             claim: "apps/other".to_owned(),
@@ -741,7 +727,7 @@ mod tests {
         };
         let scenario = cluster()
             .start([
-                read_secret(),
+                secret_read(),
                 post(journal_path()).refuse(409, "AlreadyExists"),
                 get(shard_path()).answer(200, shard(vec![previous_leaders])),
                 put(shard_path())

@@ -43,7 +43,7 @@ use crate::journal::{
 };
 use crate::kube_client::RateLimitLayer;
 use crate::metrics::Metrics;
-use crate::provision::fixtures::{DRIVER, caps, config};
+use crate::provision::fixtures::{DRIVER, PVC_UID, caps, config};
 
 /// The sidecar's namespace, where the journal lives.
 pub const JOURNAL_NAMESPACE: &str = "csi";
@@ -54,6 +54,26 @@ pub const RETRY_START: Duration = Duration::from_secs(1);
 pub const RETRY_MAX: Duration = Duration::from_secs(300);
 /// Virtual time a scenario may take; with the clock paused, a hang reaches it at once.
 pub const DEADLINE: Duration = Duration::from_secs(600);
+/// 1Gi, the size `PvcBuilder`'s claim asks for.
+pub const GIB: i64 = 1 << 30;
+/// `PvcBuilder`'s claim `apps/data`.
+pub const CLAIM_PATH: &str = "/api/v1/namespaces/apps/persistentvolumeclaims/data";
+/// The data of Secret `apps/creds`, the secret the tests' classes and PVs name.
+pub const SECRETS: &[(&str, &str)] = &[("password", "s3cret")];
+
+/// The volume (and PV) name of `PvcBuilder`'s claim.
+pub fn claim_volume() -> String {
+    format!("pvc-{PVC_UID}")
+}
+
+pub fn claim_volume_path() -> String {
+    format!("/api/v1/persistentvolumes/{}", claim_volume())
+}
+
+/// The read of Secret `apps/creds`.
+pub fn secret_read() -> Step {
+    get("/api/v1/namespaces/apps/secrets/creds").answer(200, secret("apps", "creds", SECRETS))
+}
 
 /// One request the scenario expects, with its answer.
 pub enum Step {
@@ -267,7 +287,7 @@ pub fn shard(records: Vec<OperationRecord>) -> ProvisioningJournal {
 }
 
 /// A Secret with string data.
-pub fn secret(namespace: &str, name: &str, data: &[(&str, &str)]) -> Secret {
+fn secret(namespace: &str, name: &str, data: &[(&str, &str)]) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),

@@ -239,34 +239,24 @@ mod tests {
 
     use super::*;
     use crate::controller::fixtures::{
-        Cluster, CreateVolumeCall, SHARD, Scenario, Step, bounded, create_volume, created,
-        delete_volume, get, journal_replaced, patch, secret, strings,
+        CLAIM_PATH, Cluster, CreateVolumeCall, GIB, SECRETS, SHARD, Scenario, bounded,
+        claim_volume, claim_volume_path, create_volume, created, delete_volume, get,
+        journal_replaced, patch, secret_read, strings,
     };
     use crate::csi;
     use crate::provision::fixtures::{PVC_UID, PvBuilder, PvcBuilder};
     use crate::provision::{PROVISIONING_FINALIZER, SecretRef};
 
-    const GIB: i64 = 1 << 30;
-    const CLAIM_PATH: &str = "/api/v1/namespaces/apps/persistentvolumeclaims/data";
-
-    fn volume() -> String {
-        format!("pvc-{PVC_UID}")
-    }
-
-    fn pv_path() -> String {
-        format!("/api/v1/persistentvolumes/{}", volume())
-    }
-
     /// The journaled operation of claim `apps/data`.
     fn operation() -> Operation {
         Operation {
-            volume_name: volume(),
+            volume_name: claim_volume(),
             claim_namespace: "apps".to_owned(),
             claim_name: "data".to_owned(),
             claim_uid: PVC_UID.to_owned(),
             class_name: "standard".to_owned(),
             request: csi::CreateVolumeRequest {
-                name: volume(),
+                name: claim_volume(),
                 capacity_range: Some(csi::CapacityRange {
                     required_bytes: GIB,
                     limit_bytes: 0,
@@ -281,25 +271,20 @@ mod tests {
         }
     }
 
-    fn read_secret() -> Step {
-        get("/api/v1/namespaces/apps/secrets/creds")
-            .answer(200, secret("apps", "creds", &[("password", "s3cret")]))
-    }
-
     /// The replay: the recorded request, with the secrets read again.
     fn replayed_create() -> CreateVolumeCall {
         CreateVolumeCall {
-            name: volume(),
+            name: claim_volume(),
             required_bytes: GIB,
             parameters: strings(&[("type", "fast")]),
-            secrets: strings(&[("password", "s3cret")]),
+            secrets: strings(SECRETS),
         }
     }
 
     fn orphan_deleted() -> String {
         format!(
             "ProvisioningJournal/{SHARD} Normal OrphanedVolumeDeleted: Deleted volume vol-1 ({}) created for claim apps/data (uid {PVC_UID}), which no longer exists",
-            volume()
+            claim_volume()
         )
     }
 
@@ -312,7 +297,7 @@ mod tests {
     }
 
     fn in_flight(scenario: &Scenario) -> bool {
-        scenario.ctx().journal.registry().contains(&volume())
+        scenario.ctx().journal.registry().contains(&claim_volume())
     }
 
     #[tokio::test(start_paused = true)]
@@ -321,10 +306,10 @@ mod tests {
             .journaled(operation())
             .start([
                 get(CLAIM_PATH).refuse(404, "NotFound"),
-                get(pv_path()).refuse(404, "NotFound"),
-                read_secret(),
+                get(claim_volume_path()).refuse(404, "NotFound"),
+                secret_read(),
                 create_volume(replayed_create(), created("vol-1", GIB)),
-                delete_volume("vol-1", &[("password", "s3cret")], Ok(())),
+                delete_volume("vol-1", SECRETS, Ok(())),
                 journal_replaced(json!([])),
             ])
             .await;
@@ -346,10 +331,10 @@ mod tests {
             .journaled(operation())
             .start([
                 get(CLAIM_PATH).answer(200, deleting().build()),
-                get(pv_path()).refuse(404, "NotFound"),
-                read_secret(),
+                get(claim_volume_path()).refuse(404, "NotFound"),
+                secret_read(),
                 create_volume(replayed_create(), created("vol-1", GIB)),
-                delete_volume("vol-1", &[("password", "s3cret")], Ok(())),
+                delete_volume("vol-1", SECRETS, Ok(())),
                 patch(CLAIM_PATH)
                     .body(json!([
                         { "op": "test", "path": "/metadata/uid", "value": PVC_UID },
@@ -382,7 +367,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_volume_held_by_its_pv_only_loses_the_record() {
         let mut pv = PvBuilder::new().build();
-        pv.metadata.name = Some(volume());
+        pv.metadata.name = Some(claim_volume());
         let scenario = Cluster::new()
             .journaled(operation())
             .claim(PvcBuilder::new().build())
@@ -395,7 +380,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_claim_missing_from_the_cache_but_still_there_keeps_its_volume() {
+    async fn a_claim_missing_from_the_cache_but_still_there_keeps_its_claim_volume() {
         let scenario = Cluster::new()
             .journaled(operation())
             .start([get(CLAIM_PATH).answer(200, PvcBuilder::new().build())])
@@ -414,16 +399,17 @@ mod tests {
             .journaled(operation())
             .start([
                 get(CLAIM_PATH).refuse(404, "NotFound"),
-                get(pv_path()).refuse(500, "InternalError"),
+                get(claim_volume_path()).refuse(500, "InternalError"),
             ])
             .await;
         let Err(error) = reap_journaled(&scenario).await else {
             panic!("the reap went on without knowing whether a PV holds the volume");
         };
         assert!(
-            error
-                .to_string()
-                .starts_with(&format!("failed to read PersistentVolume {}: ", volume())),
+            error.to_string().starts_with(&format!(
+                "failed to read PersistentVolume {}: ",
+                claim_volume()
+            )),
             "{error}"
         );
         assert!(in_flight(&scenario));

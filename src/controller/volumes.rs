@@ -286,8 +286,8 @@ mod tests {
 
     use super::*;
     use crate::controller::fixtures::{
-        Cluster, RETRY_START, Scenario, Step, bounded, cached, delete, delete_volume, get, patch,
-        secret,
+        Cluster, RETRY_START, SECRETS, Scenario, Step, bounded, cached, delete, delete_volume, get,
+        patch, secret_read,
     };
     use crate::provision::fixtures::{DRIVER, PvBuilder};
     use crate::provision::{ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE};
@@ -312,11 +312,6 @@ mod tests {
         delete(PV_PATH)
             .body(json!({ "preconditions": { "uid": PV_UID, "resourceVersion": "5" } }))
             .answer(200, released().deleting().build())
-    }
-
-    fn read_secret() -> Step {
-        get("/api/v1/namespaces/apps/secrets/creds")
-            .answer(200, secret("apps", "creds", &[("password", "s3cret")]))
     }
 
     /// Our finalizer, the first of the PV's, comes off.
@@ -344,8 +339,8 @@ mod tests {
         let scenario = Cluster::new()
             .start([
                 pv_deleted_first(),
-                read_secret(),
-                delete_volume("vol-1", &[("password", "s3cret")], Ok(())),
+                secret_read(),
+                delete_volume("vol-1", SECRETS, Ok(())),
                 finalizer_removed(released().deleting()),
             ])
             .await;
@@ -362,8 +357,8 @@ mod tests {
         let scenario = Cluster::new()
             .start([
                 get(PV_PATH).answer(200, unprotected().build()),
-                read_secret(),
-                delete_volume("vol-1", &[("password", "s3cret")], Ok(())),
+                secret_read(),
+                delete_volume("vol-1", SECRETS, Ok(())),
                 delete(PV_PATH)
                     .body(json!({ "preconditions": { "uid": PV_UID } }))
                     .answer(
@@ -384,12 +379,8 @@ mod tests {
         let scenario = Cluster::new()
             .start([
                 pv_deleted_first(),
-                read_secret(),
-                delete_volume(
-                    "vol-1",
-                    &[("password", "s3cret")],
-                    Err(Status::internal("backend down")),
-                ),
+                secret_read(),
+                delete_volume("vol-1", SECRETS, Err(Status::internal("backend down"))),
             ])
             .await;
         assert_eq!(

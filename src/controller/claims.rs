@@ -231,7 +231,7 @@ async fn provision_claim(
     };
     let uid = pvc.uid().unwrap_or_default();
     let class_uid = class.uid().unwrap_or_default();
-    if let Some(left) = ctx.infeasible().remaining(&uid, &class_uid, Instant::now()) {
+    if let Some(left) = ctx.infeasible().remaining(&uid, &class_uid, now()) {
         return Ok(Outcome::RetryIn(left));
     }
     let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps)?;
@@ -284,7 +284,7 @@ async fn provision_claim(
                 &error.to_string(),
             );
             if error.is_infeasible() {
-                ctx.infeasible().insert(&uid, &class_uid, Instant::now());
+                ctx.infeasible().insert(&uid, &class_uid, now());
                 return Err(ClaimError::Infeasible(error));
             }
             return Err(ClaimError::Driver(error));
@@ -430,10 +430,364 @@ fn operation(
     }
 }
 
+/// Now, by tokio's clock: the same instant as `Instant::now()`, but the unit tests pause and
+/// advance it to check the slow retry of infeasible claims.
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
 /// The `source` label of the provisioning metrics: the claim's data source kind, or "".
 fn data_source_kind(pvc: &PersistentVolumeClaim) -> &str {
     pvc.spec
         .as_ref()
         .and_then(|spec| spec.data_source.as_ref())
         .map_or("", |source| source.kind.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+    use tonic::Status;
+
+    use super::*;
+    use crate::controller::fixtures::{
+        CLAIM_PATH, Cluster, CreateVolumeCall, GIB, RETRY_MAX, RETRY_START, SECRETS, Scenario,
+        Step, bounded, cached, claim_volume, claim_volume_path, create_volume, created,
+        delete_volume, get, journal_created, journal_path, journal_replaced, patch, post, put,
+        secret_read, shard, shard_path, strings,
+    };
+    use crate::journal::OperationRecord;
+    use crate::provision::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvBuilder, PvcBuilder};
+    use crate::provision::{
+        ANN_PROVISIONING_CONSISTENCY, ANN_STORAGE_PROVISIONER, PROVISIONING_FINALIZER,
+    };
+
+    const CLAIM_EVENT: &str = "PersistentVolumeClaim/data";
+
+    /// Our claim `apps/data` of class `standard`, 1Gi, waiting for a volume.
+    fn claim() -> PvcBuilder {
+        PvcBuilder::new()
+            .annotation(ANN_STORAGE_PROVISIONER, DRIVER)
+            .resource_version("7")
+    }
+
+    /// The caches know class `standard`, with a driver parameter and a provisioner secret.
+    fn cluster() -> Cluster {
+        Cluster::new().class(
+            ClassBuilder::new()
+                .parameter("type", "fast")
+                .parameter("csi.storage.k8s.io/provisioner-secret-name", "creds")
+                .parameter("csi.storage.k8s.io/provisioner-secret-namespace", "apps")
+                .build(),
+        )
+    }
+
+    /// The journal record of the claim's operation, as first written.
+    fn record_written() -> Step {
+        journal_created(json!([our_record()]))
+    }
+
+    fn our_record() -> Value {
+        json!({
+            "volumeName": claim_volume(),
+            "claim": "apps/data",
+            "claimUid": PVC_UID,
+            "storageClass": "standard",
+            "phase": "Provisioning",
+            "attempts": 0,
+        })
+    }
+
+    /// The class's parameter without the secret keys; the Secret's data as secrets.
+    fn expected_create() -> CreateVolumeCall {
+        CreateVolumeCall {
+            name: claim_volume(),
+            required_bytes: GIB,
+            parameters: strings(&[("type", "fast")]),
+            secrets: strings(SECRETS),
+        }
+    }
+
+    fn pv_created() -> Step {
+        post("/api/v1/persistentvolumes")
+            .body(json!({
+                "metadata": { "name": claim_volume() },
+                "spec": {
+                    "capacity": { "storage": "1Gi" },
+                    "csi": { "driver": DRIVER, "volumeHandle": "vol-1" },
+                    "claimRef": { "namespace": "apps", "name": "data", "uid": PVC_UID },
+                    "storageClassName": "standard",
+                },
+            }))
+            .echo(201)
+    }
+
+    fn record_removed() -> Step {
+        journal_replaced(json!([]))
+    }
+
+    fn provisioning() -> String {
+        format!(
+            "{CLAIM_EVENT} Normal Provisioning: External provisioner is provisioning volume for claim \"apps/data\""
+        )
+    }
+
+    fn succeeded() -> String {
+        format!(
+            "{CLAIM_EVENT} Normal ProvisioningSucceeded: Successfully provisioned volume {}",
+            claim_volume()
+        )
+    }
+
+    fn failed(message: &str) -> String {
+        format!("{CLAIM_EVENT} Warning ProvisioningFailed: {message}")
+    }
+
+    async fn reconcile(scenario: &Scenario, pvc: PersistentVolumeClaim) -> Action {
+        let Ok(action) = bounded(ClaimReconciler::reconcile(
+            Arc::new(cached(&pvc)),
+            scenario.ctx(),
+        ))
+        .await;
+        action
+    }
+
+    fn in_flight(scenario: &Scenario) -> bool {
+        scenario.ctx().journal.registry().contains(&claim_volume())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn provisioned() {
+        let scenario = cluster()
+            .start([
+                secret_read(),
+                record_written(),
+                create_volume(expected_create(), created("vol-1", GIB)),
+                pv_created(),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::await_change()
+        );
+        assert!(!in_flight(&scenario));
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_consistency_finalizer_is_added_before_anything_else() {
+        let pvc = claim()
+            .annotation(ANN_PROVISIONING_CONSISTENCY, "enable")
+            .build();
+        let mut stored = pvc.clone();
+        stored.metadata.finalizers = Some(vec![PROVISIONING_FINALIZER.to_owned()]);
+        let scenario = cluster()
+            .start([
+                patch(CLAIM_PATH)
+                    .body(json!({
+                        "metadata": { "finalizers": [PROVISIONING_FINALIZER], "resourceVersion": "7" }
+                    }))
+                    .answer(200, stored),
+                secret_read(),
+                record_written(),
+                create_volume(expected_create(), created("vol-1", GIB)),
+                pv_created(),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_final_error_drops_the_record_and_retries_slowly() {
+        let scenario = cluster()
+            .start([
+                secret_read(),
+                record_written(),
+                create_volume(
+                    expected_create(),
+                    Err(Status::invalid_argument("type fast is unknown")),
+                ),
+                // Written once nothing more urgent came for 5 seconds.
+                record_removed(),
+                // The slow retry, once --retry-interval-max has passed.
+                secret_read(),
+                journal_replaced(json!([our_record()])),
+                create_volume(expected_create(), created("vol-1", GIB)),
+                pv_created(),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(!in_flight(&scenario), "the driver created nothing");
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::requeue(RETRY_MAX),
+            "an infeasible claim waits, whatever its backoff"
+        );
+        // Virtual time: the clock is paused, so this lets every timer due meanwhile fire, in
+        // order (the journal's lazy flush among them), and returns at once.
+        tokio::time::sleep(RETRY_MAX).await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::await_change()
+        );
+        let infeasible = failed(
+            "Volume provisioning failed with infeasible error. Retries will be delayed. rpc error: code = InvalidArgument desc = type fast is unknown",
+        );
+        assert_eq!(
+            scenario.finish().await,
+            [provisioning(), infeasible, provisioning(), succeeded()]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_progress_keeps_the_record_and_the_retry_repeats_the_request() {
+        let timeout = "rpc error: code = DeadlineExceeded desc = still creating";
+        let mut noted = our_record();
+        noted["attempts"] = json!(1);
+        noted["lastError"] = json!(timeout);
+        let scenario = cluster()
+            .start([
+                secret_read(),
+                record_written(),
+                create_volume(
+                    expected_create(),
+                    Err(Status::deadline_exceeded("still creating")),
+                ),
+                // The retry: the failure noted on the record joins its next write.
+                secret_read(),
+                journal_replaced(json!([noted])),
+                create_volume(expected_create(), created("vol-1", GIB)),
+                pv_created(),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(
+            in_flight(&scenario),
+            "the driver may still create the volume"
+        );
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(
+            scenario.finish().await,
+            [provisioning(), failed(timeout), provisioning(), succeeded()]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pv_name_taken_by_another_volume_deletes_the_new_claim_volume() {
+        let mut theirs = PvBuilder::new()
+            .handle("vol-other")
+            .claim_uid("uid-of-another-claim")
+            .build();
+        theirs.metadata.name = Some(claim_volume());
+        let scenario = cluster()
+            .start([
+                secret_read(),
+                record_written(),
+                create_volume(expected_create(), created("vol-new", GIB)),
+                post("/api/v1/persistentvolumes").refuse(409, "AlreadyExists"),
+                get(claim_volume_path()).answer(200, theirs),
+                delete_volume("vol-new", SECRETS, Ok(())),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(!in_flight(&scenario));
+        let taken = failed(&format!(
+            "PersistentVolume {} already exists for another volume (\"vol-other\"); the new volume \"vol-new\" was deleted",
+            claim_volume()
+        ));
+        assert_eq!(scenario.finish().await, [provisioning(), taken]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pv_that_already_holds_the_volume_is_success() {
+        let mut ours = PvBuilder::new().handle("vol-1").build();
+        ours.metadata.name = Some(claim_volume());
+        let scenario = cluster()
+            .start([
+                secret_read(),
+                record_written(),
+                create_volume(expected_create(), created("vol-1", GIB)),
+                post("/api/v1/persistentvolumes").refuse(409, "AlreadyExists"),
+                get(claim_volume_path()).answer(200, ours),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_journal_write_sends_no_create_claim_volume() {
+        let scenario = cluster()
+            .journal_timeout(Duration::from_millis(50))
+            .start([
+                secret_read(),
+                post(journal_path()).refuse(500, "InternalError"),
+                // The shard writer keeps the record and tries again after the reconcile gave
+                // up: re-read, write.
+                get(shard_path()).refuse(404, "NotFound"),
+                record_written(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(!in_flight(&scenario));
+        assert_eq!(
+            scenario.finish().await,
+            [failed(
+                "failed to record the operation in the journal: the journal did not store the operation within 50ms; CreateVolume is not sent until it does"
+            )]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_journal_write_conflict_rereads_the_shard_before_create_claim_volume() {
+        let previous_leaders = OperationRecord {
+            volume_name: "pvc-other".to_owned(),
+            claim: "apps/other".to_owned(),
+            claim_uid: "uid-other".to_owned(),
+            ..OperationRecord::default()
+        };
+        let scenario = cluster()
+            .start([
+                secret_read(),
+                post(journal_path()).refuse(409, "AlreadyExists"),
+                get(shard_path()).answer(200, shard(vec![previous_leaders])),
+                put(shard_path())
+                    .body(json!({ "spec": { "operations": [our_record(), { "volumeName": "pvc-other" }] } }))
+                    .echo(200),
+                create_volume(expected_create(), created("vol-1", GIB)),
+                pv_created(),
+                journal_replaced(json!([{ "volumeName": "pvc-other" }])),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
 }

@@ -13,6 +13,8 @@ mod claims;
 mod context;
 pub mod events;
 mod finalizers;
+#[cfg(test)]
+mod fixtures;
 pub mod limits;
 mod orphans;
 mod volumes;

@@ -286,3 +286,187 @@ async fn claim_state(ctx: &Context, operation: &Operation) -> Result<ClaimState,
         _ => ClaimState::Gone(None),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::fixtures::{
+        CLAIM_PATH, Cluster, CreateVolumeCall, GIB, SECRETS, SHARD, Scenario, bounded,
+        claim_volume, claim_volume_path, create_volume, created, delete_volume, get,
+        journal_replaced, patch, secret_read, strings,
+    };
+    use crate::csi;
+    use crate::provision::fixtures::{PVC_UID, PvBuilder, PvcBuilder};
+    use crate::provision::{PROVISIONING_FINALIZER, SecretRef};
+
+    /// The journaled operation of claim `apps/data`.
+    fn operation() -> Operation {
+        Operation {
+            volume_name: claim_volume(),
+            claim_namespace: "apps".to_owned(),
+            claim_name: "data".to_owned(),
+            claim_uid: PVC_UID.to_owned(),
+            class_name: "standard".to_owned(),
+            request: csi::CreateVolumeRequest {
+                name: claim_volume(),
+                capacity_range: Some(csi::CapacityRange {
+                    required_bytes: GIB,
+                    limit_bytes: 0,
+                }),
+                parameters: strings(&[("type", "fast")]),
+                ..csi::CreateVolumeRequest::default()
+            },
+            provisioner_secret: Some(SecretRef {
+                name: "creds".to_owned(),
+                namespace: "apps".to_owned(),
+            }),
+        }
+    }
+
+    /// The replay: the recorded request, with the secrets read again.
+    fn replayed_create() -> CreateVolumeCall {
+        CreateVolumeCall {
+            name: claim_volume(),
+            required_bytes: GIB,
+            parameters: strings(&[("type", "fast")]),
+            secrets: strings(SECRETS),
+        }
+    }
+
+    fn orphan_deleted() -> String {
+        format!(
+            "ProvisioningJournal/{SHARD} Normal OrphanedVolumeDeleted: Deleted volume vol-1 ({}) created for claim apps/data (uid {PVC_UID}), which no longer exists",
+            claim_volume()
+        )
+    }
+
+    /// The journal's operation, as the reaper finds it after a restart.
+    async fn reap_journaled(scenario: &Scenario) -> Result<Reaped, ReapError> {
+        let ctx = scenario.ctx();
+        let idle = ctx.journal.registry().idle();
+        assert_eq!(idle, [operation()], "the journal restored the operation");
+        bounded(reap(&ctx, &idle[0])).await
+    }
+
+    fn in_flight(scenario: &Scenario) -> bool {
+        scenario.ctx().journal.registry().contains(&claim_volume())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn orphan_reaped() {
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .start([
+                get(CLAIM_PATH).refuse(404, "NotFound"),
+                get(claim_volume_path()).refuse(404, "NotFound"),
+                secret_read(),
+                create_volume(replayed_create(), created("vol-1", GIB)),
+                delete_volume("vol-1", SECRETS, Ok(())),
+                journal_replaced(json!([])),
+            ])
+            .await;
+        assert!(matches!(reap_journaled(&scenario).await, Ok(Reaped::Done)));
+        assert!(!in_flight(&scenario));
+        assert_eq!(scenario.finish().await, [orphan_deleted()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_orphan_of_a_claim_being_deleted_releases_its_consistency_finalizer() {
+        let deleting = || {
+            PvcBuilder::new()
+                .finalizer(PROVISIONING_FINALIZER)
+                .deleting()
+        };
+        let mut released = deleting().build();
+        released.metadata.finalizers = None;
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .start([
+                get(CLAIM_PATH).answer(200, deleting().build()),
+                get(claim_volume_path()).refuse(404, "NotFound"),
+                secret_read(),
+                create_volume(replayed_create(), created("vol-1", GIB)),
+                delete_volume("vol-1", SECRETS, Ok(())),
+                patch(CLAIM_PATH)
+                    .body(json!([
+                        { "op": "test", "path": "/metadata/uid", "value": PVC_UID },
+                        { "op": "test", "path": "/metadata/finalizers/0", "value": PROVISIONING_FINALIZER },
+                        { "op": "remove", "path": "/metadata/finalizers/0" },
+                    ]))
+                    .answer(200, released),
+                journal_replaced(json!([])),
+            ])
+            .await;
+        assert!(matches!(reap_journaled(&scenario).await, Ok(Reaped::Done)));
+        assert_eq!(scenario.finish().await, [orphan_deleted()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_that_still_wants_its_volume_keeps_it() {
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .claim(PvcBuilder::new().build())
+            .start([])
+            .await;
+        assert!(matches!(
+            reap_journaled(&scenario).await,
+            Ok(Reaped::NotAnOrphan)
+        ));
+        assert!(in_flight(&scenario));
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_volume_held_by_its_pv_only_loses_the_record() {
+        let mut pv = PvBuilder::new().build();
+        pv.metadata.name = Some(claim_volume());
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .claim(PvcBuilder::new().build())
+            .volume(pv)
+            .start([journal_replaced(json!([]))])
+            .await;
+        assert!(matches!(reap_journaled(&scenario).await, Ok(Reaped::Done)));
+        assert!(!in_flight(&scenario));
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_missing_from_the_cache_but_still_there_keeps_its_claim_volume() {
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .start([get(CLAIM_PATH).answer(200, PvcBuilder::new().build())])
+            .await;
+        assert!(matches!(
+            reap_journaled(&scenario).await,
+            Ok(Reaped::NotAnOrphan)
+        ));
+        assert!(in_flight(&scenario));
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_pv_read_is_reported_as_such() {
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .start([
+                get(CLAIM_PATH).refuse(404, "NotFound"),
+                get(claim_volume_path()).refuse(500, "InternalError"),
+            ])
+            .await;
+        let Err(error) = reap_journaled(&scenario).await else {
+            panic!("the reap went on without knowing whether a PV holds the volume");
+        };
+        assert!(
+            error.to_string().starts_with(&format!(
+                "failed to read PersistentVolume {}: ",
+                claim_volume()
+            )),
+            "{error}"
+        );
+        assert!(in_flight(&scenario));
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+}

@@ -278,3 +278,131 @@ fn volume_class(pv: &PersistentVolume) -> String {
         .and_then(|spec| spec.storage_class_name.clone())
         .unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use tonic::Status;
+
+    use super::*;
+    use crate::controller::fixtures::{
+        Cluster, RETRY_START, SECRETS, Scenario, Step, bounded, cached, delete, delete_volume, get,
+        patch, secret_read,
+    };
+    use crate::provision::fixtures::{DRIVER, PvBuilder};
+    use crate::provision::{ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE};
+
+    const PV_PATH: &str = "/api/v1/persistentvolumes/pv-1";
+    const PV_UID: &str = "pv-uid-1";
+
+    /// PV `pv-1` of ours, released by its claim, policy Delete, with our finalizer and its
+    /// deletion secret recorded.
+    fn released() -> PvBuilder {
+        PvBuilder::new()
+            .uid(PV_UID)
+            .resource_version("5")
+            .provisioned_by(DRIVER)
+            .annotation(ANN_DELETION_SECRET_NAME, "creds")
+            .annotation(ANN_DELETION_SECRET_NAMESPACE, "apps")
+            .phase("Released")
+    }
+
+    /// The PV delete that both checks the cached PV and makes the deletion irrevocable.
+    fn pv_deleted_first() -> Step {
+        delete(PV_PATH)
+            .body(json!({ "preconditions": { "uid": PV_UID, "resourceVersion": "5" } }))
+            .answer(200, released().deleting().build())
+    }
+
+    /// Our finalizer, the first of the PV's, comes off.
+    fn finalizer_removed(pv: PvBuilder) -> Step {
+        patch(PV_PATH)
+            .body(json!([
+                { "op": "test", "path": "/metadata/uid", "value": PV_UID },
+                { "op": "test", "path": "/metadata/finalizers/0", "value": PV_FINALIZER },
+                { "op": "remove", "path": "/metadata/finalizers/0" },
+            ]))
+            .answer(200, pv.no_finalizer().build())
+    }
+
+    async fn reconcile(scenario: &Scenario, pv: PersistentVolume) -> Action {
+        let Ok(action) = bounded(VolumeReconciler::reconcile(
+            Arc::new(cached(&pv)),
+            scenario.ctx(),
+        ))
+        .await;
+        action
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deleted() {
+        let scenario = Cluster::new()
+            .start([
+                pv_deleted_first(),
+                secret_read(),
+                delete_volume("vol-1", SECRETS, Ok(())),
+                finalizer_removed(released().deleting()),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, released().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pv_without_our_finalizer_is_read_first_and_deleted_after_its_volume() {
+        let unprotected = || released().no_finalizer();
+        let scenario = Cluster::new()
+            .start([
+                get(PV_PATH).answer(200, unprotected().build()),
+                secret_read(),
+                delete_volume("vol-1", SECRETS, Ok(())),
+                delete(PV_PATH)
+                    .body(json!({ "preconditions": { "uid": PV_UID } }))
+                    .answer(
+                        200,
+                        json!({ "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success" }),
+                    ),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, unprotected().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_delete_volume_keeps_the_pv() {
+        let scenario = Cluster::new()
+            .start([
+                pv_deleted_first(),
+                secret_read(),
+                delete_volume("vol-1", SECRETS, Err(Status::internal("backend down"))),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, released().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert_eq!(
+            scenario.finish().await,
+            [
+                "PersistentVolume/pv-1 Warning VolumeFailedDelete: rpc error: code = Internal desc = backend down"
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retained_pv_only_loses_the_finalizer() {
+        let retained = || released().policy("Retain");
+        let scenario = Cluster::new().start([finalizer_removed(retained())]).await;
+        assert_eq!(
+            reconcile(&scenario, retained().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+}

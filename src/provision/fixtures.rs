@@ -301,6 +301,16 @@ impl PvBuilder {
         self
     }
 
+    pub fn uid(mut self, uid: &str) -> Self {
+        self.0.metadata.uid = Some(uid.to_owned());
+        self
+    }
+
+    pub fn resource_version(mut self, version: &str) -> Self {
+        self.0.metadata.resource_version = Some(version.to_owned());
+        self
+    }
+
     pub fn provisioned_by(self, provisioner: &str) -> Self {
         self.annotation(super::ANN_PROVISIONED_BY, provisioner)
     }

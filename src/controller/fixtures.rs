@@ -1,0 +1,684 @@
+//! Test fixtures of the reconcilers: a scripted API server (tower-test's mock service behind a
+//! real `kube::Client`) and a scripted CSI driver that share one scenario. A test lists every
+//! request a reconcile must send, to the API server and to the driver, in the order it must
+//! send them, with the answer each gets; a request that is unexpected, missing or out of order
+//! fails the test, and so does a scenario that does not end within [`DEADLINE`].
+//!
+//! Events are the exception: a background task writes them, yielding to the requests that
+//! make progress, so where they fall among the other requests is not part of the contract.
+//! The API server collects them apart; [`Scenario::finish`] returns them in their own order.
+//!
+//! Run the tests with tokio's clock paused (`#[tokio::test(start_paused = true)]`): the
+//! journal's retry and record timers then fire as soon as nothing else can run, and a hang
+//! fails at once.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use http::{Method, Request, Response};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::reflector::{self, Lookup, Store};
+use kube::runtime::watcher;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tonic::Status;
+use tower_test::mock;
+
+use super::context::{Context, Settings, Stores};
+use super::events::EventRecorder;
+use crate::csi;
+use crate::csi_client::{CallError, CsiController};
+use crate::journal::{
+    DRIVER_LABEL, Journal, Operation, OperationRecord, ProvisioningJournal, ProvisioningJournalSpec,
+};
+use crate::kube_client::RateLimitLayer;
+use crate::metrics::Metrics;
+use crate::provision::fixtures::{DRIVER, PVC_UID, caps, config};
+
+/// The sidecar's namespace, where the journal lives.
+pub const JOURNAL_NAMESPACE: &str = "csi";
+const JOURNAL_BASE_NAME: &str = "journal";
+/// The shard new operations go to (the first, being filled) and restored ones are read from.
+pub const SHARD: &str = "journal-0";
+pub const RETRY_START: Duration = Duration::from_secs(1);
+pub const RETRY_MAX: Duration = Duration::from_secs(300);
+/// Virtual time a scenario may take; with the clock paused, a hang reaches it at once.
+pub const DEADLINE: Duration = Duration::from_secs(600);
+/// 1Gi, the size `PvcBuilder`'s claim asks for.
+pub const GIB: i64 = 1 << 30;
+/// `PvcBuilder`'s claim `apps/data`.
+pub const CLAIM_PATH: &str = "/api/v1/namespaces/apps/persistentvolumeclaims/data";
+/// The data of Secret `apps/creds`, the secret the tests' classes and PVs name.
+pub const SECRETS: &[(&str, &str)] = &[("password", "s3cret")];
+
+/// The volume (and PV) name of `PvcBuilder`'s claim.
+pub fn claim_volume() -> String {
+    format!("pvc-{PVC_UID}")
+}
+
+pub fn claim_volume_path() -> String {
+    format!("/api/v1/persistentvolumes/{}", claim_volume())
+}
+
+/// The read of Secret `apps/creds`.
+pub fn secret_read() -> Step {
+    get("/api/v1/namespaces/apps/secrets/creds").answer(200, secret("apps", "creds", SECRETS))
+}
+
+/// One request the scenario expects, with its answer.
+pub enum Step {
+    Api {
+        call: ApiCall,
+        reply: Reply,
+    },
+    CreateVolume {
+        expected: CreateVolumeCall,
+        answer: Result<csi::CreateVolumeResponse, Status>,
+    },
+    DeleteVolume {
+        expected: csi::DeleteVolumeRequest,
+        answer: Result<(), Status>,
+    },
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Api { call, .. } => write!(f, "{} {}", call.method, call.path),
+            Step::CreateVolume { expected, .. } => write!(f, "CreateVolume {}", expected.name),
+            Step::DeleteVolume { expected, .. } => {
+                write!(f, "DeleteVolume {}", expected.volume_id)
+            }
+        }
+    }
+}
+
+/// An expected API request: method, path and, optionally, JSON its body must include.
+pub struct ApiCall {
+    method: Method,
+    path: String,
+    includes: Option<Value>,
+}
+
+/// The API server's answer.
+pub enum Reply {
+    Object(u16, Value),
+    /// The object as sent is the object as stored.
+    Echo(u16),
+}
+
+pub fn get(path: impl Into<String>) -> ApiCall {
+    call(Method::GET, path)
+}
+
+pub fn post(path: impl Into<String>) -> ApiCall {
+    call(Method::POST, path)
+}
+
+pub fn put(path: impl Into<String>) -> ApiCall {
+    call(Method::PUT, path)
+}
+
+pub fn patch(path: impl Into<String>) -> ApiCall {
+    call(Method::PATCH, path)
+}
+
+pub fn delete(path: impl Into<String>) -> ApiCall {
+    call(Method::DELETE, path)
+}
+
+fn call(method: Method, path: impl Into<String>) -> ApiCall {
+    ApiCall {
+        method,
+        path: path.into(),
+        includes: None,
+    }
+}
+
+impl ApiCall {
+    /// The request body must include this JSON: every key of an object (recursively), every
+    /// element of an array (same length, in order).
+    pub fn body(mut self, includes: Value) -> Self {
+        self.includes = Some(includes);
+        self
+    }
+
+    pub fn answer(self, status: u16, object: impl Serialize) -> Step {
+        let object = serde_json::to_value(object).expect("answers serialize");
+        self.reply(Reply::Object(status, object))
+    }
+
+    pub fn echo(self, status: u16) -> Step {
+        self.reply(Reply::Echo(status))
+    }
+
+    /// A `metav1.Status` failure, as the API server refuses a request.
+    pub fn refuse(self, status: u16, reason: &str) -> Step {
+        self.reply(Reply::Object(
+            status,
+            json!({
+                "kind": "Status",
+                "apiVersion": "v1",
+                "metadata": {},
+                "status": "Failure",
+                "message": format!("scripted {reason}"),
+                "reason": reason,
+                "code": status,
+            }),
+        ))
+    }
+
+    fn reply(self, reply: Reply) -> Step {
+        Step::Api { call: self, reply }
+    }
+}
+
+/// What a test checks of a CreateVolume request (the capabilities are the plan's tests' job).
+#[derive(Debug, PartialEq)]
+pub struct CreateVolumeCall {
+    pub name: String,
+    pub required_bytes: i64,
+    pub parameters: HashMap<String, String>,
+    pub secrets: HashMap<String, String>,
+}
+
+impl From<&csi::CreateVolumeRequest> for CreateVolumeCall {
+    fn from(request: &csi::CreateVolumeRequest) -> Self {
+        CreateVolumeCall {
+            name: request.name.clone(),
+            required_bytes: request
+                .capacity_range
+                .as_ref()
+                .map_or(0, |range| range.required_bytes),
+            parameters: request.parameters.clone(),
+            secrets: request.secrets.clone(),
+        }
+    }
+}
+
+pub fn create_volume(
+    expected: CreateVolumeCall,
+    answer: Result<csi::CreateVolumeResponse, Status>,
+) -> Step {
+    Step::CreateVolume { expected, answer }
+}
+
+/// CreateVolume's answer for a volume created with this id and size.
+pub fn created(volume_id: &str, capacity_bytes: i64) -> Result<csi::CreateVolumeResponse, Status> {
+    Ok(csi::CreateVolumeResponse {
+        volume: Some(csi::Volume {
+            volume_id: volume_id.to_owned(),
+            capacity_bytes,
+            ..csi::Volume::default()
+        }),
+    })
+}
+
+pub fn delete_volume(
+    volume_id: &str,
+    secrets: &[(&str, &str)],
+    answer: Result<(), Status>,
+) -> Step {
+    Step::DeleteVolume {
+        expected: csi::DeleteVolumeRequest {
+            volume_id: volume_id.to_owned(),
+            secrets: strings(secrets),
+        },
+        answer,
+    }
+}
+
+pub fn strings(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+    pairs
+        .iter()
+        .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+        .collect()
+}
+
+/// Where the journal's shards are created.
+pub fn journal_path() -> String {
+    format!(
+        "/apis/provisioner.csi-rs.dev/v1alpha1/namespaces/{JOURNAL_NAMESPACE}/provisioningjournals"
+    )
+}
+
+/// The shard [`SHARD`].
+pub fn shard_path() -> String {
+    format!("{}/{SHARD}", journal_path())
+}
+
+/// The first write of [`SHARD`] (it does not exist yet), holding `operations`.
+pub fn journal_created(operations: Value) -> Step {
+    post(journal_path())
+        .body(json!({ "metadata": { "name": SHARD }, "spec": { "operations": operations } }))
+        .echo(201)
+}
+
+/// A later write of [`SHARD`], holding `operations`.
+pub fn journal_replaced(operations: Value) -> Step {
+    put(shard_path())
+        .body(json!({ "spec": { "operations": operations } }))
+        .echo(200)
+}
+
+/// A shard as stored, holding `records`.
+pub fn shard(records: Vec<OperationRecord>) -> ProvisioningJournal {
+    let mut shard = ProvisioningJournal::new(
+        SHARD,
+        ProvisioningJournalSpec {
+            driver: DRIVER.to_owned(),
+            operations: records,
+            ..ProvisioningJournalSpec::default()
+        },
+    );
+    shard.metadata.namespace = Some(JOURNAL_NAMESPACE.to_owned());
+    shard.metadata.labels = Some([(DRIVER_LABEL.to_owned(), JOURNAL_BASE_NAME.to_owned())].into());
+    shard
+}
+
+/// A Secret with string data.
+fn secret(namespace: &str, name: &str, data: &[(&str, &str)]) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(key, value)| ((*key).to_owned(), ByteString(value.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Secret::default()
+    }
+}
+
+/// An object as the caches hold it (`CachedClaim`, `CachedVolume`).
+pub fn cached<C: DeserializeOwned>(object: &impl Serialize) -> C {
+    serde_json::from_value(serde_json::to_value(object).expect("objects serialize"))
+        .expect("the cache reads what the API server sends")
+}
+
+/// Awaits `future`, failing the test if it does not end within [`DEADLINE`].
+pub async fn bounded<F: Future>(future: F) -> F::Output {
+    tokio::time::timeout(DEADLINE, future)
+        .await
+        .expect("the reconcile ended")
+}
+
+/// What the caches hold and how the context is set, before a scenario starts.
+pub struct Cluster {
+    claims: Vec<PersistentVolumeClaim>,
+    volumes: Vec<PersistentVolume>,
+    classes: Vec<StorageClass>,
+    journaled: Vec<Operation>,
+    journal_timeout: Duration,
+}
+
+impl Cluster {
+    pub fn new() -> Self {
+        Cluster {
+            claims: Vec::new(),
+            volumes: Vec::new(),
+            classes: Vec::new(),
+            journaled: Vec::new(),
+            journal_timeout: Duration::from_secs(10),
+        }
+    }
+
+    pub fn claim(mut self, pvc: PersistentVolumeClaim) -> Self {
+        self.claims.push(pvc);
+        self
+    }
+
+    pub fn volume(mut self, pv: PersistentVolume) -> Self {
+        self.volumes.push(pv);
+        self
+    }
+
+    pub fn class(mut self, class: StorageClass) -> Self {
+        self.classes.push(class);
+        self
+    }
+
+    /// An operation the journal finds in [`SHARD`] when it loads.
+    pub fn journaled(mut self, operation: Operation) -> Self {
+        self.journaled.push(operation);
+        self
+    }
+
+    pub fn journal_timeout(mut self, timeout: Duration) -> Self {
+        self.journal_timeout = timeout;
+        self
+    }
+
+    /// Starts the API server, loads the journal (its list is answered here, before `steps`)
+    /// and builds the context the reconcilers get.
+    pub async fn start(self, steps: impl IntoIterator<Item = Step>) -> Scenario {
+        let records = self
+            .journaled
+            .iter()
+            .map(|operation| OperationRecord::from_operation(operation, Default::default()))
+            .collect::<Vec<_>>();
+        let shards = if records.is_empty() {
+            Vec::new()
+        } else {
+            vec![shard(records)]
+        };
+        let list = get(journal_path()).answer(
+            200,
+            json!({
+                "apiVersion": "provisioner.csi-rs.dev/v1alpha1",
+                "kind": "ProvisioningJournalList",
+                "metadata": {},
+                "items": shards,
+            }),
+        );
+        let script = Arc::new(Script::new(std::iter::once(list).chain(steps)));
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(serve(handle, Arc::clone(&script)));
+        let client = Client::new(service, "default");
+        let settings = Settings {
+            config: config(),
+            caps: caps(),
+            retry_interval_start: RETRY_START,
+            retry_interval_max: RETRY_MAX,
+            worker_threads: 4,
+            max_concurrent_per_class: 0,
+            event_component: "csi-provisioner".to_owned(),
+            hostname: "test-host".to_owned(),
+            consistency_by_default: false,
+            journal_namespace: JOURNAL_NAMESPACE.to_owned(),
+            journal_base_name: JOURNAL_BASE_NAME.to_owned(),
+            journal_timeout: self.journal_timeout,
+        };
+        let journal = bounded(Journal::load(
+            client.clone(),
+            RateLimitLayer::unlimited(),
+            JOURNAL_NAMESPACE,
+            JOURNAL_BASE_NAME,
+            DRIVER,
+            settings.journal_timeout,
+        ))
+        .await
+        .expect("the journal loads");
+        let events = EventRecorder::new(
+            client.clone(),
+            settings.event_component.clone(),
+            settings.hostname.clone(),
+            RateLimitLayer::unlimited(),
+        );
+        let stores = Stores {
+            claims: store(self.claims.iter().map(cached)),
+            volumes: store(self.volumes.iter().map(cached)),
+            classes: store(self.classes),
+        };
+        let driver = Arc::new(ScriptedDriver {
+            script: Arc::clone(&script),
+        });
+        let ctx = Context::new(
+            client,
+            driver,
+            stores,
+            events,
+            Arc::new(Metrics::new()),
+            journal,
+            &settings,
+        );
+        Scenario {
+            ctx: Arc::new(ctx),
+            server,
+            script,
+        }
+    }
+}
+
+fn store<K>(objects: impl IntoIterator<Item = K>) -> Store<K>
+where
+    K: Lookup<DynamicType = ()> + Clone + 'static,
+{
+    let (reader, mut writer) = reflector::store();
+    for object in objects {
+        writer.apply_watcher_event(&watcher::Event::Apply(object));
+    }
+    reader
+}
+
+/// A running scenario.
+pub struct Scenario {
+    ctx: Arc<Context>,
+    server: JoinHandle<Vec<String>>,
+    script: Arc<Script>,
+}
+
+impl Scenario {
+    pub fn ctx(&self) -> Arc<Context> {
+        Arc::clone(&self.ctx)
+    }
+
+    /// Ends the scenario: drops the context, so the journal writes the changes it held back
+    /// and the event writer the events it queued, then waits until every client is gone.
+    /// Fails if a step was not taken. Returns the events written, as
+    /// `<kind>/<name> <type> <reason>: <message>`.
+    pub async fn finish(self) -> Vec<String> {
+        let Scenario {
+            ctx,
+            server,
+            script,
+        } = self;
+        drop(ctx);
+        let events = match tokio::time::timeout(DEADLINE, server).await {
+            Ok(Ok(events)) => events,
+            Ok(Err(failed)) => std::panic::resume_unwind(failed.into_panic()),
+            Err(_) => panic!(
+                "the scenario did not end; still expected: {}",
+                script.remaining()
+            ),
+        };
+        let remaining = script.remaining();
+        assert!(remaining.is_empty(), "requests never sent: {remaining}");
+        events
+    }
+}
+
+/// The steps still to come and what happened so far (for failure messages).
+struct Script {
+    state: Mutex<ScriptState>,
+}
+
+struct ScriptState {
+    steps: VecDeque<Step>,
+    seen: Vec<String>,
+}
+
+impl Script {
+    fn new(steps: impl IntoIterator<Item = Step>) -> Self {
+        Script {
+            state: Mutex::new(ScriptState {
+                steps: steps.into_iter().collect(),
+                seen: Vec::new(),
+            }),
+        }
+    }
+
+    /// The next step, for a request described as `got`; panics (after releasing the lock)
+    /// if the scenario has none.
+    fn next(&self, got: &str) -> Step {
+        let (step, seen) = {
+            let mut state = self.lock();
+            let step = state.steps.pop_front();
+            let seen = state.seen.join(", ");
+            state.seen.push(got.to_owned());
+            (step, seen)
+        };
+        step.unwrap_or_else(|| panic!("unexpected request {got} after [{seen}]"))
+    }
+
+    fn remaining(&self) -> String {
+        let state = self.lock();
+        let steps: Vec<String> = state.steps.iter().map(ToString::to_string).collect();
+        steps.join(", ")
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ScriptState> {
+        // A failed assertion elsewhere may have poisoned it; the steps are still readable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The CSI driver of a scenario: each call takes the next step, which must be that call.
+struct ScriptedDriver {
+    script: Arc<Script>,
+}
+
+#[tonic::async_trait]
+impl CsiController for ScriptedDriver {
+    async fn create_volume(
+        &self,
+        request: csi::CreateVolumeRequest,
+    ) -> Result<csi::CreateVolumeResponse, CallError> {
+        let got = format!("CreateVolume {}", request.name);
+        match self.script.next(&got) {
+            Step::CreateVolume { expected, answer } => {
+                assert_eq!(CreateVolumeCall::from(&request), expected, "{got}");
+                answer.map_err(CallError::from)
+            }
+            step => panic!("the driver got {got}, the scenario expected {step}"),
+        }
+    }
+
+    async fn delete_volume(
+        &self,
+        request: csi::DeleteVolumeRequest,
+    ) -> Result<csi::DeleteVolumeResponse, CallError> {
+        let got = format!("DeleteVolume {}", request.volume_id);
+        match self.script.next(&got) {
+            Step::DeleteVolume { expected, answer } => {
+                assert_eq!(request.volume_id, expected.volume_id, "{got}");
+                assert_eq!(request.secrets, expected.secrets, "secrets of {got}");
+                answer
+                    .map(|()| csi::DeleteVolumeResponse {})
+                    .map_err(CallError::from)
+            }
+            step => panic!("the driver got {got}, the scenario expected {step}"),
+        }
+    }
+}
+
+/// The API server: answers events apart, every other request with the next step. Ends when
+/// every client is gone, with the events written.
+async fn serve(
+    mut handle: mock::Handle<Request<Body>, Response<Body>>,
+    script: Arc<Script>,
+) -> Vec<String> {
+    let mut events = EventLog::default();
+    while let Some((request, respond)) = handle.next_request().await {
+        let (parts, body) = request.into_parts();
+        let body = body.collect_bytes().await.expect("a request body");
+        let sent: Value = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body).expect("a JSON request body")
+        };
+        let path = parts.uri.path();
+        if let Some(reply) = events.record(&parts.method, path, &sent) {
+            respond.send_response(response(201, &reply));
+            continue;
+        }
+        let got = format!("{} {path}", parts.method);
+        let (call, reply) = match script.next(&got) {
+            Step::Api { call, reply } => (call, reply),
+            step => panic!("the API server got {got}, the scenario expected {step}"),
+        };
+        assert_eq!(got, format!("{} {}", call.method, call.path), "request");
+        if let Some(includes) = &call.includes {
+            assert!(
+                json_includes(&sent, includes),
+                "the body of {got}\n{sent:#}\ndoes not include\n{includes:#}"
+            );
+        }
+        respond.send_response(match reply {
+            Reply::Object(status, object) => response(status, &object),
+            Reply::Echo(status) => response(status, &sent),
+        });
+    }
+    events.written
+}
+
+/// Events as written: new ones (POST) and repeats (a PATCH of the count).
+#[derive(Default)]
+struct EventLog {
+    by_name: HashMap<String, Value>,
+    written: Vec<String>,
+}
+
+impl EventLog {
+    /// The answer to an event request; `None` for any other request.
+    fn record(&mut self, method: &Method, path: &str, sent: &Value) -> Option<Value> {
+        let rest = path.strip_prefix("/api/v1/namespaces/")?;
+        let (_namespace, rest) = rest.split_once('/')?;
+        let rest = rest.strip_prefix("events")?;
+        let event = if *method == Method::POST && rest.is_empty() {
+            let name = sent["metadata"]["name"].as_str().unwrap_or_default();
+            self.by_name.insert(name.to_owned(), sent.clone());
+            sent.clone()
+        } else if *method == Method::PATCH {
+            let name = rest.trim_start_matches('/');
+            let event = self
+                .by_name
+                .get_mut(name)
+                .expect("a repeat of a known event");
+            event["count"] = sent["count"].clone();
+            event.clone()
+        } else {
+            panic!("unexpected event request {method} {path}");
+        };
+        self.written.push(format!(
+            "{}/{} {} {}: {}",
+            text(&event["involvedObject"]["kind"]),
+            text(&event["involvedObject"]["name"]),
+            text(&event["type"]),
+            text(&event["reason"]),
+            text(&event["message"]),
+        ));
+        Some(event)
+    }
+}
+
+fn text(value: &Value) -> &str {
+    value.as_str().unwrap_or_default()
+}
+
+fn response(status: u16, body: &Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Body::from(serde_json::to_vec(body).expect("JSON")))
+        .expect("a valid response")
+}
+
+fn json_includes(actual: &Value, expected: &Value) -> bool {
+    match (actual, expected) {
+        (Value::Object(actual), Value::Object(expected)) => expected
+            .iter()
+            .all(|(key, value)| actual.get(key).is_some_and(|a| json_includes(a, value))),
+        (Value::Array(actual), Value::Array(expected)) => {
+            actual.len() == expected.len()
+                && actual
+                    .iter()
+                    .zip(expected)
+                    .all(|(a, e)| json_includes(a, e))
+        }
+        _ => actual == expected,
+    }
+}

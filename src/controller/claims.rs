@@ -601,6 +601,73 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_final_error_after_a_lost_answer_keeps_the_record() {
+        let timeout = "rpc error: code = DeadlineExceeded desc = still creating";
+        let internal = "rpc error: code = Internal desc = backend hiccup";
+        let mut noted = our_record();
+        noted["attempts"] = json!(2);
+        noted["lastError"] = json!(internal);
+        let scenario = cluster()
+            .start([
+                secret_read(),
+                record_written(),
+                create_volume(
+                    expected_create(),
+                    Err(Status::deadline_exceeded("still creating")),
+                ),
+                secret_read(),
+                create_volume(expected_create(), Err(Status::internal("backend hiccup"))),
+                // Both failures noted, written when the journal is dropped; no removal.
+                journal_replaced(json!([noted])),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::requeue(RETRY_START * 2)
+        );
+        assert!(
+            in_flight(&scenario),
+            "the first attempt may have created the volume"
+        );
+        assert_eq!(
+            scenario.finish().await,
+            [
+                provisioning(),
+                failed(timeout),
+                provisioning(),
+                failed(internal)
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_whose_volume_name_is_another_claims_operation_sends_nothing() {
+        let theirs = Operation {
+            volume_name: claim_volume(),
+            claim_namespace: "apps".to_owned(),
+            claim_name: "other".to_owned(),
+            claim_uid: "uid-of-another-claim".to_owned(),
+            class_name: "standard".to_owned(),
+            request: csi::CreateVolumeRequest::default(),
+            provisioner_secret: None,
+        };
+        let scenario = cluster().journaled(theirs).start([secret_read()]).await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        let taken = format!(
+            "failed to record the operation in the journal: volume name {} is already taken by an operation of claim apps/other (uid uid-of-another-claim); no volume is created for this claim",
+            claim_volume()
+        );
+        assert_eq!(scenario.finish().await, [failed(&taken)]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_final_error_drops_the_record_and_retries_slowly() {
         let scenario = cluster()
             .start([
@@ -649,9 +716,6 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn in_progress_keeps_the_record_and_the_retry_repeats_the_request() {
         let timeout = "rpc error: code = DeadlineExceeded desc = still creating";
-        let mut noted = our_record();
-        noted["attempts"] = json!(1);
-        noted["lastError"] = json!(timeout);
         let scenario = cluster()
             .start([
                 secret_read(),
@@ -660,9 +724,9 @@ mod tests {
                     expected_create(),
                     Err(Status::deadline_exceeded("still creating")),
                 ),
-                // The retry: the failure noted on the record joins its next write.
+                // The retry replays the recorded operation: nothing to write before it. The
+                // failure note rides along with the record's removal.
                 secret_read(),
-                journal_replaced(json!([noted])),
                 create_volume(expected_create(), created("vol-1", GIB)),
                 pv_created(),
                 record_removed(),

@@ -425,8 +425,12 @@ mod tests {
         let scenario = Cluster::new()
             .journaled(operation())
             .claim(PvcBuilder::new().build())
-            .volume(pv)
-            .start([journal_replaced(json!([]))])
+            .volume(pv.clone())
+            // The cache keeps no claim reference: the PV is read to check it is the claim's.
+            .start([
+                get(claim_volume_path()).answer(200, pv),
+                journal_replaced(json!([])),
+            ])
             .await;
         assert!(matches!(reap_journaled(&scenario).await, Ok(Reaped::Done)));
         assert!(!in_flight(&scenario));

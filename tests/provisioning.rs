@@ -333,7 +333,7 @@ async fn provisions_a_block_volume_without_fs_type() {
     assert_eq!(volumes.len(), 1, "driver volumes: {volumes:?}");
     assert_eq!(
         volumes[0].access,
-        csi_provisioner::driver::AccessKind::Block,
+        csi_reference_driver::AccessKind::Block,
         "CreateVolume asked for block access"
     );
     sidecar.assert_running();

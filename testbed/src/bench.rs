@@ -43,6 +43,8 @@ pub enum BenchError {
         what: String,
         source: std::io::Error,
     },
+    #[error("building ours: {0}")]
+    Build(#[from] csi_testbed::workspace::BuildError),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -222,7 +224,7 @@ async fn run_all(args: BenchArgs) -> Result<ExitCode, BenchError> {
         })??;
     // Builds are not part of the benchmark's time.
     let started = Instant::now();
-    let root = env::workspace_root();
+    let root = csi_testbed::workspace::root();
     let out = root.join(&args.out);
     let data = out.join("benchmarks");
     let logs = root.join("target").join("bench-logs");

@@ -17,9 +17,10 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use csi_provisioner::driver::{VolumeRecord, load_state};
+use csi_reference_driver::{VolumeRecord, load_state};
 use k8s_openapi::api::core::v1::{
     Event, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     VolumeResourceRequirements,
@@ -187,6 +188,22 @@ fn temp_dir(prefix: &str) -> TempDir {
 
 // ------------------------------------------------------------------------------ driver
 
+/// The driver's executable, built once per test binary with this binary's profile. It belongs to
+/// another package of the workspace, so cargo builds it for that package's tests only
+/// (`CARGO_BIN_EXE_*` names this package's binaries alone).
+fn driver_program() -> PathBuf {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        csi_testbed::workspace::build(["csi-reference-driver"], !cfg!(debug_assertions))
+            .map(|[program]| program)
+            .map_err(|e| e.to_string())
+    });
+    match built {
+        Ok(program) => program.clone(),
+        Err(e) => panic!("building the reference driver: {e}"),
+    }
+}
+
 /// The reference CSI driver (`csi-reference-driver`) with a unique name, its own socket and
 /// state directory. Logs every request at debug level (secret keys only, never values).
 pub struct Driver {
@@ -210,7 +227,7 @@ impl Driver {
     /// Starts a driver with `extra` flags (e.g. `--delay CreateVolume=2s`) and waits until its
     /// socket accepts connections.
     pub async fn start(extra: &[&str]) -> Driver {
-        Self::start_logging(extra, "info,csi_provisioner::driver=debug").await
+        Self::start_logging(extra, "info,csi_reference_driver=debug").await
     }
 
     /// As [`Driver::start`], with the driver's log filter (`RUST_LOG`), e.g. `trace`.
@@ -231,7 +248,7 @@ impl Driver {
         let mut driver = Driver {
             process: Process {
                 label: format!("driver {name}"),
-                program: PathBuf::from(env!("CARGO_BIN_EXE_csi-reference-driver")),
+                program: driver_program(),
                 args,
                 env: vec![("RUST_LOG", log_filter.to_owned())],
                 hostname: None,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs csi-sanity against the reference driver (src/bin/csi-reference-driver.rs) twice: once
+# Runs csi-sanity against the reference driver (crate reference-driver/) twice: once
 # plain and once with a 50ms delay injected into every call. Each run gets a fresh state dir and
 # fresh mount/staging dirs. Prints one summary line per run; exits non-zero if any run fails.
 #

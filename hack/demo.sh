@@ -18,8 +18,7 @@ cleanup() {
 trap cleanup EXIT
 
 say "building the sidecar, the reference driver and the testbed (cargo build)"
-cargo build --bin csi-provisioner --bin csi-reference-driver -p csi-provisioner-rs
-cargo build -p csi-testbed --bin testbed
+cargo build
 bin_dir=$(bash hack/build-control-plane.sh | tail -n 1)
 kubectl="$bin_dir/kubectl"
 export CSI_TESTBED_BIN_DIR="$bin_dir"

@@ -1,12 +1,13 @@
 //! A CSI provisioner sidecar that never leaks a volume: a drop-in replacement for
 //! kubernetes-csi/external-provisioner. See docs/design.md for the architecture.
 
+/// The CSI messages, clients and servers (the csi-spec crate, shared with the reference driver).
+pub use csi_spec as csi;
+
 pub mod app;
 pub mod config;
 pub mod controller;
-pub mod csi;
 pub mod csi_client;
-pub mod driver;
 pub mod http;
 pub mod journal;
 pub mod kube_client;

@@ -27,13 +27,12 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use nix::sys::signal::Signal;
 
-use csi_provisioner::provision::ANN_PROVISIONING_CONSISTENCY;
 use csi_testbed::Rng;
 use csi_testbed::chaos::driver_fault_rules;
-use support::peers::{
-    Driver, Sidecar, SidecarOptions, claim, create_claim, create_class, driver_pvs,
-    journal_operations, lease_holder, storage_class,
+use support::cluster::{
+    Cluster, claim, consistent_claim, create_claim, driver_pvs, journal_operations, lease_holder,
 };
+use support::peers::{Driver, Sidecar, SidecarOptions};
 
 const DEFAULT_CLAIMS: usize = 200;
 const REPLICAS: [&str; 2] = ["chaos-replica-a", "chaos-replica-b"];
@@ -242,11 +241,11 @@ async fn create_claims(
     let mut deletions = Vec::new();
     for (planned, gap) in plan.iter().zip(gaps) {
         tokio::time::sleep(*gap).await;
-        let mut pvc = claim(&planned.name, class, "1Gi", None);
-        if planned.consistency {
-            pvc.metadata.annotations =
-                Some([(ANN_PROVISIONING_CONSISTENCY.to_owned(), "enable".to_owned())].into());
-        }
+        let pvc = if planned.consistency {
+            consistent_claim(&planned.name, class, "enable")
+        } else {
+            claim(&planned.name, class, "1Gi", None)
+        };
         create_claim(claims, &pvc).await;
         if let Some(after) = planned.delete_after {
             let claims = claims.clone();
@@ -535,21 +534,19 @@ async fn no_volume_leaks_under_chaos() {
     let mut rng = Rng::new(seed);
     let plan = plan(&mut rng, claims_wanted);
 
-    let (client, ns) = support::test_namespace("chaos").await;
-    let ns_name = ns.name().to_owned();
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns_name);
+    let cluster = Cluster::new("chaos").await;
+    let (client, ns_name) = (&cluster.client, cluster.ns());
     let driver = Driver::start(&["--delay", "CreateVolume=300ms"]).await;
-    let class = format!("{ns_name}-chaos");
-    create_class(&client, &storage_class(&class, &driver, "Delete", &[])).await;
-    let mut replicas = Replicas::start(&driver, &ns_name);
+    let class = cluster.class("chaos", &driver, "Delete", &[]).await;
+    let mut replicas = Replicas::start(&driver, ns_name);
     let mut tally = Tally::default();
-    let first = wait_leader(&client, &ns_name, &driver, &mut replicas, &mut tally).await;
+    let first = wait_leader(client, ns_name, &driver, &mut replicas, &mut tally).await;
     println!("[chaos] {} leads; starting", REPLICAS[first]);
 
     let started = Instant::now();
     let (deletions, ()) = tokio::join!(
-        create_claims(&claims, &class, &plan.claims, &plan.gaps),
-        run_chaos(&client, &ns_name, &driver, &mut replicas, &plan, &mut tally),
+        create_claims(&cluster.claims, &class, &plan.claims, &plan.gaps),
+        run_chaos(client, ns_name, &driver, &mut replicas, &plan, &mut tally),
     );
     tally.created = plan.claims.len();
     for deletion in deletions {
@@ -571,8 +568,8 @@ async fn no_volume_leaks_under_chaos() {
     let settling = Instant::now();
     let quiet = wait_settled(
         "kept claims Bound, deleted claims gone, orphans deleted, journal empty",
-        &client,
-        &ns_name,
+        client,
+        ns_name,
         &driver,
         &mut replicas,
         &mut tally,
@@ -647,16 +644,13 @@ async fn no_volume_leaks_under_chaos() {
 
     // Everything goes.
     for name in quiet.claims.keys() {
-        claims
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap_or_else(|e| panic!("deleting PVC {name}: {e}"));
+        cluster.delete_claim(name).await;
     }
     let cleaning = Instant::now();
     let end = wait_settled(
         "every claim, PV, volume and journal entry gone",
-        &client,
-        &ns_name,
+        client,
+        ns_name,
         &driver,
         &mut replicas,
         &mut tally,
@@ -721,5 +715,4 @@ async fn no_volume_leaks_under_chaos() {
         leaked.is_empty(),
         "ListVolumes reports leaked volumes: {leaked:?}"
     );
-    drop(ns);
 }

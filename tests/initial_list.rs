@@ -5,31 +5,24 @@
 
 mod support;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, DeleteParams};
-
-use support::peers::{
-    Driver, Sidecar, TIMEOUT, claim, create_claim, create_class, pv_name, storage_class, wait_bound,
-};
+use support::cluster::{Cluster, pv_name, wait_bound};
+use support::peers::{Driver, Sidecar};
 
 const NOT_STREAMED: &str = "the API server does not stream initial lists; listing instead";
 
 #[tokio::test]
 async fn without_streaming_lists_the_sidecar_lists_and_provisions() {
     support::control_plane_with_apiserver_flags(&["--feature-gates=WatchList=false"]);
-    let (client, ns) = support::test_namespace("listed").await;
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns.name());
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let cluster = Cluster::new("listed").await;
     let driver = Driver::start(&[]).await;
-    let class = format!("{}-listed", ns.name());
-    create_class(&client, &storage_class(&class, &driver, "Delete", &[])).await;
+    let class = cluster.class("listed", &driver, "Delete", &[]).await;
     // Present before the sidecar starts, so only its initial list can bring it in.
-    let early = create_claim(&claims, &claim("early", &class, "1Gi", None)).await;
+    let early = cluster.claim("early", &class).await;
 
     let mut sidecar = Sidecar::start(&driver, &[]);
-    wait_bound(&claims, "early").await;
-    let late = create_claim(&claims, &claim("late", &class, "1Gi", None)).await;
-    wait_bound(&claims, "late").await;
+    wait_bound(&cluster.claims, "early").await;
+    let late = cluster.claim("late", &class).await;
+    wait_bound(&cluster.claims, "late").await;
     assert!(
         sidecar.log().contains(NOT_STREAMED),
         "the sidecar did not fall back to lists:\n{}",
@@ -37,19 +30,8 @@ async fn without_streaming_lists_the_sidecar_lists_and_provisions() {
     );
 
     for (name, created) in [("early", &early), ("late", &late)] {
-        claims
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap_or_else(|e| panic!("deleting PVC {name}: {e}"));
-        let pv = pv_name(created);
-        support::eventually(&format!("PV {pv} deleted"), TIMEOUT, || async {
-            match volumes.get_opt(&pv).await {
-                Ok(None) => Ok(()),
-                Ok(Some(_)) => Err("still there".to_owned()),
-                Err(e) => Err(e.to_string()),
-            }
-        })
-        .await;
+        cluster.delete_claim(name).await;
+        cluster.wait_pv_gone(&pv_name(created)).await;
     }
     assert_eq!(driver.volume_count(), 0, "driver volumes left");
     sidecar.assert_running();

@@ -1,5 +1,6 @@
 //! The journal of operations in flight and the provisioning-consistency finalizer, end to end:
-//! the leaks of upstream issue #486 (reference: upstream-behaviour §3.9, timelines B and C)
+//! the leaks of upstream issue #486 (its timelines B and C: a claim deleted, or the sidecar killed,
+//! while CreateVolume is pending)
 //! reproduced on a real control plane with the reference driver and the sidecar as processes,
 //! and shown not to leak.
 //!
@@ -7,8 +8,6 @@
 //! live in the test's namespace; each test has its own driver, so its shards are its own.
 
 mod support;
-
-use std::path::{Path, PathBuf};
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -19,46 +18,23 @@ use csi_provisioner::csi::volume_capability::{
 };
 use csi_provisioner::journal::{DRIVER_LABEL, OperationRecord, Phase, ProvisioningJournal};
 use csi_provisioner::provision::{ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER};
-use hyper_util::rt::TokioIo;
-use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-};
-use kube::{Client, Resource};
+use kube::Resource;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use nix::sys::signal::Signal;
 use prost::Message;
-use tonic::transport::{Channel, Endpoint};
 
-use support::peers::{
-    Driver, Sidecar, SidecarOptions, TIMEOUT, claim, create_claim, create_class, driver_pvs,
-    journal_operations, metric_sum, parse_metrics, pv_name, storage_class, wait_bound,
-};
+use support::cluster::{Cluster, driver_pvs, journal_operations, pv_name, wait_bound};
+use support::csi_wire::channel;
+use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse_metrics};
 
 const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
 const ORPHANS_METRIC: &str = "csi_provisioner_orphaned_volumes_deleted_total";
 
-struct Cluster {
-    client: Client,
-    ns: support::TestNamespace,
-    claims: Api<PersistentVolumeClaim>,
-}
-
+/// The journal's flags and waits, on top of the shared cluster helpers.
 impl Cluster {
-    async fn new(prefix: &str) -> Cluster {
-        let (client, ns) = support::test_namespace(prefix).await;
-        Cluster {
-            claims: Api::namespaced(client.clone(), ns.name()),
-            client,
-            ns,
-        }
-    }
-
-    fn ns(&self) -> &str {
-        self.ns.name()
-    }
-
     /// The sidecar flags of every test here: journal in the test namespace, fast retries.
     fn sidecar_options(&self, extra: &[&str], metrics: bool) -> SidecarOptions {
         let mut args = vec![
@@ -72,63 +48,6 @@ impl Cluster {
             metrics,
             hostname: None,
         }
-    }
-
-    /// An Immediate class of `driver` with reclaim policy Delete, named after the namespace.
-    async fn class(&self, driver: &Driver) -> String {
-        let name = format!("{}-journal", self.ns());
-        create_class(&self.client, &storage_class(&name, driver, "Delete", &[])).await;
-        name
-    }
-
-    /// Creates a 1Gi claim, with the consistency annotation set to `consistency` if given.
-    async fn claim(
-        &self,
-        name: &str,
-        class: &str,
-        consistency: Option<&str>,
-    ) -> PersistentVolumeClaim {
-        let mut pvc = claim(name, class, "1Gi", None);
-        if let Some(value) = consistency {
-            pvc.metadata.annotations =
-                Some([(ANN_PROVISIONING_CONSISTENCY.to_owned(), value.to_owned())].into());
-        }
-        create_claim(&self.claims, &pvc).await
-    }
-
-    async fn get_claim(&self, name: &str) -> Option<PersistentVolumeClaim> {
-        self.claims
-            .get_opt(name)
-            .await
-            .unwrap_or_else(|e| panic!("reading PVC {name}: {e}"))
-    }
-
-    async fn delete_claim(&self, name: &str) {
-        self.claims
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap_or_else(|e| panic!("deleting PVC {name}: {e}"));
-    }
-
-    async fn patch_claim(&self, name: &str, patch: serde_json::Value) {
-        self.claims
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap_or_else(|e| panic!("patching PVC {name} with {patch}: {e}"));
-    }
-
-    async fn wait_claim_gone(&self, name: &str) {
-        support::eventually(&format!("PVC {name} to be gone"), TIMEOUT, || async {
-            match self.claims.get_opt(name).await {
-                Ok(None) => Ok(()),
-                Ok(Some(pvc)) => Err(format!(
-                    "still there: deletionTimestamp {:?}, finalizers {:?}",
-                    pvc.metadata.deletion_timestamp, pvc.metadata.finalizers
-                )),
-                Err(e) => Err(e.to_string()),
-            }
-        })
-        .await;
     }
 
     async fn operations(&self, driver: &Driver) -> Vec<OperationRecord> {
@@ -282,25 +201,10 @@ async fn orphans_deleted_metric(sidecar: &mut Sidecar) -> f64 {
 
 // ------------------------------------------------------------------------------ the driver, directly
 
-async fn driver_channel(socket: &Path) -> Channel {
-    let socket: PathBuf = socket.to_path_buf();
-    Endpoint::from_static("http://reference-driver.invalid")
-        .connect_with_connector(tower::service_fn(move |_| {
-            let socket = socket.clone();
-            async move {
-                Ok::<_, std::io::Error>(TokioIo::new(
-                    tokio::net::UnixStream::connect(socket).await?,
-                ))
-            }
-        }))
-        .await
-        .unwrap_or_else(|e| panic!("connecting to the driver socket: {e}"))
-}
-
 /// Sends `request` to the driver until it answers other than ABORTED (another call on the same
 /// name still running), as a backend that finishes an operation its caller gave up on.
 async fn create_on_driver(driver: &Driver, request: csi::CreateVolumeRequest) -> csi::Volume {
-    let mut client = ControllerClient::new(driver_channel(driver.socket()).await);
+    let mut client = ControllerClient::new(channel(driver.socket()).await);
     support::eventually(
         &format!("CreateVolume {} to succeed on the driver", request.name),
         TIMEOUT,
@@ -372,8 +276,8 @@ async fn a_volume_created_while_the_sidecar_was_dead_for_a_deleted_claim_is_dele
     let cluster = Cluster::new("journal-restart").await;
     let driver = Driver::start(&["--delay", "CreateVolume=4s"]).await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
-    let class = cluster.class(&driver).await;
-    let created = cluster.claim("data", &class, None).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let created = cluster.claim("data", &class).await;
     let volume = pv_name(&created);
     let uid = created.metadata.uid.clone().unwrap_or_default();
 
@@ -433,8 +337,8 @@ async fn a_claim_deleted_while_create_volume_keeps_timing_out_leaves_nothing() {
     let cluster = Cluster::new("journal-timeouts").await;
     let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
-    let class = cluster.class(&driver).await;
-    let created = cluster.claim("data", &class, None).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let created = cluster.claim("data", &class).await;
     let volume = pv_name(&created);
 
     wait_driver_has(&driver, &volume).await;
@@ -476,8 +380,8 @@ async fn the_consistency_finalizer_guards_provisioning_and_goes_once_bound() {
     let cluster = Cluster::new("journal-finalizer").await;
     let driver = Driver::start(&["--delay", "CreateVolume=3s"]).await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
-    let class = cluster.class(&driver).await;
-    let created = cluster.claim("data", &class, Some("enable")).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let created = cluster.consistent_claim("data", &class, "enable").await;
     let volume = pv_name(&created);
 
     wait_create_received(&driver, &volume).await;
@@ -522,8 +426,8 @@ async fn a_deleted_claim_with_the_finalizer_stays_until_its_orphan_is_deleted() 
     ])
     .await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
-    let class = cluster.class(&driver).await;
-    let created = cluster.claim("data", &class, Some("enable")).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let created = cluster.consistent_claim("data", &class, "enable").await;
     let volume = pv_name(&created);
 
     wait_driver_has(&driver, &volume).await;
@@ -566,8 +470,8 @@ async fn disable_on_a_deleting_claim_lets_it_go_and_the_journal_still_deletes_th
     ])
     .await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
-    let class = cluster.class(&driver).await;
-    let created = cluster.claim("data", &class, Some("enable")).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let created = cluster.consistent_claim("data", &class, "enable").await;
     let volume = pv_name(&created);
 
     wait_driver_has(&driver, &volume).await;
@@ -617,8 +521,8 @@ async fn a_force_deleted_claim_while_create_volume_succeeds_leaks_nothing() {
     let cluster = Cluster::new("journal-force").await;
     let driver = Driver::start(&["--delay", "CreateVolume=3s"]).await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
-    let class = cluster.class(&driver).await;
-    let created = cluster.claim("data", &class, Some("enable")).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let created = cluster.consistent_claim("data", &class, "enable").await;
     let volume = pv_name(&created);
 
     wait_create_received(&driver, &volume).await;
@@ -653,8 +557,8 @@ async fn the_finalizer_removed_by_hand_while_create_volume_times_out_leaks_nothi
     ])
     .await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
-    let class = cluster.class(&driver).await;
-    let created = cluster.claim("data", &class, Some("enable")).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let created = cluster.consistent_claim("data", &class, "enable").await;
     let volume = pv_name(&created);
 
     wait_create_received(&driver, &volume).await;
@@ -683,9 +587,11 @@ async fn the_consistency_default_applies_to_claims_without_the_annotation() {
         &driver,
         cluster.sidecar_options(&["--provisioning-consistency-default=enable"], false),
     );
-    let class = cluster.class(&driver).await;
-    let plain = cluster.claim("plain", &class, None).await;
-    let opted_out = cluster.claim("opted-out", &class, Some("disable")).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let plain = cluster.claim("plain", &class).await;
+    let opted_out = cluster
+        .consistent_claim("opted-out", &class, "disable")
+        .await;
 
     wait_create_received(&driver, &pv_name(&plain)).await;
     let during = cluster
@@ -811,8 +717,8 @@ async fn another_drivers_sidecar_leaves_the_finalizer_alone() {
         cluster.sidecar_options(&["--provisioning-consistency-default=enable"], false),
     );
     let mut bystander = Sidecar::start_with(&other, cluster.sidecar_options(&[], false));
-    let class = cluster.class(&driver).await;
-    let created = cluster.claim("data", &class, None).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let created = cluster.claim("data", &class).await;
     let volume = pv_name(&created);
     // The bystander decides from its cache that the claim is not its to touch; it logs each
     // such decision (and never queues a reconcile for it).
@@ -877,8 +783,8 @@ async fn a_record_whose_removal_was_lost_is_dropped_once_its_pv_exists() {
     let cluster = Cluster::new("journal-lost-removal").await;
     let driver = Driver::start(&[]).await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
-    let class = cluster.class(&driver).await;
-    let created = cluster.claim("data", &class, None).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let created = cluster.claim("data", &class).await;
     let volume = pv_name(&created);
     wait_bound(&cluster.claims, "data").await;
     sidecar.kill().await;
@@ -949,8 +855,8 @@ async fn a_final_error_after_a_timeout_leaves_the_operation_until_the_volume_is_
     let cluster = Cluster::new("journal-final-after-timeout").await;
     let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
-    let class = cluster.class(&driver).await;
-    let created = cluster.claim("data", &class, None).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let created = cluster.claim("data", &class).await;
     let volume = pv_name(&created);
 
     wait_driver_has(&driver, &volume).await;
@@ -986,13 +892,10 @@ async fn a_class_recreated_mid_flight_does_not_change_the_recorded_request() {
     let cluster = Cluster::new("journal-class-recreated").await;
     let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
     let _sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
-    let class = format!("{}-journal", cluster.ns());
-    create_class(
-        &cluster.client,
-        &storage_class(&class, &driver, "Delete", &[("tier", "silver")]),
-    )
-    .await;
-    let created = cluster.claim("data", &class, None).await;
+    let class = cluster
+        .class("journal", &driver, "Delete", &[("tier", "silver")])
+        .await;
+    let created = cluster.claim("data", &class).await;
     let volume = pv_name(&created);
     wait_driver_has(&driver, &volume).await;
 
@@ -1008,11 +911,9 @@ async fn a_class_recreated_mid_flight_does_not_change_the_recorded_request() {
         }
     })
     .await;
-    create_class(
-        &cluster.client,
-        &storage_class(&class, &driver, "Delete", &[("tier", "gold")]),
-    )
-    .await;
+    cluster
+        .class("journal", &driver, "Delete", &[("tier", "gold")])
+        .await;
     // Let the sidecar retry under the new class a few times before the driver answers again.
     let seen = driver.calls("CreateVolume").len();
     wait_create_answered(&driver, None, seen + 3).await;
@@ -1038,13 +939,8 @@ async fn a_stale_record_never_deletes_a_volume_that_a_pv_of_another_name_referen
     let cluster = Cluster::new("journal-stale-record").await;
     let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
-    let class = format!("{}-retain", cluster.ns());
-    create_class(
-        &cluster.client,
-        &storage_class(&class, &driver, "Retain", &[]),
-    )
-    .await;
-    let created = cluster.claim("data", &class, None).await;
+    let class = cluster.class("retain", &driver, "Retain", &[]).await;
+    let created = cluster.claim("data", &class).await;
     let volume = pv_name(&created);
     let record = cluster
         .wait_operation(&driver, &volume, "recorded", |_| true)
@@ -1054,23 +950,15 @@ async fn a_stale_record_never_deletes_a_volume_that_a_pv_of_another_name_referen
     sidecar.kill().await;
 
     // The admin: the claim goes, the retained PV goes, its volume comes back as a static PV.
-    let pvs: Api<PersistentVolume> = Api::all(cluster.client.clone());
-    let provisioned = pvs
-        .get(&volume)
-        .await
-        .unwrap_or_else(|e| panic!("reading PV {volume}: {e}"));
+    let provisioned = cluster.pv(&volume).await;
     cluster.delete_claim("data").await;
     cluster.wait_claim_gone("data").await;
-    pvs.delete(&volume, &DeleteParams::default())
+    cluster
+        .volumes
+        .delete(&volume, &DeleteParams::default())
         .await
         .unwrap_or_else(|e| panic!("deleting PV {volume}: {e}"));
-    support::eventually("the provisioned PV to be gone", TIMEOUT, || async {
-        match pvs.get_opt(&volume).await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{:?}", other.map(|pv| pv.map(|pv| pv.metadata)))),
-        }
-    })
-    .await;
+    cluster.wait_pv_gone(&volume).await;
     let static_name = format!("static-{}", cluster.ns());
     let mut reused = provisioned.clone();
     reused.metadata = ObjectMeta {
@@ -1081,7 +969,9 @@ async fn a_stale_record_never_deletes_a_volume_that_a_pv_of_another_name_referen
     if let Some(spec) = reused.spec.as_mut() {
         spec.claim_ref = None;
     }
-    pvs.create(&PostParams::default(), &reused)
+    cluster
+        .volumes
+        .create(&PostParams::default(), &reused)
         .await
         .unwrap_or_else(|e| panic!("creating the static PV: {e}"));
 
@@ -1095,7 +985,9 @@ async fn a_stale_record_never_deletes_a_volume_that_a_pv_of_another_name_referen
         driver.calls("DeleteVolume")
     );
     sidecar.assert_running();
-    pvs.delete(&static_name, &DeleteParams::default())
+    cluster
+        .volumes
+        .delete(&static_name, &DeleteParams::default())
         .await
         .unwrap_or_else(|e| panic!("deleting the static PV: {e}"));
 }
@@ -1107,8 +999,8 @@ async fn a_graceful_exit_writes_the_removals_it_still_holds() {
     let cluster = Cluster::new("journal-flush").await;
     let driver = Driver::start(&[]).await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
-    let class = cluster.class(&driver).await;
-    let created = cluster.claim("data", &class, None).await;
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let created = cluster.claim("data", &class).await;
     cluster
         .wait_operation(&driver, &pv_name(&created), "recorded", |_| true)
         .await;

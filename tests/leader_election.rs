@@ -10,16 +10,13 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use csi_provisioner::leader::lease_name;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::Client;
 use kube::api::Api;
 use nix::sys::signal::Signal;
 
-use support::peers::{
-    Driver, Sidecar, SidecarOptions, TIMEOUT, claim, create_claim, create_class, describe,
-    driver_pvs, pv_name, storage_class, wait_bound, wait_event,
-};
+use support::cluster::{Cluster, driver_pvs, lease_holder, pv_name, wait_bound, wait_event};
+use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, describe};
 
 /// Short lease timings so a failover takes seconds (flag validation: lease > renew > 1.2 × retry).
 const FAST_LEASE: [&str; 3] = [
@@ -37,19 +34,6 @@ fn leader_args(namespace: &str) -> Vec<String> {
     args
 }
 
-/// `t-abc.csi.example.com` → `t-abc-csi-example-com`.
-fn lease_name(driver: &Driver) -> String {
-    driver.name().replace('.', "-")
-}
-
-async fn lease_holder(leases: &Api<Lease>, name: &str) -> Result<Option<String>, String> {
-    let lease = leases
-        .get_opt(name)
-        .await
-        .map_err(|e| format!("reading Lease {name}: {e}"))?;
-    Ok(lease.map(|l| l.spec.and_then(|s| s.holder_identity).unwrap_or_default()))
-}
-
 fn require_uts_namespaces() {
     let works = Command::new("unshare")
         .args(["--user", "--map-root-user", "--uts", "true"])
@@ -62,21 +46,6 @@ fn require_uts_namespaces() {
     );
 }
 
-async fn create_claims(
-    claims: &Api<PersistentVolumeClaim>,
-    prefix: &str,
-    class: &str,
-    count: usize,
-) -> Vec<String> {
-    let mut names = Vec::new();
-    for i in 0..count {
-        let name = format!("{prefix}-{i}");
-        create_claim(claims, &claim(&name, class, "1Gi", None)).await;
-        names.push(name);
-    }
-    names
-}
-
 fn count_lines(log: &str, needle: &str) -> usize {
     log.lines().filter(|line| line.contains(needle)).count()
 }
@@ -84,13 +53,14 @@ fn count_lines(log: &str, needle: &str) -> usize {
 #[tokio::test]
 async fn one_replica_leads_and_hands_over_on_sigterm() {
     require_uts_namespaces();
-    let (client, ns) = support::test_namespace("leader").await;
+    let cluster = Cluster::new("leader").await;
+    let ns = cluster.ns();
     let driver = Driver::start(&[]).await;
     let replica = |host: &str| {
         Sidecar::start_with(
             &driver,
             SidecarOptions {
-                args: leader_args(ns.name()),
+                args: leader_args(ns),
                 hostname: Some(host.to_owned()),
                 ..SidecarOptions::default()
             },
@@ -98,12 +68,11 @@ async fn one_replica_leads_and_hands_over_on_sigterm() {
     };
     let mut a = replica("replica-a");
     let mut b = replica("replica-b");
-    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
-    let lease = lease_name(&driver);
+    let lease = lease_name(driver.name());
 
     let first = support::eventually("one replica to hold the Lease", TIMEOUT, || async {
-        match lease_holder(&leases, &lease).await? {
-            Some(holder) if !holder.is_empty() => Ok(holder),
+        match lease_holder(&cluster.client, ns, &driver).await? {
+            holder if !holder.is_empty() => Ok(holder),
             other => Err(format!("holder {other:?}")),
         }
     })
@@ -113,13 +82,11 @@ async fn one_replica_leads_and_hands_over_on_sigterm() {
         "replica-b" => (&mut b, &mut a, "replica-a"),
         other => panic!("Lease {lease} held by {other:?}, not by a replica"),
     };
-    eprintln!("{first} leads Lease {}/{lease}", ns.name());
+    eprintln!("{first} leads Lease {ns}/{lease}");
 
-    let class = format!("{ns}-class");
-    create_class(&client, &storage_class(&class, &driver, "Delete", &[])).await;
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns.name());
-    for name in create_claims(&claims, "before", &class, 3).await {
-        wait_bound(&claims, &name).await;
+    let class = cluster.class("class", &driver, "Delete", &[]).await;
+    for name in cluster.claims_named("before", &class, 3).await {
+        wait_bound(&cluster.claims, &name).await;
     }
     assert_eq!(
         count_lines(&leader.log(), "became leader, starting controllers"),
@@ -144,8 +111,8 @@ async fn one_replica_leads_and_hands_over_on_sigterm() {
     leader.signal(Signal::SIGTERM);
     let handover = Instant::now();
     support::eventually("the follower to take the Lease over", TIMEOUT, || async {
-        match lease_holder(&leases, &lease).await? {
-            Some(holder) if holder == follower_host => Ok(()),
+        match lease_holder(&cluster.client, ns, &driver).await? {
+            holder if holder == follower_host => Ok(()),
             other => Err(format!("holder {other:?}")),
         }
     })
@@ -172,8 +139,8 @@ async fn one_replica_leads_and_hands_over_on_sigterm() {
         "the old leader released the Lease on SIGTERM"
     );
 
-    for name in create_claims(&claims, "after", &class, 3).await {
-        wait_bound(&claims, &name).await;
+    for name in cluster.claims_named("after", &class, 3).await {
+        wait_bound(&cluster.claims, &name).await;
     }
     assert_eq!(
         count_lines(&follower.log(), "became leader, starting controllers"),
@@ -184,7 +151,7 @@ async fn one_replica_leads_and_hands_over_on_sigterm() {
         6,
         "one volume per claim, no duplicate"
     );
-    let transitions = leases
+    let transitions = Api::<Lease>::namespaced(cluster.client.clone(), ns)
         .get(&lease)
         .await
         .expect("reading the Lease")
@@ -199,30 +166,33 @@ async fn one_replica_leads_and_hands_over_on_sigterm() {
 
 #[tokio::test]
 async fn first_sigterm_waits_for_the_create_volume_in_flight() {
-    let (client, ns) = support::test_namespace("drain").await;
+    let cluster = Cluster::new("drain").await;
     let driver = Driver::start(&["--delay", "CreateVolume=2s"]).await;
     let mut sidecar = Sidecar::start_with(
         &driver,
         SidecarOptions {
-            args: leader_args(ns.name()),
+            args: leader_args(cluster.ns()),
             ..SidecarOptions::default()
         },
     );
-    let leases: Api<Lease> = Api::namespaced(client.clone(), ns.name());
-    let lease = lease_name(&driver);
-    let class = format!("{ns}-class");
-    create_class(&client, &storage_class(&class, &driver, "Delete", &[])).await;
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns.name());
-    let created = create_claim(&claims, &claim("slow", &class, "1Gi", None)).await;
+    let class = cluster.class("class", &driver, "Delete", &[]).await;
+    let created = cluster.claim("slow", &class).await;
 
     // The Provisioning event is written right before CreateVolume, which then takes 2 s.
-    wait_event(&client, ns.name(), "slow", "Provisioning", |_| true).await;
+    wait_event(
+        &cluster.client,
+        cluster.ns(),
+        "slow",
+        "Provisioning",
+        |_| true,
+    )
+    .await;
     sidecar.signal(Signal::SIGTERM);
     let signalled = Instant::now();
     let status = sidecar.wait_exit(TIMEOUT).await;
     let took = signalled.elapsed();
     let volume = pv_name(&created);
-    let pv_at_exit = pv_exists(&client, &volume).await;
+    let pv_at_exit = cluster.pv_exists(&volume).await;
     eprintln!("exited {took:?} after SIGTERM with {}", describe(status));
     assert_eq!(
         status.code(),
@@ -241,28 +211,30 @@ async fn first_sigterm_waits_for_the_create_volume_in_flight() {
         .collect();
     assert_eq!(codes, ["Ok"], "the call in flight ran to completion");
     assert_eq!(driver.volume_count(), 1);
-    let holder = lease_holder(&leases, &lease)
+    // The sidecar led (it provisioned), so the Lease exists: empty means released.
+    let holder = lease_holder(&cluster.client, cluster.ns(), &driver)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        holder.as_deref(),
-        Some(""),
-        "the Lease is released on the way out"
-    );
-    wait_bound(&claims, "slow").await;
+    assert_eq!(holder, "", "the Lease is released on the way out");
+    wait_bound(&cluster.claims, "slow").await;
 }
 
 #[tokio::test]
 async fn second_signal_aborts_at_once() {
-    let (client, ns) = support::test_namespace("abort").await;
+    let cluster = Cluster::new("abort").await;
     let driver = Driver::start(&["--delay", "CreateVolume=30s"]).await;
     let mut sidecar = Sidecar::start(&driver, &[]);
-    let class = format!("{ns}-class");
-    create_class(&client, &storage_class(&class, &driver, "Delete", &[])).await;
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns.name());
-    let created = create_claim(&claims, &claim("stuck", &class, "1Gi", None)).await;
+    let class = cluster.class("class", &driver, "Delete", &[]).await;
+    let created = cluster.claim("stuck", &class).await;
 
-    wait_event(&client, ns.name(), "stuck", "Provisioning", |_| true).await;
+    wait_event(
+        &cluster.client,
+        cluster.ns(),
+        "stuck",
+        "Provisioning",
+        |_| true,
+    )
+    .await;
     sidecar.signal(Signal::SIGTERM);
     support::eventually("the sidecar to start draining", TIMEOUT, || async {
         if sidecar.log().contains("shutting down") {
@@ -292,21 +264,13 @@ async fn second_signal_aborts_at_once() {
         describe(status)
     );
     assert!(
-        !pv_exists(&client, &pv_name(&created)).await,
+        !cluster.pv_exists(&pv_name(&created)).await,
         "no PV: the call was abandoned"
     );
     assert!(
-        driver_pvs(&client, &driver)
+        driver_pvs(&cluster.client, &driver)
             .await
             .unwrap_or_else(|e| panic!("{e}"))
             .is_empty()
     );
-}
-
-async fn pv_exists(client: &Client, name: &str) -> bool {
-    Api::<k8s_openapi::api::core::v1::PersistentVolume>::all(client.clone())
-        .get_opt(name)
-        .await
-        .unwrap_or_else(|e| panic!("reading PV {name}: {e}"))
-        .is_some()
 }

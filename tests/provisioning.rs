@@ -7,14 +7,11 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
-use kube::Client;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Patch, PatchParams};
 
-use support::peers::{
-    Driver, Sidecar, SidecarOptions, TIMEOUT, claim, create_claim, create_class, driver_pvs,
-    metric_sum, parse_metrics, pv_name, storage_class, wait_bound, wait_event,
-};
+use support::cluster::{Cluster, claim, create_claim, driver_pvs, pv_name, wait_bound, wait_event};
+use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse_metrics};
 
 const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
@@ -27,98 +24,6 @@ const GIB: i64 = 1 << 30;
 
 /// Fast retries so failure paths finish within seconds.
 const FAST_RETRIES: [&str; 2] = ["--retry-interval-start=200ms", "--retry-interval-max=2s"];
-
-struct Cluster {
-    client: Client,
-    ns: support::TestNamespace,
-    claims: Api<PersistentVolumeClaim>,
-    volumes: Api<PersistentVolume>,
-}
-
-impl Cluster {
-    async fn new(prefix: &str) -> Cluster {
-        let (client, ns) = support::test_namespace(prefix).await;
-        Cluster {
-            claims: Api::namespaced(client.clone(), ns.name()),
-            volumes: Api::all(client.clone()),
-            client,
-            ns,
-        }
-    }
-
-    fn ns(&self) -> &str {
-        self.ns.name()
-    }
-
-    /// Creates an Immediate class `<ns>-<suffix>` of `driver` and returns its name.
-    async fn class(
-        &self,
-        suffix: &str,
-        driver: &Driver,
-        reclaim_policy: &str,
-        parameters: &[(&str, &str)],
-    ) -> String {
-        let name = format!("{}-{suffix}", self.ns());
-        create_class(
-            &self.client,
-            &storage_class(&name, driver, reclaim_policy, parameters),
-        )
-        .await;
-        name
-    }
-
-    async fn claim(&self, name: &str, class: &str) -> PersistentVolumeClaim {
-        create_claim(&self.claims, &claim(name, class, "1Gi", None)).await
-    }
-
-    async fn delete_claim(&self, name: &str) {
-        self.claims
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap_or_else(|e| panic!("deleting PVC {name}: {e}"));
-    }
-
-    async fn pv(&self, name: &str) -> PersistentVolume {
-        self.volumes
-            .get(name)
-            .await
-            .unwrap_or_else(|e| panic!("reading PV {name}: {e}"))
-    }
-
-    async fn wait_pv_gone(&self, name: &str) {
-        support::eventually(&format!("PV {name} to be deleted"), TIMEOUT, || async {
-            match self.volumes.get_opt(name).await {
-                Ok(None) => Ok(()),
-                Ok(Some(pv)) => Err(format!(
-                    "phase {:?}, finalizers {:?}",
-                    pv.status.and_then(|s| s.phase),
-                    pv.metadata.finalizers
-                )),
-                Err(e) => Err(e.to_string()),
-            }
-        })
-        .await;
-    }
-
-    async fn create_secret(&self, name: &str, data: &[(&str, &str)]) {
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                ..ObjectMeta::default()
-            },
-            string_data: Some(
-                data.iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            ),
-            ..Secret::default()
-        };
-        Api::<Secret>::namespaced(self.client.clone(), self.ns())
-            .create(&PostParams::default(), &secret)
-            .await
-            .unwrap_or_else(|e| panic!("creating Secret {name}: {e}"));
-    }
-}
 
 fn pv_phase(pv: &PersistentVolume) -> Option<String> {
     pv.status.as_ref().and_then(|s| s.phase.clone())
@@ -333,7 +238,7 @@ async fn provisions_a_block_volume_without_fs_type() {
     assert_eq!(volumes.len(), 1, "driver volumes: {volumes:?}");
     assert_eq!(
         volumes[0].access,
-        csi_provisioner::driver::AccessKind::Block,
+        csi_reference_driver::AccessKind::Block,
         "CreateVolume asked for block access"
     );
     sidecar.assert_running();

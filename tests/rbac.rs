@@ -26,11 +26,11 @@ use kube::{Client, ResourceExt};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use support::peers::{
-    Driver, Sidecar, SidecarOptions, TIMEOUT, claim, create_claim, create_class, describe,
-    events_of, journal_operations, lease_holder, pv_name, storage_class, summarize, wait_bound,
-    wait_event,
+use support::cluster::{
+    claim, consistent_claim, create_claim, create_class, events_of, journal_operations,
+    lease_holder, pv_name, storage_class, summarize, wait_bound, wait_event,
 };
+use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, describe};
 
 const DEPLOY_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
 const SERVICE_ACCOUNT: &str = "csi-provisioner";
@@ -482,7 +482,7 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     let mut sidecar = start_sidecar(&driver, &kubeconfig, ns, &["--leader-election"]);
 
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-    let data = create_claim(&claims, &consistent_claim("data", &class)).await;
+    let data = create_claim(&claims, &consistent_claim("data", &class, "enable")).await;
 
     // The Lease: get (absent), create, then update on every renewal.
     support::eventually("the sidecar to hold the Lease", TIMEOUT, || async {
@@ -562,7 +562,7 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     // stays on until the reaper has tried once: a retry of the claim started from a cache that
     // had not yet seen the deletion would otherwise create the PV, and no claim get is needed.
     driver.set_faults("fault CreateVolume=after:deadline-exceeded\n");
-    create_claim(&claims, &consistent_claim("orphan", &class)).await;
+    create_claim(&claims, &consistent_claim("orphan", &class, "enable")).await;
     wait_event(&client, ns, "orphan", "ProvisioningFailed", |message| {
         message.contains("DeadlineExceeded") || message.contains("deadline")
     })
@@ -698,20 +698,6 @@ async fn a_sigterm_before_the_first_list_still_ends_the_leader() {
     .await;
 
     exits_on_sigterm_releasing_the_lease(&mut sidecar, &client, ns, &driver).await;
-}
-
-/// A 1Gi claim with the provisioning-consistency finalizer, which the sidecar adds and removes
-/// by patch.
-fn consistent_claim(name: &str, class: &str) -> PersistentVolumeClaim {
-    let mut pvc = claim(name, class, "1Gi", None);
-    pvc.metadata.annotations = Some(
-        [(
-            "volume.kubernetes.io/provisioning-consistency".to_owned(),
-            "enable".to_owned(),
-        )]
-        .into(),
-    );
-    pvc
 }
 
 async fn wait_driver_empty(driver: &Driver) {

@@ -62,12 +62,8 @@ pub fn locate() -> Result<Binaries, Error> {
     }
 }
 
-/// The workspace root is the parent of this crate's directory.
 fn build_script() -> PathBuf {
-    let testbed = Path::new(env!("CARGO_MANIFEST_DIR"));
-    testbed
-        .parent()
-        .unwrap_or(testbed)
+    crate::workspace::root()
         .join("hack")
         .join("build-control-plane.sh")
 }

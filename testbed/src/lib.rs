@@ -10,6 +10,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod args;
 mod binaries;
 pub mod chaos;
@@ -20,6 +22,7 @@ mod ports;
 mod process;
 mod readiness;
 mod rng;
+pub mod workspace;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -1,5 +1,7 @@
 //! `testbed`: runs the local control plane by hand (`testbed up`).
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

@@ -1,11 +1,11 @@
 //! A CSI client for tests: a tonic channel over the driver's unix socket, and ListVolumes.
-//! Also included on its own by tests/reference_driver.rs, which needs no control plane.
+//! Also included on its own by reference-driver/tests/reference_driver.rs, which needs no control plane.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use csi_provisioner::csi::ListVolumesRequest;
-use csi_provisioner::csi::controller_client::ControllerClient;
+use csi_spec::ListVolumesRequest;
+use csi_spec::controller_client::ControllerClient;
 use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 use tonic::transport::{Channel, Endpoint};

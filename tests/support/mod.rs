@@ -9,6 +9,7 @@
 // Each test binary compiles its own copy of this module and uses only part of it.
 #![allow(dead_code)]
 
+pub mod cluster;
 #[path = "csi_wire.rs"]
 pub mod csi_wire;
 pub mod peers;

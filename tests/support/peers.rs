@@ -1,6 +1,6 @@
 //! The peers of an integration test: the reference driver and the sidecar as separate OS
-//! processes talking over a real unix socket, against the test binary's control plane, plus
-//! builders and waits for the Kubernetes objects they act on.
+//! processes talking over a real unix socket, against the test binary's control plane. The
+//! Kubernetes objects they act on are support::cluster's.
 //!
 //! Every test gets a driver of its own with a unique name (`t-<random>.csi.example.com`), so
 //! tests running in parallel on the shared control plane never act on each other's claims or
@@ -17,18 +17,11 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use csi_provisioner::driver::{VolumeRecord, load_state};
-use k8s_openapi::api::core::v1::{
-    Event, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    VolumeResourceRequirements,
-};
-use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use csi_reference_driver::{VolumeRecord, load_state};
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tempfile::TempDir;
@@ -135,6 +128,22 @@ impl Process {
         }
     }
 
+    /// SIGKILL, as a crash, and wait until the process is gone.
+    async fn kill(&mut self) {
+        self.signal(Signal::SIGKILL);
+        self.wait_exit(TIMEOUT).await;
+        self.child = None;
+    }
+
+    /// Starts the process again with the same program, flags and log (killing it first if it
+    /// still runs).
+    async fn restart(&mut self) {
+        if self.is_running() {
+            self.kill().await;
+        }
+        self.spawn();
+    }
+
     /// SIGKILL (if still running) and reap.
     fn kill_now(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -187,6 +196,22 @@ fn temp_dir(prefix: &str) -> TempDir {
 
 // ------------------------------------------------------------------------------ driver
 
+/// The driver's executable, built once per test binary with this binary's profile. It belongs to
+/// another package of the workspace, so cargo builds it for that package's tests only
+/// (`CARGO_BIN_EXE_*` names this package's binaries alone).
+fn driver_program() -> PathBuf {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        csi_testbed::workspace::build(["csi-reference-driver"], !cfg!(debug_assertions))
+            .map(|[program]| program)
+            .map_err(|e| e.to_string())
+    });
+    match built {
+        Ok(program) => program.clone(),
+        Err(e) => panic!("building the reference driver: {e}"),
+    }
+}
+
 /// The reference CSI driver (`csi-reference-driver`) with a unique name, its own socket and
 /// state directory. Logs every request at debug level (secret keys only, never values).
 pub struct Driver {
@@ -210,7 +235,7 @@ impl Driver {
     /// Starts a driver with `extra` flags (e.g. `--delay CreateVolume=2s`) and waits until its
     /// socket accepts connections.
     pub async fn start(extra: &[&str]) -> Driver {
-        Self::start_logging(extra, "info,csi_provisioner::driver=debug").await
+        Self::start_logging(extra, "info,csi_reference_driver=debug").await
     }
 
     /// As [`Driver::start`], with the driver's log filter (`RUST_LOG`), e.g. `trace`.
@@ -231,7 +256,7 @@ impl Driver {
         let mut driver = Driver {
             process: Process {
                 label: format!("driver {name}"),
-                program: PathBuf::from(env!("CARGO_BIN_EXE_csi-reference-driver")),
+                program: driver_program(),
                 args,
                 env: vec![("RUST_LOG", log_filter.to_owned())],
                 hostname: None,
@@ -334,17 +359,12 @@ impl Driver {
 
     /// SIGKILL, as a crash: no socket clean-up, calls in flight are lost.
     pub async fn kill(&mut self) {
-        self.process.signal(Signal::SIGKILL);
-        self.process.wait_exit(TIMEOUT).await;
-        self.process.child = None;
+        self.process.kill().await;
     }
 
     /// Starts the driver again with the same flags, socket and state directory.
     pub async fn restart(&mut self) {
-        if self.process.is_running() {
-            self.kill().await;
-        }
-        self.process.spawn();
+        self.process.restart().await;
         self.wait_ready().await;
     }
 }
@@ -424,18 +444,14 @@ impl Sidecar {
         self.process.signal(signal);
     }
 
+    /// SIGKILL, as a crash: nothing is released, calls in flight are lost.
     pub async fn kill(&mut self) {
-        self.process.signal(Signal::SIGKILL);
-        self.process.wait_exit(TIMEOUT).await;
-        self.process.child = None;
+        self.process.kill().await;
     }
 
     /// Starts the sidecar again with the same flags (and the same metrics port).
     pub async fn restart(&mut self) {
-        if self.process.is_running() {
-            self.kill().await;
-        }
-        self.process.spawn();
+        self.process.restart().await;
     }
 
     pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
@@ -593,217 +609,4 @@ pub fn metric_sum(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f6
         })
         .map(|s| s.value)
         .sum()
-}
-
-// ------------------------------------------------------------------------------ objects
-
-/// An Immediate-binding class of `driver`; `parameters` as given.
-pub fn storage_class(
-    name: &str,
-    driver: &Driver,
-    reclaim_policy: &str,
-    parameters: &[(&str, &str)],
-) -> StorageClass {
-    StorageClass {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        provisioner: driver.name().to_owned(),
-        reclaim_policy: Some(reclaim_policy.to_owned()),
-        volume_binding_mode: Some("Immediate".to_owned()),
-        parameters: (!parameters.is_empty()).then(|| {
-            parameters
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect()
-        }),
-        ..StorageClass::default()
-    }
-}
-
-pub async fn create_class(client: &Client, class: &StorageClass) {
-    Api::<StorageClass>::all(client.clone())
-        .create(&PostParams::default(), class)
-        .await
-        .unwrap_or_else(|e| panic!("creating StorageClass {:?}: {e}", class.metadata.name));
-}
-
-/// A ReadWriteOnce claim of `size` in `class`; `volume_mode` None leaves the API default.
-pub fn claim(
-    name: &str,
-    class: &str,
-    size: &str,
-    volume_mode: Option<&str>,
-) -> PersistentVolumeClaim {
-    PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-            storage_class_name: Some(class.to_owned()),
-            volume_mode: volume_mode.map(str::to_owned),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_owned(),
-                    Quantity(size.to_owned()),
-                )])),
-                ..VolumeResourceRequirements::default()
-            }),
-            ..PersistentVolumeClaimSpec::default()
-        }),
-        ..PersistentVolumeClaim::default()
-    }
-}
-
-pub async fn create_claim(
-    claims: &Api<PersistentVolumeClaim>,
-    claim: &PersistentVolumeClaim,
-) -> PersistentVolumeClaim {
-    claims
-        .create(&PostParams::default(), claim)
-        .await
-        .unwrap_or_else(|e| panic!("creating PVC {:?}: {e}", claim.metadata.name))
-}
-
-/// Waits until the claim is Bound and returns it.
-pub async fn wait_bound(claims: &Api<PersistentVolumeClaim>, name: &str) -> PersistentVolumeClaim {
-    super::eventually(&format!("PVC {name} to be Bound"), TIMEOUT, || async {
-        let pvc = claims.get(name).await.map_err(|e| e.to_string())?;
-        let phase = pvc.status.as_ref().and_then(|s| s.phase.clone());
-        if phase.as_deref() == Some("Bound") {
-            Ok(pvc)
-        } else {
-            Err(format!("phase {phase:?}"))
-        }
-    })
-    .await
-}
-
-/// Events whose involved object is the named object in `namespace`, oldest first.
-pub async fn events_of(client: &Client, namespace: &str, name: &str) -> Result<Vec<Event>, String> {
-    let params = ListParams::default().fields(&format!("involvedObject.name={name}"));
-    let mut events = Api::<Event>::namespaced(client.clone(), namespace)
-        .list(&params)
-        .await
-        .map_err(|e| format!("listing events: {e}"))?
-        .items;
-    events.sort_by_key(|e| e.first_timestamp.as_ref().map(|t| t.0));
-    Ok(events)
-}
-
-/// `reason: message (xN)` lines, for failure messages.
-pub fn summarize(events: &[Event]) -> String {
-    events
-        .iter()
-        .map(|e| {
-            format!(
-                "{} {}: {} (x{})",
-                e.type_.as_deref().unwrap_or("?"),
-                e.reason.as_deref().unwrap_or("?"),
-                e.message.as_deref().unwrap_or(""),
-                e.count.unwrap_or(1)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-/// Waits for an event on `name` with `reason` whose message satisfies `matches`.
-pub async fn wait_event(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    reason: &str,
-    matches: impl Fn(&str) -> bool,
-) -> Event {
-    super::eventually(
-        &format!("a {reason} event on {namespace}/{name}"),
-        TIMEOUT,
-        || async {
-            let events = events_of(client, namespace, name).await?;
-            events
-                .iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some(reason)
-                        && matches(e.message.as_deref().unwrap_or(""))
-                })
-                .cloned()
-                .ok_or_else(|| summarize(&events))
-        },
-    )
-    .await
-}
-
-/// The PVs whose CSI driver is `driver` (every test has its own driver).
-pub async fn driver_pvs(client: &Client, driver: &Driver) -> Result<Vec<PersistentVolume>, String> {
-    Ok(Api::<PersistentVolume>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| format!("listing PVs: {e}"))?
-        .items
-        .into_iter()
-        .filter(|pv| {
-            pv.spec
-                .as_ref()
-                .and_then(|spec| spec.csi.as_ref())
-                .is_some_and(|csi| csi.driver == driver.name())
-        })
-        .collect())
-}
-
-/// The name of the PV the sidecar creates for a claim: `pvc-<uid>`.
-pub fn pv_name(pvc: &PersistentVolumeClaim) -> String {
-    format!(
-        "pvc-{}",
-        pvc.metadata
-            .uid
-            .as_deref()
-            .unwrap_or_else(|| panic!("PVC {:?} has no uid", pvc.metadata.name))
-    )
-}
-
-// ------------------------------------------------------------------------------ journal
-
-/// Every operation recorded in the journal shards of `driver` in `namespace` (the sidecar's
-/// namespace: `--leader-election-namespace`), as `kubectl get provisioningjournals` shows them.
-pub async fn journal_operations(
-    client: &Client,
-    namespace: &str,
-    driver: &Driver,
-) -> Result<Vec<csi_provisioner::journal::OperationRecord>, String> {
-    let selector = format!(
-        "{}={}",
-        csi_provisioner::journal::DRIVER_LABEL,
-        csi_provisioner::leader::lease_name(driver.name())
-    );
-    Ok(
-        Api::<csi_provisioner::journal::ProvisioningJournal>::namespaced(client.clone(), namespace)
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(|e| format!("listing journal shards: {e}"))?
-            .items
-            .into_iter()
-            .flat_map(|shard| shard.spec.operations)
-            .collect(),
-    )
-}
-
-/// The holder of `driver`'s leader-election Lease in `namespace` ("" when released or absent).
-pub async fn lease_holder(
-    client: &Client,
-    namespace: &str,
-    driver: &Driver,
-) -> Result<String, String> {
-    let name = csi_provisioner::leader::lease_name(driver.name());
-    Ok(
-        Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(client.clone(), namespace)
-            .get_opt(&name)
-            .await
-            .map_err(|e| format!("reading Lease {name}: {e}"))?
-            .and_then(|lease| lease.spec?.holder_identity)
-            .unwrap_or_default(),
-    )
 }

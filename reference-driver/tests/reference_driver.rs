@@ -1,7 +1,8 @@
 //! The reference CSI driver end to end: started in-process on a temp socket (and once as the real
 //! binary), spoken to by the generated tonic clients over the unix socket.
 
-#[path = "support/csi_wire.rs"]
+// The CSI client helpers of the provisioner's integration tests, shared rather than copied.
+#[path = "../../tests/support/csi_wire.rs"]
 mod csi_wire;
 
 use std::collections::BTreeSet;
@@ -9,14 +10,12 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use csi_provisioner::csi;
-use csi_provisioner::csi::controller_client::ControllerClient;
-use csi_provisioner::csi::identity_client::IdentityClient;
-use csi_provisioner::csi::node_client::NodeClient;
-use csi_provisioner::csi::volume_capability::{
-    AccessMode, AccessType, MountVolume, access_mode::Mode,
-};
-use csi_provisioner::driver::{self, DriverConfig};
+use csi_reference_driver::{self as driver, DriverConfig};
+use csi_spec as csi;
+use csi_spec::controller_client::ControllerClient;
+use csi_spec::identity_client::IdentityClient;
+use csi_spec::node_client::NodeClient;
+use csi_spec::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
 use csi_wire::{channel, list_volume_ids};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

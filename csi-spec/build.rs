@@ -2,7 +2,7 @@
 //! is needed, then generates the prost messages and tonic clients and servers.
 
 /// Messages with a `secrets` field (every `csi_secret` field of CSI v1.12 is named so).
-/// Their derived `Debug` is suppressed; src/csi.rs implements one that redacts the values,
+/// Their derived `Debug` is suppressed; src/lib.rs implements one that redacts the values,
 /// so no code path can print a secret through `{:?}`.
 const MESSAGES_WITH_SECRETS: &[&str] = &[
     "CreateVolumeRequest",

@@ -1,13 +1,13 @@
 //! PNG plots from the CSV files, drawn by matplotlib (no display needed) in a virtualenv that
 //! the benchmark creates once in the cache directory, next to the Go builds. The script is
-//! `bench_plot.py` beside this file, compiled in.
+//! `plot.py` beside this file, compiled in.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::BenchError;
 
-const SCRIPT: &str = include_str!("bench_plot.py");
+const SCRIPT: &str = include_str!("plot.py");
 /// Pinned so that a regenerated report draws the same way.
 const MATPLOTLIB: &str = "matplotlib==3.11.2";
 

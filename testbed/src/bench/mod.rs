@@ -3,23 +3,14 @@
 //! (A B A B ...). Prints a table of medians and ratios and writes docs/benchmarks.md with CSV
 //! data and PNG plots. Not part of hack/test.sh: these are figures, not pass/fail tests.
 
-#[path = "bench_api.rs"]
 mod api;
-#[path = "bench_chaos.rs"]
 mod chaos;
-#[path = "bench_env.rs"]
 mod env;
-#[path = "bench_metrics.rs"]
 mod metrics;
-#[path = "bench_plot.rs"]
 mod plot;
-#[path = "bench_proc.rs"]
 mod proc;
-#[path = "bench_report.rs"]
 mod report;
-#[path = "bench_scenarios.rs"]
 mod scenarios;
-#[path = "bench_stats.rs"]
 mod stats;
 
 use std::collections::BTreeSet;
@@ -43,6 +34,8 @@ pub enum BenchError {
         what: String,
         source: std::io::Error,
     },
+    #[error("building ours: {0}")]
+    Build(#[from] csi_testbed::workspace::BuildError),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -222,7 +215,7 @@ async fn run_all(args: BenchArgs) -> Result<ExitCode, BenchError> {
         })??;
     // Builds are not part of the benchmark's time.
     let started = Instant::now();
-    let root = env::workspace_root();
+    let root = csi_testbed::workspace::root();
     let out = root.join(&args.out);
     let data = out.join("benchmarks");
     let logs = root.join("target").join("bench-logs");

@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use csi_provisioner::driver::{self, Cli, DriverConfig};
+use csi_reference_driver::{Cli, DriverConfig, run, termination_signal};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
@@ -36,8 +36,8 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        let shutdown = driver::termination_signal()?;
-        driver::run(&config, shutdown).await
+        let shutdown = termination_signal()?;
+        run(&config, shutdown).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

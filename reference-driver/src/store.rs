@@ -120,9 +120,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::driver::state::{
-        AccessKind, ContentSource, Publication, SnapshotRecord, VolumeRecord,
-    };
+    use crate::state::{AccessKind, ContentSource, Publication, SnapshotRecord, VolumeRecord};
 
     fn sample() -> State {
         let mut state = State::default();

@@ -17,78 +17,32 @@ pub struct Programs {
     pub kubectl: PathBuf,
 }
 
-/// Variables `cargo run` sets for the program it runs. Build scripts (ring's, for one) declare
-/// `rerun-if-env-changed` on some of them, so a nested `cargo build` that inherits them would
-/// rebuild those crates and everything above them, and the next plain build would do it again.
-const CARGO_RUN_VARS: [&str; 7] = [
-    "CARGO_MANIFEST_DIR",
-    "CARGO_MANIFEST_PATH",
-    "CARGO_CRATE_NAME",
-    "CARGO_BIN_NAME",
-    "CARGO_PRIMARY_PACKAGE",
-    "CARGO_TARGET_TMPDIR",
-    "OUT_DIR",
-];
-
-/// The workspace root: the parent of this crate's directory.
-pub fn workspace_root() -> PathBuf {
-    let testbed = Path::new(env!("CARGO_MANIFEST_DIR"));
-    testbed.parent().unwrap_or(testbed).to_owned()
-}
-
 /// Builds ours and the driver in release mode (unless `no_build`), and upstream's from the Go
 /// module proxy through `hack/build-upstream-provisioner.sh` (cached after the first time).
 pub fn prepare(no_build: bool) -> Result<Programs, BenchError> {
-    let root = workspace_root();
-    if !no_build {
-        // `cargo run` exports CARGO; fall back to whatever cargo is on PATH.
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        eprintln!("[bench] building csi-provisioner and csi-reference-driver (release) ...");
-        let mut build = Command::new(cargo);
-        for (key, _) in std::env::vars_os() {
-            let key_str = key.to_string_lossy();
-            if key_str.starts_with("CARGO_PKG_") || CARGO_RUN_VARS.contains(&key_str.as_ref()) {
-                build.env_remove(&key);
+    let root = csi_testbed::workspace::root();
+    let release = root.join("target").join("release");
+    let (ours, driver) = if no_build {
+        let ours = release.join("csi-provisioner");
+        let driver = release.join("csi-reference-driver");
+        for program in [&ours, &driver] {
+            if !program.is_file() {
+                return Err(BenchError::Step {
+                    step: "finding our binaries".into(),
+                    detail: format!(
+                        "{} is missing; run `cargo build --release` (or drop --no-build)",
+                        program.display()
+                    ),
+                });
             }
         }
-        let status = build
-            .current_dir(&root)
-            .args([
-                "build",
-                "--release",
-                "-p",
-                "csi-provisioner-rs",
-                "--bin",
-                "csi-provisioner",
-                "--bin",
-                "csi-reference-driver",
-            ])
-            .status()
-            .map_err(|source| BenchError::Io {
-                what: "running cargo build".into(),
-                source,
-            })?;
-        if !status.success() {
-            return Err(BenchError::Step {
-                step: "building ours (cargo build --release)".into(),
-                detail: format!("cargo exited with {status}"),
-            });
-        }
-    }
-    let release = root.join("target").join("release");
-    let ours = release.join("csi-provisioner");
-    let driver = release.join("csi-reference-driver");
-    for program in [&ours, &driver] {
-        if !program.is_file() {
-            return Err(BenchError::Step {
-                step: "finding our binaries".into(),
-                detail: format!(
-                    "{} is missing; run `cargo build --release` (or drop --no-build)",
-                    program.display()
-                ),
-            });
-        }
-    }
+        (ours, driver)
+    } else {
+        eprintln!("[bench] building csi-provisioner and csi-reference-driver (release) ...");
+        let [ours, driver] =
+            csi_testbed::workspace::build(["csi-provisioner", "csi-reference-driver"], true)?;
+        (ours, driver)
+    };
     let upstream =
         run_build_script(&root, "build-upstream-provisioner.sh")?.join("csi-provisioner");
     let control_plane = match std::env::var_os(csi_testbed::BIN_DIR_ENV) {
@@ -188,7 +142,7 @@ fn first_line(program: &str, args: &[&str]) -> Option<String> {
 }
 
 fn git_revision() -> Option<String> {
-    let root = workspace_root();
+    let root = csi_testbed::workspace::root();
     let rev = Command::new("git")
         .current_dir(&root)
         .args(["rev-parse", "--short", "HEAD"])

@@ -131,13 +131,13 @@ impl BoundDriver {
         let stop = Arc::new(tokio::sync::Notify::new());
         let stopped = stop.clone();
         let server = tonic::transport::Server::builder()
-            .add_service(crate::csi::identity_server::IdentityServer::new(
+            .add_service(csi_spec::identity_server::IdentityServer::new(
                 self.driver.clone(),
             ))
-            .add_service(crate::csi::controller_server::ControllerServer::new(
+            .add_service(csi_spec::controller_server::ControllerServer::new(
                 self.driver.clone(),
             ))
-            .add_service(crate::csi::node_server::NodeServer::new(self.driver))
+            .add_service(csi_spec::node_server::NodeServer::new(self.driver))
             .serve_with_incoming_shutdown(UnixListenerStream::new(self.listener), async move {
                 stopped.notified().await;
             });

@@ -40,7 +40,9 @@ pub async fn start_control_plane(b: &Bench, tag: &str) -> Result<ControlPlane, B
 /// The same cluster for both sidecars: our CRDs (the journal) are installed for upstream too,
 /// plus the namespaces and the StorageClass.
 pub(super) async fn prepare_cluster(b: &Bench, cp: &ControlPlane) -> Result<Cluster, BenchError> {
-    let crds = super::env::workspace_root().join("deploy").join("crd.yaml");
+    let crds = csi_testbed::workspace::root()
+        .join("deploy")
+        .join("crd.yaml");
     let kubeconfig = format!("--kubeconfig={}", cp.kubeconfig_path().display());
     for args in [
         vec!["apply", "-f"],

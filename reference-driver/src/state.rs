@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tonic::Code;
 
-use crate::csi;
+use csi_spec as csi;
 
 /// An RPC failure with its CSI error code; the message is returned to the caller verbatim.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]

@@ -1,9 +1,9 @@
 //! Argument checks that run before any lookup, so a request that is both malformed and about an
 //! unknown object is INVALID_ARGUMENT (csi-sanity sends such requests and expects exactly that).
 
-use crate::csi;
-use crate::csi::volume_capability::AccessType;
-use crate::csi::volume_capability::access_mode::Mode;
+use csi_spec as csi;
+use csi_spec::volume_capability::AccessType;
+use csi_spec::volume_capability::access_mode::Mode;
 
 use super::state::{AccessKind, ContentSource, CreateVolumeArgs, CsiError, Publication, Segments};
 
@@ -167,7 +167,7 @@ pub fn node_publish(req: &csi::NodePublishVolumeRequest) -> Result<Publication, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::csi::volume_capability::{AccessMode, BlockVolume, MountVolume};
+    use csi_spec::volume_capability::{AccessMode, BlockVolume, MountVolume};
 
     fn cap(block: bool, mode: Mode) -> csi::VolumeCapability {
         csi::VolumeCapability {

@@ -1,5 +1,5 @@
 # Draws the benchmark's PNG plots from its CSV files (run by `testbed bench`, see
-# testbed/src/bench_plot.rs). Usage: python bench_plot.py <dir with the CSVs> <output dir>
+# testbed/src/bench/plot.rs). Usage: python plot.py <dir with the CSVs> <output dir>
 # Prints one line per written PNG: "<file>\t<caption>".
 import csv
 import sys

@@ -13,9 +13,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tonic::{Code, Request, Response, Status};
 use uuid::Uuid;
 
-use crate::csi;
-use crate::csi::controller_service_capability::rpc::Type as ControllerRpc;
-use crate::csi::plugin_capability::service::Type as PluginService;
+use csi_spec as csi;
+use csi_spec::controller_service_capability::rpc::Type as ControllerRpc;
+use csi_spec::plugin_capability::service::Type as PluginService;
 
 use super::config::DriverConfig;
 use super::faults::{Action, FaultInjector, Phase};

@@ -1,0 +1,134 @@
+//! The cargo workspace this crate belongs to: where its root is, and cargo run there. Everything
+//! that builds or finds a binary of the workspace (the benchmark, the integration tests, the
+//! control-plane build script) goes through here.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Variables cargo sets for the program it runs (`cargo run`, and the test binaries of
+/// `cargo test`). Build scripts (ring's, for one) declare `rerun-if-env-changed` on some of them,
+/// so a nested `cargo build` that inherited them would rebuild those crates and everything above
+/// them, and the next plain build would do it again.
+const CARGO_RUN_VARS: [&str; 7] = [
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_CRATE_NAME",
+    "CARGO_BIN_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "OUT_DIR",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("running cargo build: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("cargo build of {binaries:?} failed ({status}); its messages are above")]
+    Failed {
+        binaries: Vec<String>,
+        status: String,
+    },
+    #[error("cargo build reported no executable named {0}")]
+    NoExecutable(String),
+}
+
+/// The workspace root: the parent of this crate's directory.
+pub fn root() -> PathBuf {
+    let testbed = Path::new(env!("CARGO_MANIFEST_DIR"));
+    testbed.parent().unwrap_or(testbed).to_owned()
+}
+
+/// `cargo` (the one running us, if any, else the one on PATH) in the workspace root, without the
+/// variables cargo set for us.
+pub fn cargo() -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    for (key, _) in std::env::vars_os() {
+        let key_str = key.to_string_lossy();
+        if key_str.starts_with("CARGO_PKG_") || CARGO_RUN_VARS.contains(&key_str.as_ref()) {
+            command.env_remove(&key);
+        }
+    }
+    command.current_dir(root());
+    command
+}
+
+/// Builds `binaries` of the workspace (any of its packages) and returns their paths in the same
+/// order. Compiler messages go to stderr as usual; cargo's JSON artifact messages on stdout name
+/// the executables, wherever the target directory is.
+pub fn build<const N: usize>(
+    binaries: [&str; N],
+    release: bool,
+) -> Result<[PathBuf; N], BuildError> {
+    let mut command = cargo();
+    command.args(["build", "--message-format=json-render-diagnostics"]);
+    if release {
+        command.arg("--release");
+    }
+    for binary in binaries {
+        command.args(["--bin", binary]);
+    }
+    let output = command
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(BuildError::Spawn)?;
+    if !output.status.success() {
+        return Err(BuildError::Failed {
+            binaries: binaries.iter().map(|b| (*b).to_owned()).collect(),
+            status: output.status.to_string(),
+        });
+    }
+    let built: Vec<(String, PathBuf)> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(executable)
+        .collect();
+    let mut paths = binaries.map(|_| PathBuf::new());
+    for (path, binary) in paths.iter_mut().zip(binaries) {
+        *path = built
+            .iter()
+            .find(|(name, _)| name == binary)
+            .map(|(_, built)| built.clone())
+            .ok_or_else(|| BuildError::NoExecutable(binary.to_owned()))?;
+    }
+    Ok(paths)
+}
+
+/// The target name and executable of a `compiler-artifact` message that has one.
+fn executable(line: &str) -> Option<(String, PathBuf)> {
+    let message: serde_json::Value = serde_json::from_str(line).ok()?;
+    if message.get("reason")?.as_str()? != "compiler-artifact" {
+        return None;
+    }
+    let path = message.get("executable")?.as_str()?;
+    let name = message.get("target")?.get("name")?.as_str()?;
+    Some((name.to_owned(), PathBuf::from(path)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_artifacts_with_an_executable_count() {
+        let bin = r#"{"reason":"compiler-artifact","target":{"name":"csi-reference-driver"},"executable":"/t/debug/csi-reference-driver"}"#;
+        let lib =
+            r#"{"reason":"compiler-artifact","target":{"name":"csi_spec"},"executable":null}"#;
+        let done = r#"{"reason":"build-finished","success":true}"#;
+        assert_eq!(
+            executable(bin),
+            Some((
+                "csi-reference-driver".to_owned(),
+                PathBuf::from("/t/debug/csi-reference-driver")
+            ))
+        );
+        assert_eq!(executable(lib), None);
+        assert_eq!(executable(done), None);
+        assert_eq!(executable("not json"), None);
+    }
+
+    #[test]
+    fn the_root_holds_the_workspace_manifest() {
+        assert!(root().join("Cargo.toml").is_file());
+        assert!(root().join("testbed").join("Cargo.toml").is_file());
+    }
+}

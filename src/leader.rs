@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 
 use crate::config::LeaderArgs;
+use crate::fence::LeaseFence;
 
 /// Where a pod finds its namespace when POD_NAMESPACE is not set.
 pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
@@ -267,6 +268,7 @@ pub struct LeaderWatch {
     /// `Some(last renewal)` while leading.
     renewed: watch::Receiver<Option<Instant>>,
     lease_duration: Duration,
+    renew_deadline: Duration,
     lease: String,
 }
 
@@ -283,6 +285,12 @@ impl LeaderWatch {
     /// The last successful renewal while leading.
     pub fn last_renew(&self) -> Option<Instant> {
         *self.renewed.borrow()
+    }
+
+    /// The fence storage calls check: open while the last renewal is younger than the renew
+    /// deadline (see `crate::fence`).
+    pub fn fence(&self) -> LeaseFence {
+        LeaseFence::new(self.renewed.clone(), self.renew_deadline)
     }
 
     /// The check behind `/healthz/leader-election`.
@@ -331,6 +339,7 @@ impl Elector {
             leading: leading_rx,
             renewed: renewed_rx,
             lease_duration: cfg.lease_duration,
+            renew_deadline: cfg.renew_deadline,
             lease: format!("{}/{}", cfg.namespace, cfg.lease_name),
         };
         let elector = Self {
@@ -354,7 +363,9 @@ impl Elector {
         let retry = self.cfg.retry_period;
 
         tracing::info!(%lease, identity = %self.cfg.identity, "attempting to acquire leader lease");
+        let mut acquired_at;
         loop {
+            acquired_at = Instant::now();
             let attempt = timeout(self.cfg.renew_deadline, self.try_acquire_or_renew());
             let result = tokio::select! {
                 biased;
@@ -374,7 +385,7 @@ impl Elector {
             }
         }
         tracing::info!(%lease, identity = %self.cfg.identity, "became leader");
-        self.renewed.send_replace(Some(Instant::now()));
+        self.renewed.send_replace(Some(acquired_at));
         self.leading.send_replace(true);
 
         loop {
@@ -386,6 +397,8 @@ impl Elector {
             // One renewal cycle: retry every retry period until the renew deadline.
             let deadline = Instant::now() + self.cfg.renew_deadline;
             loop {
+                // When the renewal is sent: never later than when the API server stores it.
+                let sent = Instant::now();
                 let result = tokio::select! {
                     biased;
                     () = &mut stop => return self.step_down(&lease).await,
@@ -393,7 +406,7 @@ impl Elector {
                 };
                 match result {
                     Ok(Ok(true)) => {
-                        self.renewed.send_replace(Some(Instant::now()));
+                        self.renewed.send_replace(Some(sent));
                         break;
                     }
                     Ok(Ok(false)) => tracing::warn!(%lease, "lease renewal refused; retrying"),

@@ -8,6 +8,7 @@ pub mod app;
 pub mod config;
 pub mod controller;
 pub mod csi_client;
+pub mod fence;
 pub mod http;
 pub mod journal;
 pub mod kube_client;

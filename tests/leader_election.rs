@@ -274,3 +274,80 @@ async fn second_signal_aborts_at_once() {
             .is_empty()
     );
 }
+
+/// A leader paused past its lease (SIGSTOP, a frozen VM) wakes up still believing it leads,
+/// beside the replica that took over. Until it renews or exits it must send no CreateVolume:
+/// each replica has its own driver process here, so what the paused one sends is seen apart.
+#[tokio::test]
+async fn a_leader_paused_past_its_lease_sends_nothing_when_it_wakes_up() {
+    require_uts_namespaces();
+    let cluster = Cluster::new("leader-paused").await;
+    let ns = cluster.ns();
+    // Every CreateVolume is answered DEADLINE_EXCEEDED: the claim stays in flight, retried.
+    let lost_answers = ["--fault", "CreateVolume=after:deadline-exceeded"];
+    let driver_a = Driver::start(&lost_answers).await;
+    let driver_b = driver_a.twin(&lost_answers).await;
+    let replica = |driver: &Driver, host: &str| {
+        let mut args = leader_args(ns);
+        args.extend(["--retry-interval-start=200ms", "--retry-interval-max=1s"].map(String::from));
+        Sidecar::start_with(
+            driver,
+            SidecarOptions {
+                args,
+                hostname: Some(host.to_owned()),
+                ..SidecarOptions::default()
+            },
+        )
+    };
+    let mut a = replica(&driver_a, "replica-a");
+    wait_holder(&cluster, &driver_a, "replica-a").await;
+    let mut b = replica(&driver_b, "replica-b");
+    let class = cluster.class("paused", &driver_a, "Delete", &[]).await;
+    cluster.claim("data", &class).await;
+    wait_requests(&driver_a, 2).await;
+
+    a.signal(Signal::SIGSTOP);
+    wait_holder(&cluster, &driver_a, "replica-b").await;
+    wait_requests(&driver_b, 1).await;
+    let sent_before_pause = driver_a.requests("CreateVolume").len();
+    a.signal(Signal::SIGCONT);
+
+    // Its renewal is refused (replica-b holds the Lease): it exits at its renew deadline.
+    let status = a.wait_exit(TIMEOUT).await;
+    assert!(!status.success(), "{}", describe(status));
+    assert_eq!(
+        driver_a.requests("CreateVolume").len(),
+        sent_before_pause,
+        "the paused leader sent CreateVolume after waking up, beside the new leader"
+    );
+    b.assert_running();
+}
+
+async fn wait_holder(cluster: &Cluster, driver: &Driver, host: &str) {
+    support::eventually(&format!("{host} to hold the Lease"), TIMEOUT, || async {
+        match lease_holder(&cluster.client, cluster.ns(), driver).await? {
+            holder if holder == host => Ok(()),
+            other => Err(format!("holder {other:?}")),
+        }
+    })
+    .await;
+}
+
+async fn wait_requests(driver: &Driver, count: usize) {
+    support::eventually(
+        &format!(
+            "{count} CreateVolume requests at {}",
+            driver.socket().display()
+        ),
+        TIMEOUT,
+        || async {
+            let seen = driver.requests("CreateVolume").len();
+            if seen >= count {
+                Ok(())
+            } else {
+                Err(format!("{seen} so far"))
+            }
+        },
+    )
+    .await;
+}

@@ -23,6 +23,7 @@ use error::AppError;
 use crate::config::Args;
 use crate::controller;
 use crate::csi_client::CsiController;
+use crate::fence::LeaseFence;
 use crate::kube_client;
 use crate::leader::{Elector, LeaderConfig, LeaderWatch};
 use crate::metrics::Metrics;
@@ -71,44 +72,54 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
 
     let settings = settings::settings(&args, &info)?;
     let driver: Arc<dyn CsiController> = Arc::new(driver);
+    let elector = if leader_election {
+        let config = LeaderConfig::from_args(&args.leader, &info.name).map_err(AppError::Leader)?;
+        let lease = config.lease_name.clone();
+        let (elector, watch) = Elector::new(clients.client.clone(), config);
+        let _ = leader_watch.set(watch.clone());
+        Some((elector, watch, lease))
+    } else {
+        None
+    };
+    // Storage calls go out only while this replica can prove it leads (see `fence`).
+    let fence = elector
+        .as_ref()
+        .map_or_else(LeaseFence::open, |(_, watch, _)| watch.fence());
     let controllers = {
         let clients = clients.clone();
         let metrics = Arc::clone(&metrics);
         let drain = shutdown.drain_started();
         move || async move {
-            controller::run(clients, driver, metrics, settings, drain)
+            controller::run(clients, driver, metrics, settings, fence, drain)
                 .await
                 .map_err(AppError::Controllers)
         }
     };
 
-    let work: Work = if leader_election {
-        let config = LeaderConfig::from_args(&args.leader, &info.name).map_err(AppError::Leader)?;
-        let lease = config.lease_name.clone();
-        let (elector, watch) = Elector::new(clients.client, config);
-        let _ = leader_watch.set(watch.clone());
-        let mut leading = watch.leading();
-        tasks.spawn(async move {
-            loop {
-                let now = *leading.borrow_and_update();
-                metrics.set_leading(&lease, now);
-                if leading.changed().await.is_err() {
-                    return Ok(());
+    let work: Work = match elector {
+        Some((elector, watch, lease)) => {
+            let mut leading = watch.leading();
+            tasks.spawn(async move {
+                loop {
+                    let now = *leading.borrow_and_update();
+                    metrics.set_leading(&lease, now);
+                    if leading.changed().await.is_err() {
+                        return Ok(());
+                    }
                 }
-            }
-        });
-        Box::pin(lease::run_while_leading(
-            elector,
-            watch,
-            shutdown.drain_started(),
-            controllers,
-        ))
-    } else {
-        Box::pin(async move {
+            });
+            Box::pin(lease::run_while_leading(
+                elector,
+                watch,
+                shutdown.drain_started(),
+                controllers,
+            ))
+        }
+        None => Box::pin(async move {
             controllers().await?;
             info!("drained, exiting");
             Ok(())
-        })
+        }),
     };
 
     supervise(work, &mut tasks, &shutdown).await

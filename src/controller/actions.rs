@@ -73,17 +73,18 @@ pub async fn set_claim_finalizer(
     })
 }
 
-/// CreateVolume under the call limits of `class`.
+/// CreateVolume under the call limits of `class`, if this replica can prove it leads.
 pub async fn create_volume(
     ctx: &Context,
     class: &str,
     request: csi::CreateVolumeRequest,
 ) -> Result<csi::CreateVolumeResponse, CallError> {
     let _permit = ctx.limits.acquire(class).await;
-    ctx.driver.create_volume(request).await
+    ctx.driver.fence.check()?;
+    ctx.driver.csi.create_volume(request).await
 }
 
-/// DeleteVolume under the call limits of `class`.
+/// DeleteVolume under the call limits of `class`, if this replica can prove it leads.
 pub async fn delete_volume(
     ctx: &Context,
     class: &str,
@@ -91,7 +92,9 @@ pub async fn delete_volume(
     secrets: HashMap<String, String>,
 ) -> Result<(), CallError> {
     let _permit = ctx.limits.acquire(class).await;
+    ctx.driver.fence.check()?;
     ctx.driver
+        .csi
         .delete_volume(csi::DeleteVolumeRequest {
             volume_id: volume_id.to_owned(),
             secrets,

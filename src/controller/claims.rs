@@ -668,6 +668,28 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_replica_that_cannot_prove_it_leads_sends_no_create_volume() {
+        let scenario = cluster()
+            .fenced()
+            .start([secret_read(), record_written(), record_removed()])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(!in_flight(&scenario), "nothing was sent");
+        assert_eq!(
+            scenario.finish().await,
+            [
+                provisioning(),
+                failed(
+                    "rpc error: code = Unavailable desc = not sent: this replica's leadership is not proven (last Lease renewal: none while leading); another replica may lead"
+                )
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_final_error_drops_the_record_and_retries_slowly() {
         let scenario = cluster()
             .start([

@@ -14,6 +14,7 @@ use super::cache::{CachedClaim, CachedVolume};
 use super::events::EventRecorder;
 use super::limits::CallLimits;
 use crate::csi_client::CsiController;
+use crate::fence::LeaseFence;
 use crate::journal::Journal;
 use crate::metrics::Metrics;
 use crate::provision::{DriverCapabilities, ProvisionerConfig};
@@ -40,7 +41,7 @@ pub struct Settings {
 /// What the reconcilers share.
 pub struct Context {
     pub client: Client,
-    pub driver: Arc<dyn CsiController>,
+    pub driver: FencedDriver,
     pub caps: DriverCapabilities,
     pub config: ProvisionerConfig,
     pub claims: Store<CachedClaim>,
@@ -59,6 +60,13 @@ pub struct Context {
     infeasible: Mutex<InfeasibleSet>,
 }
 
+/// The CSI driver as the controllers reach it: through a fence that is closed while this
+/// replica cannot prove it leads (see `crate::fence`); `actions` checks it before each call.
+pub struct FencedDriver {
+    pub csi: Arc<dyn CsiController>,
+    pub fence: LeaseFence,
+}
+
 /// The watched objects, as cached by [`super::cache`].
 pub struct Stores {
     pub claims: Store<CachedClaim>,
@@ -69,7 +77,7 @@ pub struct Stores {
 impl Context {
     pub fn new(
         client: Client,
-        driver: Arc<dyn CsiController>,
+        driver: FencedDriver,
         stores: Stores,
         events: EventRecorder,
         metrics: Arc<Metrics>,

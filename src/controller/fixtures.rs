@@ -34,10 +34,11 @@ use tokio::task::JoinHandle;
 use tonic::Status;
 use tower_test::mock;
 
-use super::context::{Context, Settings, Stores};
+use super::context::{Context, FencedDriver, Settings, Stores};
 use super::events::EventRecorder;
 use crate::csi;
 use crate::csi_client::{CallError, CsiController};
+use crate::fence::LeaseFence;
 use crate::journal::{
     DRIVER_LABEL, Journal, Operation, OperationRecord, ProvisioningJournal, ProvisioningJournalSpec,
 };
@@ -323,6 +324,7 @@ pub struct Cluster {
     classes: Vec<StorageClass>,
     journaled: Vec<Operation>,
     journal_timeout: Duration,
+    fence: LeaseFence,
 }
 
 impl Cluster {
@@ -333,7 +335,15 @@ impl Cluster {
             classes: Vec::new(),
             journaled: Vec::new(),
             journal_timeout: Duration::from_secs(10),
+            fence: LeaseFence::open(),
         }
+    }
+
+    /// This replica cannot prove it leads (a leader paused past its lease).
+    pub fn fenced(mut self) -> Self {
+        let (_, never_renewed) = tokio::sync::watch::channel(None);
+        self.fence = LeaseFence::new(never_renewed, Duration::from_secs(10));
+        self
     }
 
     pub fn claim(mut self, pvc: PersistentVolumeClaim) -> Self {
@@ -426,6 +436,10 @@ impl Cluster {
         let driver = Arc::new(ScriptedDriver {
             script: Arc::clone(&script),
         });
+        let driver = FencedDriver {
+            csi: driver,
+            fence: self.fence,
+        };
         let ctx = Context::new(
             client,
             driver,

@@ -31,13 +31,14 @@ use kube::runtime::reflector::{Lookup, ObjectRef, Store};
 use tracing::{debug, warn};
 
 use crate::csi_client::CsiController;
+use crate::fence::LeaseFence;
 use crate::journal::{Journal, JournalError};
 use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
 use crate::provision::claim_class_name;
 use claims::ClaimReconciler;
 pub use context::Settings;
-use context::{Context, Stores};
+use context::{Context, FencedDriver, Stores};
 use events::EventRecorder;
 use volumes::VolumeReconciler;
 
@@ -52,6 +53,7 @@ pub async fn run(
     driver: Arc<dyn CsiController>,
     metrics: Arc<Metrics>,
     settings: Settings,
+    fence: LeaseFence,
     drain: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Result<(), JournalError> {
     let ApiClients {
@@ -86,6 +88,7 @@ pub async fn run(
         volumes: volumes.clone(),
         classes,
     };
+    let driver = FencedDriver { csi: driver, fence };
     let ctx = Arc::new(Context::new(
         client, driver, stores, events, metrics, journal, &settings,
     ));

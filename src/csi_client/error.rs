@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tonic::{Code, Status};
 
+use crate::fence::Fenced;
 use crate::metrics::NON_GRPC_STATUS;
 
 /// A problem that stops the sidecar from using the CSI driver at all: a bad `--csi-address`, a
@@ -105,6 +106,10 @@ pub enum CallError {
     /// restarting or crashed). Reported as `Unavailable`, as grpc-go does.
     #[error("rpc error: code = Unavailable desc = connection to the CSI driver failed: {0}")]
     Transport(String),
+    /// Not sent at all: this replica could not prove it still leads (see `crate::fence`).
+    /// Reported as `Unavailable`: retried, and it says nothing about the volume.
+    #[error("rpc error: code = Unavailable desc = {0}")]
+    Fenced(#[from] Fenced),
 }
 
 impl CallError {
@@ -132,7 +137,7 @@ impl CallError {
         match self {
             CallError::Status(status) => status.code(),
             CallError::Timeout(_) => Code::DeadlineExceeded,
-            CallError::Transport(_) => Code::Unavailable,
+            CallError::Transport(_) | CallError::Fenced(_) => Code::Unavailable,
         }
     }
 
@@ -145,7 +150,8 @@ impl CallError {
     /// driver may still be creating it, or it says one exists (ALREADY_EXISTS, with other
     /// parameters than asked).
     pub fn may_have_created(&self) -> bool {
-        self.class() == ErrorClass::InProgress || self.code() == Code::AlreadyExists
+        !matches!(self, CallError::Fenced(_))
+            && (self.class() == ErrorClass::InProgress || self.code() == Code::AlreadyExists)
     }
 
     /// Whether the request is infeasible (InvalidArgument) and should be retried only slowly

@@ -240,8 +240,18 @@ impl Driver {
 
     /// As [`Driver::start`], with the driver's log filter (`RUST_LOG`), e.g. `trace`.
     pub async fn start_logging(extra: &[&str], log_filter: &str) -> Driver {
-        let dir = temp_dir("csi-driver-");
         let name = format!("t-{}.csi.example.com", unique_suffix());
+        Self::start_named(name, extra, log_filter).await
+    }
+
+    /// A second driver process of the same name with its own state, as the driver container
+    /// of a second sidecar replica: each replica's calls arrive at its own driver.
+    pub async fn twin(&self, extra: &[&str]) -> Driver {
+        Self::start_named(self.name.clone(), extra, "info,csi_reference_driver=debug").await
+    }
+
+    async fn start_named(name: String, extra: &[&str], log_filter: &str) -> Driver {
+        let dir = temp_dir("csi-driver-");
         let socket = dir.path().join("csi.sock");
         let state_dir = dir.path().join("state");
         let mut args: Vec<OsString> = vec![

@@ -194,6 +194,18 @@ async fn wait_driver_has(driver: &Driver, volume: &str) {
     .await;
 }
 
+/// Waits until the orphan of `volume` is deleted: nothing of `driver` left, the event, the metric.
+async fn wait_orphan_deleted(
+    cluster: &Cluster,
+    driver: &Driver,
+    sidecar: &mut Sidecar,
+    volume: &str,
+) {
+    cluster.wait_nothing_left(driver).await;
+    cluster.wait_orphan_event(volume).await;
+    assert_eq!(orphans_deleted_metric(sidecar).await, 1.0);
+}
+
 async fn orphans_deleted_metric(sidecar: &mut Sidecar) -> f64 {
     let page = sidecar.wait_metrics().await;
     metric_sum(&parse_metrics(&page), ORPHANS_METRIC, &[])
@@ -365,9 +377,7 @@ async fn a_claim_deleted_while_create_volume_keeps_timing_out_leaves_nothing() {
     assert_eq!(driver.volume_count(), 1, "the volume is still there");
 
     driver.set_faults("fault CreateVolume=after:deadline-exceeded:2\n");
-    cluster.wait_nothing_left(&driver).await;
-    cluster.wait_orphan_event(&volume).await;
-    assert_eq!(orphans_deleted_metric(&mut sidecar).await, 1.0);
+    wait_orphan_deleted(&cluster, &driver, &mut sidecar, &volume).await;
     sidecar.assert_running();
 }
 
@@ -451,9 +461,7 @@ async fn a_deleted_claim_with_the_finalizer_stays_until_its_orphan_is_deleted() 
 
     driver.clear_faults();
     cluster.wait_claim_gone("data").await;
-    cluster.wait_nothing_left(&driver).await;
-    cluster.wait_orphan_event(&volume).await;
-    assert_eq!(orphans_deleted_metric(&mut sidecar).await, 1.0);
+    wait_orphan_deleted(&cluster, &driver, &mut sidecar, &volume).await;
     sidecar.assert_running();
 }
 
@@ -571,9 +579,7 @@ async fn the_finalizer_removed_by_hand_while_create_volume_times_out_leaks_nothi
     cluster.delete_claim("data").await;
     cluster.wait_claim_gone("data").await;
 
-    cluster.wait_nothing_left(&driver).await;
-    cluster.wait_orphan_event(&volume).await;
-    assert_eq!(orphans_deleted_metric(&mut sidecar).await, 1.0);
+    wait_orphan_deleted(&cluster, &driver, &mut sidecar, &volume).await;
     sidecar.assert_running();
 }
 
@@ -878,9 +884,7 @@ async fn a_final_error_after_a_timeout_leaves_the_operation_until_the_volume_is_
     cluster.delete_claim("data").await;
     cluster.wait_claim_gone("data").await;
     driver.clear_faults();
-    cluster.wait_nothing_left(&driver).await;
-    cluster.wait_orphan_event(&volume).await;
-    assert_eq!(orphans_deleted_metric(&mut sidecar).await, 1.0);
+    wait_orphan_deleted(&cluster, &driver, &mut sidecar, &volume).await;
     sidecar.assert_running();
 }
 

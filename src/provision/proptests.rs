@@ -120,7 +120,11 @@ fn access_modes() -> impl Strategy<Value = Option<Vec<String>>> {
         "ReadWriteMany",
         "ReadWriteOncePod",
     ]);
-    prop::option::weighted(0.9, prop::collection::vec(mode, 0..4))
+    let modes = prop_oneof![
+        1 => Just(Vec::new()),
+        9 => prop::collection::vec(mode, 1..4),
+    ];
+    prop::option::weighted(0.95, modes)
 }
 
 fn data_source() -> impl Strategy<Value = Option<TypedLocalObjectReference>> {
@@ -134,7 +138,7 @@ fn data_source() -> impl Strategy<Value = Option<TypedLocalObjectReference>> {
             kind,
             name,
         });
-    prop::option::weighted(0.2, source)
+    prop::option::weighted(0.1, source)
 }
 
 fn data_source_ref() -> impl Strategy<Value = Option<TypedObjectReference>> {
@@ -148,7 +152,7 @@ fn data_source_ref() -> impl Strategy<Value = Option<TypedObjectReference>> {
             name: source.name,
             namespace,
         });
-    prop::option::weighted(0.2, source)
+    prop::option::weighted(0.1, source)
 }
 
 fn claim_annotations() -> impl Strategy<Value = BTreeMap<String, String>> {
@@ -169,7 +173,7 @@ fn claim_spec() -> BoxedStrategy<PersistentVolumeClaimSpec> {
     (
         (access_modes(), data_source(), data_source_ref()),
         prop::option::weighted(0.9, quantity()),
-        prop::option::weighted(0.1, string_map(text(), text())),
+        prop::option::weighted(0.05, string_map(text(), text())),
         prop::option::weighted(0.8, known_or_text(&["standard"])),
         prop::option::weighted(0.1, text()),
         prop::option::weighted(0.4, known_or_text(&["Filesystem", "Block"])),
@@ -314,7 +318,7 @@ fn class() -> BoxedStrategy<StorageClass> {
 fn provisioner_config() -> BoxedStrategy<ProvisionerConfig> {
     (
         known_or_text(&["pvc", "vol"]),
-        prop_oneof![2 => Just(-1), 2 => 1..=32i32, 1 => any::<i32>()],
+        prop_oneof![4 => Just(-1), 4 => 1..=32i32, 1 => any::<i32>()],
         any::<bool>(),
         known_or_text(&["", "ext4", "xfs"]),
         any::<bool>(),
@@ -342,7 +346,7 @@ fn provisioner_config() -> BoxedStrategy<ProvisionerConfig> {
 }
 
 fn driver_capabilities() -> impl Strategy<Value = DriverCapabilities> {
-    let mostly = || prop::bool::weighted(0.9);
+    let mostly = || prop::bool::weighted(0.97);
     (
         mostly(),
         mostly(),
@@ -368,6 +372,15 @@ fn driver_capabilities() -> impl Strategy<Value = DriverCapabilities> {
                 snapshot,
             },
         )
+}
+
+/// The least a driver needs to provision and delete empty volumes.
+fn provisioning_driver() -> DriverCapabilities {
+    DriverCapabilities {
+        controller_service: true,
+        create_delete_volume: true,
+        ..DriverCapabilities::default()
+    }
 }
 
 // ---- driver answers ----
@@ -396,7 +409,8 @@ impl Capacity {
 fn capacity() -> impl Strategy<Value = Capacity> {
     prop_oneof![
         Just(Capacity::Unknown),
-        (-4096..1i64 << 40).prop_map(Capacity::Relative),
+        (-4096..=0i64).prop_map(Capacity::Relative),
+        (0..1i64 << 40).prop_map(Capacity::Relative),
         any::<i64>().prop_map(Capacity::Absolute),
     ]
 }
@@ -565,18 +579,13 @@ fn check_persistent_volume(
     }
 
     // What the deletion path reads back from the PV we made.
-    let caps = DriverCapabilities {
-        controller_service: true,
-        create_delete_volume: true,
-        ..DriverCapabilities::default()
-    };
     let expected_secrets = plan
         .secrets
         .provisioner
         .clone()
         .map_or(DeletionSecrets::None, DeletionSecrets::Fetch);
     prop_assert_eq!(
-        deletion_target(pv, &caps),
+        deletion_target(pv, &provisioning_driver()),
         Ok(DeletionTarget {
             volume_handle: volume.volume_id.clone(),
             secrets: expected_secrets,
@@ -753,30 +762,34 @@ proptest! {
         }
     }
 
-    /// A well-formed claim of a well-formed class always plans, and a driver that answers with
-    /// at least the request always gets a PV.
+    /// A well-formed claim of a well-formed class always plans, and the driver's answer gives
+    /// a PV exactly when it names a volume at least as large as the request.
     #[test]
-    fn valid_claims_always_plan_and_get_a_pv(
+    fn valid_claims_plan_and_any_answer_gives_a_pv_or_a_typed_error(
         (pvc, class) in valid_claim_and_class(),
         config in valid_config(),
-        answer in driver_answer().prop_filter_map("a volume", |answer| answer),
-        extra in 0..1i64 << 30,
+        answer in driver_answer(),
     ) {
-        let caps = DriverCapabilities {
-            controller_service: true,
-            create_delete_volume: true,
-            ..DriverCapabilities::default()
-        };
-        let plan = ok(plan_provision(&pvc, &class, &config, &caps))?;
-        let (_, volume) = answer;
-        let volume = csi::Volume {
-            capacity_bytes: plan.required_bytes.saturating_add(extra),
-            volume_id: format!("{}x", volume.volume_id),
-            ..volume
-        };
-        let response = csi::CreateVolumeResponse { volume: Some(volume.clone()) };
-        let pv = ok(build_persistent_volume(&plan, &response))?;
-        check_persistent_volume(&pv, &plan, &volume)?;
+        let plan = ok(plan_provision(&pvc, &class, &config, &provisioning_driver()))?;
+        let response = response(&answer, plan.required_bytes);
+        let result = build_persistent_volume(&plan, &response);
+        match &response.volume {
+            None => prop_assert_eq!(result.err(), Some(CreateResponseError::MissingVolume)),
+            Some(volume) if volume.volume_id.is_empty() => {
+                prop_assert_eq!(result.err(), Some(CreateResponseError::EmptyVolumeId));
+            }
+            Some(volume) if volume.capacity_bytes != 0 && volume.capacity_bytes < plan.required_bytes => {
+                prop_assert_eq!(
+                    result.err(),
+                    Some(CreateResponseError::CapacityTooSmall {
+                        volume_id: volume.volume_id.clone(),
+                        capacity: volume.capacity_bytes,
+                        requested: plan.required_bytes,
+                    })
+                );
+            }
+            Some(volume) => check_persistent_volume(&ok(result)?, &plan, volume)?,
+        }
     }
 
     /// The volume name is a valid PV name of the configured shape, or a typed error.
@@ -911,12 +924,12 @@ proptest! {
         (pvc, class) in valid_claim_and_class(),
         secrets in hash_map(text(), prop_oneof![text(), "[A-Za-z0-9+/=]{4,40}"]),
     ) {
-        let caps = DriverCapabilities {
-            controller_service: true,
-            create_delete_volume: true,
-            ..DriverCapabilities::default()
-        };
-        let plan = ok(plan_provision(&pvc, &class, &super::fixtures::config(), &caps))?;
+        let plan = ok(plan_provision(
+            &pvc,
+            &class,
+            &super::fixtures::config(),
+            &provisioning_driver(),
+        ))?;
         let request = build_create_volume_request(&plan, secrets.clone(), None);
         let blank = build_create_volume_request(&plan, without_values(&secrets), None);
         for (logged, background) in [

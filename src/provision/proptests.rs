@@ -23,10 +23,14 @@ use proptest::test_runner::Config;
 
 use crate::csi;
 
+use super::capabilities::FSTYPE_KEY;
 use super::fixtures::{ClassBuilder, DRIVER, PvcBuilder, deletion_time};
 use super::secrets::{deprecated_secret_keys, reserved_secret_keys};
 use super::validation::dns1123_subdomain_problem;
 use super::*;
+
+/// The parameter prefix of the sidecar's own keys.
+const RESERVED_PREFIX: &str = "csi.storage.k8s.io/";
 
 /// Cases per property; the whole file stays well under a second per property in debug.
 const CASES: u32 = 256;
@@ -90,7 +94,10 @@ fn template() -> BoxedStrategy<String> {
 fn quantity() -> BoxedStrategy<String> {
     prop_oneof![
         2 => "[0-9]{1,4}(Ki|Mi|Gi|k|M|G)?",
-        2 => "[+-]?[0-9]{0,20}(\\.[0-9]{0,8})?(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]{1,22})?",
+        2 => concat!(
+            "[+-]?[0-9]{0,20}(\\.[0-9]{0,8})?",
+            "(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]{1,22})?",
+        ),
         1 => text(),
     ]
     .boxed()
@@ -247,9 +254,7 @@ fn claim() -> BoxedStrategy<PersistentVolumeClaim> {
 // ---- classes ----
 
 fn parameter_key() -> BoxedStrategy<String> {
-    let reserved: Vec<&'static str> = reserved_secret_keys()
-        .chain(["csi.storage.k8s.io/fstype"])
-        .collect();
+    let reserved: Vec<&'static str> = reserved_secret_keys().chain([FSTYPE_KEY]).collect();
     let deprecated: Vec<&'static str> = deprecated_secret_keys()
         .chain(["fstype", "FSType"])
         .collect();
@@ -578,6 +583,29 @@ fn check_persistent_volume(
         prop_assert_eq!(parse_quantity_bytes(&storage), Ok(volume.capacity_bytes));
     }
 
+    // The driver's maps come in any order; the PV must not depend on it.
+    let copy = |map: &HashMap<String, String>| -> HashMap<String, String> {
+        map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    let reordered = csi::Volume {
+        volume_context: copy(&volume.volume_context),
+        accessible_topology: volume
+            .accessible_topology
+            .iter()
+            .map(|topology| csi::Topology {
+                segments: copy(&topology.segments),
+            })
+            .collect(),
+        ..volume.clone()
+    };
+    let again = build_persistent_volume(
+        plan,
+        &csi::CreateVolumeResponse {
+            volume: Some(reordered),
+        },
+    );
+    prop_assert_eq!(again.as_ref(), Ok(pv));
+
     // What the deletion path reads back from the PV we made.
     let expected_secrets = plan
         .secrets
@@ -738,8 +766,8 @@ proptest! {
         )?;
         prop_assert!(plan.required_bytes >= 0);
         prop_assert!(!plan.volume_capabilities.is_empty());
-        prop_assert!(plan.parameters.keys().all(|key| !key.starts_with("csi.storage.k8s.io/")
-            || config.extra_create_metadata));
+        let reserved = plan.parameters.keys().filter(|key| key.starts_with(RESERVED_PREFIX));
+        prop_assert_eq!(reserved.count(), if config.extra_create_metadata { 3 } else { 0 });
 
         let request = build_create_volume_request(&plan, HashMap::new(), None);
         prop_assert_eq!(&request.name, &plan.volume_name);
@@ -768,17 +796,23 @@ proptest! {
     fn valid_claims_plan_and_any_answer_gives_a_pv_or_a_typed_error(
         (pvc, class) in valid_claim_and_class(),
         config in valid_config(),
+        topology in any::<bool>(),
         answer in driver_answer(),
     ) {
-        let plan = ok(plan_provision(&pvc, &class, &config, &provisioning_driver()))?;
+        let caps = DriverCapabilities {
+            topology,
+            ..provisioning_driver()
+        };
+        let plan = ok(plan_provision(&pvc, &class, &config, &caps))?;
         let response = response(&answer, plan.required_bytes);
         let result = build_persistent_volume(&plan, &response);
+        let too_small = |capacity| capacity != 0 && capacity < plan.required_bytes;
         match &response.volume {
             None => prop_assert_eq!(result.err(), Some(CreateResponseError::MissingVolume)),
             Some(volume) if volume.volume_id.is_empty() => {
                 prop_assert_eq!(result.err(), Some(CreateResponseError::EmptyVolumeId));
             }
-            Some(volume) if volume.capacity_bytes != 0 && volume.capacity_bytes < plan.required_bytes => {
+            Some(volume) if too_small(volume.capacity_bytes) => {
                 prop_assert_eq!(
                     result.err(),
                     Some(CreateResponseError::CapacityTooSmall {
@@ -811,17 +845,21 @@ proptest! {
         parameters in string_map(parameter_key(), template()),
         extra in any::<bool>(),
     ) {
-        let metadata = ExtraCreateMetadata { pvc_name: "c", pvc_namespace: "n", pv_name: "v" };
+        let metadata = ExtraCreateMetadata {
+            pvc_name: "c",
+            pvc_namespace: "n",
+            pv_name: "v",
+        };
         let Ok(sent) = create_volume_parameters(&parameters, extra.then_some(&metadata)) else {
-            prop_assert!(parameters.keys().any(|key| key.starts_with("csi.storage.k8s.io/")));
+            prop_assert!(parameters.keys().any(|key| key.starts_with(RESERVED_PREFIX)));
             return Ok(());
         };
         for (key, value) in &parameters {
-            if !key.starts_with("csi.storage.k8s.io/") {
+            if !key.starts_with(RESERVED_PREFIX) {
                 prop_assert_eq!(sent.get(key), Some(value));
             }
         }
-        let reserved_sent = sent.keys().filter(|key| key.starts_with("csi.storage.k8s.io/")).count();
+        let reserved_sent = sent.keys().filter(|key| key.starts_with(RESERVED_PREFIX)).count();
         prop_assert_eq!(reserved_sent, if extra { 3 } else { 0 });
     }
 
@@ -867,8 +905,10 @@ proptest! {
         fraction in "[0-9]{0,3}[1-9]",
         bytes in prop_oneof![0..i64::MAX, (0..1i64 << 23).prop_map(|k| k << 40)],
     ) {
-        prop_assert_eq!(parse_quantity_bytes(&format!("{amount}{suffix}")), Ok(amount * multiplier));
-        prop_assert_eq!(parse_quantity_bytes(&format!("{amount}.{fraction}")), Ok(amount + 1));
+        let whole = format!("{amount}{suffix}");
+        prop_assert_eq!(parse_quantity_bytes(&whole), Ok(amount * multiplier));
+        let fractional = format!("{amount}.{fraction}");
+        prop_assert_eq!(parse_quantity_bytes(&fractional), Ok(amount + 1));
         prop_assert_eq!(parse_quantity_bytes(&format_binary_si(bytes)), Ok(bytes));
     }
 
@@ -904,7 +944,8 @@ proptest! {
     ) {
         let _ = volume_has_work(&pv, DRIVER);
         if let Ok(target) = deletion_target(&pv, &caps) {
-            let handle = pv.spec.as_ref().and_then(|s| s.csi.as_ref()).map(|c| c.volume_handle.as_str());
+            let csi = pv.spec.as_ref().and_then(|spec| spec.csi.as_ref());
+            let handle = csi.map(|csi| csi.volume_handle.as_str());
             prop_assert!(!target.volume_handle.is_empty());
             prop_assert_eq!(Some(target.volume_handle.as_str()), handle);
         }
@@ -996,7 +1037,8 @@ proptest! {
                 format!("secret {namespace}/{name}: value of key {key:?} is not valid UTF-8")
             ),
             (result, key) => {
-                return Err(TestCaseError::fail(format!("{result:?} for first invalid key {key:?}")));
+                let message = format!("{result:?} for first invalid key {key:?}");
+                return Err(TestCaseError::fail(message));
             }
         }
     }

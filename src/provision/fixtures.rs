@@ -49,7 +49,7 @@ fn strings(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| (*s).to_owned()).collect()
 }
 
-fn deletion_time() -> Time {
+pub fn deletion_time() -> Time {
     Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
 }
 

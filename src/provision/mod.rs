@@ -36,6 +36,8 @@ mod work;
 
 #[cfg(test)]
 pub(crate) mod fixtures;
+#[cfg(test)]
+mod proptests;
 
 pub use capabilities::{
     CapabilityError, check_create_delete_capabilities, csi_access_mode, fs_type,

@@ -18,7 +18,7 @@ use csi_provisioner::csi::volume_capability::{
 };
 use csi_provisioner::journal::{DRIVER_LABEL, OperationRecord, Phase, ProvisioningJournal};
 use csi_provisioner::provision::{ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER};
-use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -1014,4 +1014,76 @@ async fn a_graceful_exit_writes_the_removals_it_still_holds() {
     assert!(status.success(), "{}", support::peers::describe(status));
     let left = cluster.operations(&driver).await;
     assert!(left.is_empty(), "operations left after exit: {left:?}");
+}
+
+/// A claim whose provisioner secret lives in its own namespace is deleted with that namespace
+/// while its volume may exist. The secret goes, so the orphan cannot be replayed, and the
+/// consistency finalizer must not keep the namespace for ever: it comes off, and the orphan
+/// waits, recorded in the sidecar's own namespace, until the secret can be read again.
+#[tokio::test]
+async fn a_namespace_deleted_with_the_secret_of_an_orphan_is_not_kept() {
+    let cluster = Cluster::new("journal-secret-ns").await;
+    let app = Cluster::new("journal-app").await;
+    let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
+    let _sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let secret_in_claim_namespace = [
+        ("csi.storage.k8s.io/provisioner-secret-name", "creds"),
+        (
+            "csi.storage.k8s.io/provisioner-secret-namespace",
+            "${pvc.namespace}",
+        ),
+    ];
+    let class = cluster
+        .class("secret", &driver, "Delete", &secret_in_claim_namespace)
+        .await;
+    app.create_secret("creds", &[("password", "not-logged")])
+        .await;
+    let created = app.consistent_claim("data", &class, "enable").await;
+    let volume = pv_name(&created);
+    wait_driver_has(&driver, &volume).await;
+    cluster
+        .wait_operation(&driver, &volume, "with a lost answer", |op| {
+            op.attempts >= 1
+        })
+        .await;
+
+    let namespaces: Api<Namespace> = Api::all(cluster.client.clone());
+    namespaces
+        .delete(app.ns(), &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting namespace {}: {e}", app.ns()));
+    support::eventually("the claim's namespace to be gone", TIMEOUT, || async {
+        match namespaces.get_opt(app.ns()).await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{:?}", other.map(|ns| ns.map(|ns| ns.status)))),
+        }
+    })
+    .await;
+    cluster
+        .wait_operation(&driver, &volume, "orphaned, waiting for its secret", |op| {
+            op.phase == Phase::Orphaned
+                && op
+                    .last_error
+                    .as_deref()
+                    .is_some_and(|e| e.contains("creds"))
+        })
+        .await;
+    assert_eq!(driver.volume_count(), 1, "the volume waits for its secret");
+
+    // An admin gives the secret back: the orphan is deleted.
+    let namespace = Namespace {
+        metadata: ObjectMeta {
+            name: Some(app.ns().to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .unwrap_or_else(|e| panic!("re-creating namespace {}: {e}", app.ns()));
+    app.create_secret("creds", &[("password", "not-logged")])
+        .await;
+    driver.clear_faults();
+    cluster.wait_nothing_left(&driver).await;
 }

@@ -199,7 +199,7 @@ impl Metrics {
 
     /// Records one CSI call. `method_name` is the full gRPC path
     /// (`/csi.v1.Controller/CreateVolume`), `grpc_status_code` Go's spelling of the code
-    /// (see [`crate::csi_client::go_code_name`]) or [`NON_GRPC_STATUS`].
+    /// (`OK`, `DeadlineExceeded`, as the caller spells it) or [`NON_GRPC_STATUS`].
     pub fn observe_csi_operation(
         &self,
         driver_name: &str,

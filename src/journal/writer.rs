@@ -118,6 +118,13 @@ impl ShardWriter {
                 self.commit_all(lazy, &mut queue).await;
                 return;
             };
+            if queued.change == Change::Flush && lazy.is_empty() {
+                // Nothing held back: nothing to store, and an exit waits for this answer.
+                if let Some(durable) = queued.durable {
+                    let _ = durable.send(());
+                }
+                continue;
+            }
             if queued.durable.is_none() {
                 lazy.push(queued);
                 flush_at.get_or_insert_with(|| Instant::now() + LAZY_FLUSH);
@@ -316,6 +323,47 @@ mod tests {
         let mut shards = vec![0];
         shards.extend([1; 10]);
         assert_eq!(writes_for(&shards, ms(10), ms(200)).await, 2);
+    }
+
+    /// A writer of shard `journal-0` against an API server that answers nothing: any request
+    /// it sends hangs, so a test that finishes proves none was sent.
+    fn silent_writer(
+        slots: WriteSlots,
+    ) -> (
+        ShardWriter,
+        mock::Handle<http::Request<Body>, http::Response<Body>>,
+    ) {
+        let (service, handle) = mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let writer = ShardWriter {
+            api: Api::namespaced(ClientBuilder::new(service, "default").build(), "default"),
+            rate_limit: RateLimitLayer::from_flags(5.0, 10),
+            name: "journal-0".to_owned(),
+            driver: "driver".to_owned(),
+            labels: Default::default(),
+            current: None,
+            slots,
+        };
+        (writer, handle)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_with_nothing_held_back_is_answered_at_once_without_a_write() {
+        // Another shard has just written: a write of this one would wait for the spacing.
+        let slots = WriteSlots::new(Duration::from_millis(200));
+        slots.next().await;
+        let (writer, _apiserver) = silent_writer(slots);
+        let (queue, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(writer.run(receiver));
+        let (durable, stored) = oneshot::channel();
+        let flush = Queued {
+            change: Change::Flush,
+            durable: Some(durable),
+        };
+        queue.send(flush).expect("writer running");
+        tokio::time::timeout(Duration::from_millis(1), stored)
+            .await
+            .expect("answered without waiting for a write slot or a request")
+            .expect("answered");
     }
 
     #[test]

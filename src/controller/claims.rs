@@ -245,7 +245,8 @@ async fn provision_claim(
     // No quorum read here: the cache may lag, but a stale claim cannot cost a volume. The
     // name is fixed by the claim UID (CreateVolume is idempotent per name), the operation is
     // journaled before the call (a claim found gone later gets its volume deleted), and a PV
-    // create that meets another PV of that name deletes the new volume. See docs/design.md.
+    // create that meets another PV of that name deletes the new volume unless a PV uses it.
+    // See docs/design.md and docs/journal.md.
     if needs_finalizer(pvc, ctx.consistency_by_default) {
         set_claim_finalizer(&ctx.client, pvc, true).await?;
     }

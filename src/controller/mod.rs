@@ -70,6 +70,7 @@ pub async fn run(
         settings.journal_timeout,
     )
     .await?;
+    journal.watch_shards();
     let worker_threads = settings.worker_threads;
     let journal_timeout = settings.journal_timeout;
     let initial_list = cache::probe_initial_list(&client).await;

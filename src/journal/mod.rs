@@ -7,13 +7,16 @@
 //! `ProvisioningJournal` shard objects in the sidecar's namespace, written by one task per
 //! shard. Only the leader runs controllers, so only the leader writes.
 
+mod holdings;
 mod placement;
 mod record;
 mod registry;
+mod shard;
+mod watch;
 mod writer;
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -21,22 +24,20 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use kube::{Client, Resource, ResourceExt};
 use thiserror::Error;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use crate::kube_client::RateLimitLayer;
+use holdings::Holdings;
 use placement::Placement;
-pub use placement::SHARD_CAPACITY;
+pub use placement::{SHARD_BYTES, SHARD_CAPACITY};
 pub use record::{
     Change, OperationRecord, Phase, ProvisioningJournal, ProvisioningJournalSpec, RECORD_FORMAT,
     RecordError, SecretReference, Summary, apply,
 };
 pub use registry::{Busy, NameTaken, Operation, Registry, Reservation};
-use writer::{Queued, ShardWriter, WriteSlots};
+use writer::{Queued, Writers, shard_index};
 
-/// Shards per driver, filled one after the other (see `placement`): the first holds up to
-/// [`SHARD_CAPACITY`] operations, the others take the overflow.
-pub const SHARDS: usize = 8;
 /// Label naming the driver on every shard.
 pub const DRIVER_LABEL: &str = "provisioner.csi-rs.dev/driver";
 
@@ -60,10 +61,10 @@ pub enum JournalError {
 }
 
 pub struct Journal {
-    registry: Registry,
-    shards: Vec<mpsc::UnboundedSender<Queued>>,
-    shard_names: Vec<String>,
-    placement: Mutex<Placement>,
+    holdings: Arc<Holdings>,
+    writers: Arc<Writers>,
+    api: Api<ProvisioningJournal>,
+    selector: String,
     namespace: String,
     record_timeout: Duration,
 }
@@ -90,64 +91,56 @@ impl Journal {
                 namespace: namespace.to_owned(),
                 source,
             })?;
-        let registry = Registry::default();
-        let mut placement = Placement::new(SHARDS);
-        let mut by_name: BTreeMap<String, ProvisioningJournal> = BTreeMap::new();
-        let shard_prefix = format!("{base_name}-");
+        let holdings = Arc::new(Holdings::default());
+        let labels: BTreeMap<String, String> =
+            [(DRIVER_LABEL.to_owned(), base_name.to_owned())].into();
+        let writers = Arc::new(Writers::new(
+            api.clone(),
+            rate_limit,
+            base_name,
+            driver,
+            labels,
+            holdings.clone(),
+        ));
         for shard in existing.items {
-            let index = shard
-                .name_any()
-                .strip_prefix(&shard_prefix)
-                .and_then(|index| index.parse::<usize>().ok())
-                .unwrap_or(usize::MAX);
+            let Some(index) = shard_index(&shard.name_any(), base_name) else {
+                warn!(
+                    shard = shard.name_any(),
+                    "not a shard name this build writes (<driver>-<index>); its records are left alone"
+                );
+                continue;
+            };
             for record in &shard.spec.operations {
-                match record.to_operation() {
-                    Ok(operation) => {
-                        placement.restore(&operation.volume_name, index);
-                        registry.restore(operation);
-                    }
-                    Err(error) => {
-                        warn!(shard = shard.name_any(), %error, "journal record kept but not replayable")
-                    }
-                }
+                holdings.adopt(record, index);
             }
-            by_name.insert(shard.name_any(), shard);
+            holdings.placement().know(index);
+            writers.start(index, shard);
         }
-        if !registry.is_empty() {
+        if !holdings.registry.is_empty() {
             info!(
-                operations = registry.len(),
+                operations = holdings.registry.len(),
                 "recovered operations in flight from the journal"
             );
         }
-        let labels: BTreeMap<String, String> =
-            [(DRIVER_LABEL.to_owned(), base_name.to_owned())].into();
-        let slots = WriteSlots::new(writer::write_spacing(rate_limit.token_interval()));
-        let mut shards = Vec::with_capacity(SHARDS);
-        let mut shard_names = Vec::with_capacity(SHARDS);
-        for index in 0..SHARDS {
-            let name = format!("{base_name}-{index}");
-            let (sender, queue) = mpsc::unbounded_channel();
-            let writer = ShardWriter {
-                api: api.clone(),
-                rate_limit: rate_limit.clone(),
-                name: name.clone(),
-                driver: driver.to_owned(),
-                labels: labels.clone(),
-                current: by_name.remove(&name),
-                slots: slots.clone(),
-            };
-            tokio::spawn(writer.run(queue));
-            shards.push(sender);
-            shard_names.push(name);
-        }
         Ok(Journal {
-            registry,
-            shards,
-            shard_names,
-            placement: Mutex::new(placement),
+            holdings,
+            writers,
+            api,
+            selector,
             namespace: namespace.to_owned(),
             record_timeout,
         })
+    }
+
+    /// Watches the shards until the process ends, so that each writer learns at once that its
+    /// shard was deleted (and writes it again whole) or that someone else wrote it (and adopts
+    /// what they added). Without it both are found at the shard's next conflicting write.
+    pub fn watch_shards(&self) {
+        tokio::spawn(watch::watch_shards(
+            self.api.clone(),
+            self.selector.clone(),
+            self.writers.clone(),
+        ));
     }
 
     /// Makes the operation durable and marks it busy for the caller; CreateVolume may be sent
@@ -159,12 +152,12 @@ impl Journal {
     ) -> Result<(Busy<'_>, Operation), JournalError> {
         let volume_name = operation.volume_name.clone();
         let record = OperationRecord::from_operation(&operation, Timestamp::now());
-        let busy = match self.registry.reserve(operation.clone())? {
+        let busy = match self.holdings.registry.reserve(operation.clone())? {
             Reservation::Recorded(busy, recorded) => return Ok((busy, *recorded)),
             Reservation::Fresh(busy) => busy,
         };
         let (durable, stored) = oneshot::channel();
-        let shard = self.placement().place(&volume_name);
+        let shard = self.placement().place(&volume_name, record.stored_size());
         let written = match self.queue(shard, Change::Upsert(record), Some(durable)) {
             Ok(()) => match tokio::time::timeout(self.record_timeout, stored).await {
                 Ok(Ok(())) => Ok(()),
@@ -175,13 +168,13 @@ impl Journal {
         };
         match written {
             Ok(()) => {
-                self.registry.confirm(&volume_name);
+                self.holdings.registry.confirm(&volume_name);
                 Ok((busy, operation))
             }
             // Nothing was sent. Should the write still land, the next attempt's write replaces
             // it, or recovery after a restart finds it and replays it (idempotent).
             Err(error) => {
-                self.registry.abandon(&volume_name);
+                self.holdings.registry.abandon(&volume_name);
                 Err(error)
             }
         }
@@ -190,7 +183,7 @@ impl Journal {
     /// The outcome is safe: forget the operation. Not waited for: if the process dies before
     /// the removal is stored, recovery finds the PV (or the final answer) again.
     pub fn complete(&self, volume_name: &str) {
-        self.registry.complete(volume_name);
+        self.holdings.registry.complete(volume_name);
         if let Some(shard) = self.placement().release(volume_name) {
             let change = Change::Remove {
                 volume_name: volume_name.to_owned(),
@@ -210,6 +203,7 @@ impl Journal {
         error: &str,
     ) -> bool {
         let keep = self
+            .holdings
             .registry
             .keep_after_failure(volume_name, may_have_created);
         if keep {
@@ -236,8 +230,9 @@ impl Journal {
     /// Stores every change still queued, removals included, waiting at most `timeout`: at a
     /// graceful exit, so the next leader replays no operation that is already over.
     pub async fn flush(&self, timeout: Duration) {
-        let mut stored = Vec::with_capacity(self.shards.len());
-        for shard in 0..self.shards.len() {
+        let shards = self.writers.started();
+        let mut stored = Vec::with_capacity(shards.len());
+        for shard in shards {
             let (durable, done) = oneshot::channel();
             if self.queue(shard, Change::Flush, Some(durable)).is_ok() {
                 stored.push(done);
@@ -255,7 +250,7 @@ impl Journal {
     }
 
     pub fn registry(&self) -> &Registry {
-        &self.registry
+        &self.holdings.registry
     }
 
     pub fn namespace(&self) -> &str {
@@ -264,11 +259,12 @@ impl Journal {
 
     /// The shard object holding a volume's operation: what events about orphans regard.
     pub fn shard_reference(&self, volume_name: &str) -> ObjectReference {
+        let shard = self.placement().locate(volume_name).unwrap_or(0);
         ObjectReference {
             api_version: Some(ProvisioningJournal::api_version(&()).into_owned()),
             kind: Some(ProvisioningJournal::kind(&()).into_owned()),
             namespace: Some(self.namespace.clone()),
-            name: Some(self.shard_names[self.placement().locate(volume_name).unwrap_or(0)].clone()),
+            name: Some(self.writers.name(shard)),
             ..ObjectReference::default()
         }
     }
@@ -279,16 +275,15 @@ impl Journal {
         change: Change,
         durable: Option<oneshot::Sender<()>>,
     ) -> Result<(), JournalError> {
-        self.shards[shard]
-            .send(Queued { change, durable })
-            .map_err(|_| JournalError::WriterGone)
+        if self.writers.queue(shard, Queued { change, durable }) {
+            Ok(())
+        } else {
+            Err(JournalError::WriterGone)
+        }
     }
 
     fn placement(&self) -> MutexGuard<'_, Placement> {
-        // The placement is plain data, consistent even if a holder panicked.
-        self.placement
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.holdings.placement()
     }
 }
 

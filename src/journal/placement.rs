@@ -1,85 +1,102 @@
 //! Which shard holds each operation. A new operation goes to the shard being filled while it
 //! has room, so that while few operations are in flight they all share one shard, and so its
-//! writes (group commit): spreading them over every shard would cost one write per shard. The
-//! other shards take the overflow, which keeps each object small. A full shard hands over to
-//! the next one with room, and stays behind it even when its own operations complete: going
-//! back to it for every few operations it frees would cost its own write each time, while the
-//! shard being filled is written anyway (a burst of 1,000 claims at the default QPS cost 5
-//! such extra writes of 3 or 4 operations each).
+//! writes (group commit): spreading them over every shard would cost one write per shard. A
+//! full shard hands over to the next one with room, and stays behind it even when its own
+//! operations complete: going back to it for every few operations it frees would cost its own
+//! write each time, while the shard being filled is written anyway (a burst of 1,000 claims at
+//! the default QPS cost 5 such extra writes of 3 or 4 operations each). When no shard has room
+//! a new one is opened, so however many operations are in flight each shard object stays far
+//! below the API server's size limit (about 1.5 MiB per object in etcd): 10,000 operations
+//! take about 80 shards of 128.
 
 use std::collections::HashMap;
 
-/// Operations a shard takes before new ones spill to the next (at ~300–600 bytes each, a
-/// full shard is well under 100 KB).
+/// Operations a shard takes before new ones go to the next (at ~300–600 bytes each, a full
+/// shard is under 100 KB).
 pub const SHARD_CAPACITY: usize = 128;
+/// Bytes of records a shard takes before new ones go to the next, whatever their number:
+/// a StorageClass may carry large parameters. One record larger than this still gets a shard
+/// of its own.
+pub const SHARD_BYTES: usize = 256 * 1024;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Placement {
-    shard_of: HashMap<String, usize>,
-    counts: Vec<usize>,
+    shard_of: HashMap<String, Placed>,
+    shards: Vec<Load>,
     /// The shard new operations go to while it has room.
     filling: usize,
 }
 
-impl Placement {
-    pub fn new(shards: usize) -> Self {
-        Self {
-            shard_of: HashMap::new(),
-            counts: vec![0; shards.max(1)],
-            filling: 0,
-        }
-    }
+#[derive(Clone, Copy, Debug)]
+struct Placed {
+    shard: usize,
+    bytes: usize,
+}
 
-    /// Where the operation of `volume_name` is, placing it if it is new: the shard being
-    /// filled while it is below [`SHARD_CAPACITY`], else the next one below it (which is
-    /// filled from then on), else the least loaded.
-    pub fn place(&mut self, volume_name: &str) -> usize {
-        if let Some(&shard) = self.shard_of.get(volume_name) {
-            return shard;
+#[derive(Clone, Copy, Debug, Default)]
+struct Load {
+    operations: usize,
+    bytes: usize,
+}
+
+impl Load {
+    fn has_room_for(self, bytes: usize) -> bool {
+        self.operations == 0
+            || (self.operations < SHARD_CAPACITY && self.bytes + bytes <= SHARD_BYTES)
+    }
+}
+
+impl Placement {
+    /// Where the operation of `volume_name`, whose record takes `bytes`, is, placing it if it
+    /// is new: the shard being filled while it has room, else the next one with room (which
+    /// is filled from then on), else a new shard.
+    pub fn place(&mut self, volume_name: &str, bytes: usize) -> usize {
+        if let Some(placed) = self.shard_of.get(volume_name) {
+            return placed.shard;
         }
-        let shards = self.counts.len();
-        let with_room = (0..shards)
+        let shards = self.shards.len();
+        let shard = (0..shards)
             .map(|step| (self.filling + step) % shards)
-            .find(|&shard| self.counts[shard] < SHARD_CAPACITY);
-        let shard = match with_room {
-            Some(shard) => {
-                self.filling = shard;
-                shard
-            }
-            None => self.least_loaded(),
-        };
-        self.put(volume_name, shard);
+            .find(|&shard| self.shards[shard].has_room_for(bytes))
+            .unwrap_or(shards);
+        self.filling = shard;
+        self.put(volume_name, Placed { shard, bytes });
         shard
     }
 
-    /// Records where a recovered operation was found. Shards this build does not write
-    /// (`shard` out of range) count as the last one.
-    pub fn restore(&mut self, volume_name: &str, shard: usize) {
+    /// Records where a recovered operation was found.
+    pub fn restore(&mut self, volume_name: &str, shard: usize, bytes: usize) {
         if !self.shard_of.contains_key(volume_name) {
-            self.put(volume_name, shard.min(self.counts.len() - 1));
+            self.put(volume_name, Placed { shard, bytes });
         }
     }
 
     pub fn locate(&self, volume_name: &str) -> Option<usize> {
-        self.shard_of.get(volume_name).copied()
+        self.shard_of.get(volume_name).map(|placed| placed.shard)
     }
 
     /// Forgets the operation; returns the shard that held it.
     pub fn release(&mut self, volume_name: &str) -> Option<usize> {
-        let shard = self.shard_of.remove(volume_name)?;
-        self.counts[shard] = self.counts[shard].saturating_sub(1);
-        Some(shard)
+        let placed = self.shard_of.remove(volume_name)?;
+        let load = &mut self.shards[placed.shard];
+        load.operations = load.operations.saturating_sub(1);
+        load.bytes = load.bytes.saturating_sub(placed.bytes);
+        Some(placed.shard)
     }
 
-    fn put(&mut self, volume_name: &str, shard: usize) {
-        self.shard_of.insert(volume_name.to_owned(), shard);
-        self.counts[shard] += 1;
+    /// Makes room for shards up to `shard` (one found in the API server, or opened).
+    pub fn know(&mut self, shard: usize) {
+        if self.shards.len() <= shard {
+            self.shards.resize(shard + 1, Load::default());
+        }
     }
 
-    fn least_loaded(&self) -> usize {
-        (0..self.counts.len())
-            .min_by_key(|&shard| self.counts[shard])
-            .unwrap_or(0)
+    fn put(&mut self, volume_name: &str, placed: Placed) {
+        self.know(placed.shard);
+        let load = &mut self.shards[placed.shard];
+        load.operations += 1;
+        load.bytes += placed.bytes;
+        self.shard_of.insert(volume_name.to_owned(), placed);
     }
 }
 
@@ -87,29 +104,34 @@ impl Placement {
 mod tests {
     use super::*;
 
+    /// A typical record's size.
+    const RECORD: usize = 500;
+
     fn names(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("pvc-{i}")).collect()
     }
 
+    fn place_all(placement: &mut Placement, names: &[String]) -> Vec<usize> {
+        names
+            .iter()
+            .map(|name| placement.place(name, RECORD))
+            .collect()
+    }
+
     #[test]
     fn operations_fill_the_first_shard_before_the_next() {
-        let mut placement = Placement::new(8);
-        let shards: Vec<usize> = names(SHARD_CAPACITY + 2)
-            .iter()
-            .map(|name| placement.place(name))
-            .collect();
+        let mut placement = Placement::default();
+        let shards = place_all(&mut placement, &names(SHARD_CAPACITY + 2));
         assert!(shards[..SHARD_CAPACITY].iter().all(|&shard| shard == 0));
         assert_eq!(shards[SHARD_CAPACITY..], [1, 1]);
     }
 
     #[test]
     fn an_operation_stays_where_it_was_placed_until_released() {
-        let mut placement = Placement::new(8);
-        for name in names(SHARD_CAPACITY) {
-            placement.place(&name);
-        }
-        assert_eq!(placement.place("pvc-late"), 1);
-        assert_eq!(placement.place("pvc-late"), 1, "placed once");
+        let mut placement = Placement::default();
+        place_all(&mut placement, &names(SHARD_CAPACITY));
+        assert_eq!(placement.place("pvc-late", RECORD), 1);
+        assert_eq!(placement.place("pvc-late", RECORD), 1, "placed once");
         assert_eq!(placement.release("pvc-0"), Some(0));
         assert_eq!(placement.locate("pvc-late"), Some(1), "not moved");
         assert_eq!(placement.release("pvc-0"), None, "released once");
@@ -117,56 +139,67 @@ mod tests {
 
     #[test]
     fn a_full_shard_is_not_reused_before_the_one_being_filled_is_full() {
-        let mut placement = Placement::new(3);
-        for name in names(SHARD_CAPACITY) {
-            placement.place(&name);
-        }
-        assert_eq!(placement.place("pvc-late"), 1);
+        let mut placement = Placement::default();
+        place_all(&mut placement, &names(3 * SHARD_CAPACITY));
         placement.release("pvc-0");
+        placement.release(&format!("pvc-{SHARD_CAPACITY}"));
         assert_eq!(
-            placement.place("pvc-next"),
-            1,
-            "shard 1 is being filled; the room freed in shard 0 waits"
-        );
-        for i in 0..SHARD_CAPACITY - 2 {
-            assert_eq!(placement.place(&format!("pvc-fill-{i}")), 1);
-        }
-        assert_eq!(
-            placement.place("pvc-wrap"),
-            2,
-            "shard 1 is full: the next one with room"
-        );
-        for i in 0..SHARD_CAPACITY - 1 {
-            placement.place(&format!("pvc-third-{i}"));
-        }
-        assert_eq!(
-            placement.place("pvc-around"),
+            placement.place("pvc-next", RECORD),
             0,
-            "after the last shard, the search goes round to the room in shard 0"
+            "shard 2 is full: the search goes round to the room in shard 0"
         );
+        assert_eq!(
+            placement.place("pvc-after", RECORD),
+            1,
+            "shard 0 is full again: the room in shard 1, before a new shard"
+        );
+        assert_eq!(placement.place("pvc-new", RECORD), 3, "a new shard");
+        placement.release("pvc-1");
+        assert_eq!(
+            placement.place("pvc-more", RECORD),
+            3,
+            "the shard being filled keeps taking operations while it has room"
+        );
+    }
+
+    #[test]
+    fn ten_thousand_operations_keep_every_shard_small() {
+        let mut placement = Placement::default();
+        place_all(&mut placement, &names(10_000));
+        assert_eq!(
+            placement.shards.len(),
+            10_000_usize.div_ceil(SHARD_CAPACITY)
+        );
+        let largest = placement.shards.iter().map(|load| load.bytes).max();
+        assert_eq!(largest, Some(SHARD_CAPACITY * RECORD));
+    }
+
+    #[test]
+    fn large_records_fill_a_shard_by_bytes_not_by_count() {
+        let mut placement = Placement::default();
+        let large = SHARD_BYTES / 3;
+        let shards: Vec<usize> = names(4)
+            .iter()
+            .map(|name| placement.place(name, large))
+            .collect();
+        assert_eq!(shards, [0, 0, 0, 1]);
+        assert_eq!(
+            placement.place("pvc-huge", 2 * SHARD_BYTES),
+            2,
+            "a record larger than the budget gets a shard of its own"
+        );
+        assert_eq!(placement.place("pvc-small", RECORD), 1);
     }
 
     #[test]
     fn recovered_operations_count_where_they_were_found() {
-        let mut placement = Placement::new(2);
+        let mut placement = Placement::default();
         for name in names(SHARD_CAPACITY) {
-            placement.restore(&name, 0);
+            placement.restore(&name, 0, RECORD);
         }
-        placement.restore("pvc-elsewhere", 1);
-        placement.restore("pvc-old-layout", 9);
-        assert_eq!(placement.locate("pvc-old-layout"), Some(1));
-        assert_eq!(placement.place("pvc-new"), 1);
-    }
-
-    #[test]
-    fn when_every_shard_is_full_the_least_loaded_takes_more() {
-        let mut placement = Placement::new(2);
-        for name in names(2 * SHARD_CAPACITY) {
-            placement.place(&name);
-        }
-        assert_eq!(placement.place("pvc-a"), 0);
-        assert_eq!(placement.place("pvc-b"), 1);
-        assert_eq!(placement.release("pvc-1"), Some(0));
-        assert_eq!(placement.place("pvc-c"), 0, "the least loaded again");
+        placement.restore("pvc-far", 9, RECORD);
+        assert_eq!(placement.locate("pvc-far"), Some(9));
+        assert_eq!(placement.shards.len(), 10);
+        assert_eq!(placement.place("pvc-new", RECORD), 1, "the first with room");
     }
 }

@@ -168,6 +168,14 @@ impl OperationRecord {
         }
     }
 
+    /// The room the record takes in a shard: its JSON, plus a last error it may gain later.
+    pub fn stored_size(&self) -> usize {
+        let json = serde_json::to_vec(self).map_or(0, |json| json.len());
+        let error_room =
+            MAX_ERROR_LEN.saturating_sub(self.last_error.as_ref().map_or(0, String::len));
+        json + error_room
+    }
+
     /// The operation as the controllers use it. Fails on a record this build cannot replay
     /// exactly (such a record is kept untouched for a newer build or a human).
     pub fn to_operation(&self) -> Result<Operation, RecordError> {

@@ -152,16 +152,23 @@ impl Registry {
         }
     }
 
-    /// Restores an operation read back from the journal at start-up. The process that
-    /// recorded it may have sent CreateVolume, so its volume may exist.
-    pub fn restore(&self, operation: Operation) {
+    /// Takes in an operation read from the journal that this process did not record: at
+    /// start-up, or written by someone else since (a previous leader, an admin). Whoever
+    /// recorded it may have sent CreateVolume, so its volume may exist. An operation already
+    /// known is left as it is; returns whether this one was taken in.
+    pub fn adopt(&self, operation: Operation) -> bool {
+        let mut state = self.lock();
+        if state.entries.contains_key(&operation.volume_name) {
+            return false;
+        }
         let entry = Entry {
             operation,
             stage: Stage::Recorded { may_exist: true },
         };
-        self.lock()
+        state
             .entries
             .insert(entry.operation.volume_name.clone(), entry);
+        true
     }
 
     /// After a failed CreateVolume or replay: whether the operation must stay recorded. It
@@ -304,11 +311,24 @@ mod tests {
             "a final error after a timeout proves nothing"
         );
 
-        registry.restore(operation("pvc-3", "a", "x"));
+        assert!(registry.adopt(operation("pvc-3", "a", "x")));
         assert!(
             registry.keep_after_failure("pvc-3", false),
             "a recovered operation may have been sent by the last process"
         );
+    }
+
+    #[test]
+    fn an_adopted_operation_never_replaces_one_already_known() {
+        let registry = Registry::default();
+        recorded(&registry, operation("pvc-1", "a", "mine"));
+        assert!(!registry.adopt(operation("pvc-1", "b", "theirs")));
+        match registry.reserve(operation("pvc-1", "a", "again")) {
+            Ok(Reservation::Recorded(_, kept)) => {
+                assert_eq!(kept.request.parameters["type"], "mine")
+            }
+            _ => panic!("the operation recorded here is kept"),
+        }
     }
 
     #[test]

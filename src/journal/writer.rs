@@ -15,15 +15,18 @@
 //! burst larger than a shard fills the shards one after the other, and each would otherwise
 //! write its first record alone as soon as it got one.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-use super::record::{Change, ProvisioningJournal, ProvisioningJournalSpec, apply};
+use super::holdings::Holdings;
+use super::record::{Change, ProvisioningJournal};
+use super::shard::ShardState;
 use crate::kube_client::RateLimitLayer;
 
 /// A change and, for writes the caller must wait for, where to say it is durable.
@@ -82,40 +85,66 @@ impl WriteSlots {
     }
 }
 
+/// What the watch of the shards saw of one shard.
+#[derive(Debug)]
+pub(super) enum Observed {
+    /// The shard at this resourceVersion.
+    Version(String),
+    /// The shard was deleted, or a fresh list of the shards did not have it.
+    Missing,
+}
+
 pub(super) struct ShardWriter {
     /// A client without a rate limiter: each request takes its token from `rate_limit`
     /// before the batch is gathered.
     pub api: Api<ProvisioningJournal>,
     pub rate_limit: RateLimitLayer,
     pub name: String,
-    pub driver: String,
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// The shard as last read or written; `None` if it does not exist yet.
-    pub current: Option<ProvisioningJournal>,
+    pub index: usize,
+    pub labels: BTreeMap<String, String>,
+    pub state: ShardState,
     /// Shared by every shard of the journal.
     pub slots: WriteSlots,
+    /// Where records written by someone else are adopted.
+    pub holdings: Arc<Holdings>,
 }
 
 impl ShardWriter {
-    pub async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Queued>) {
+    pub async fn run(
+        mut self,
+        mut queue: mpsc::UnboundedReceiver<Queued>,
+        mut observed: mpsc::UnboundedReceiver<Observed>,
+    ) {
         // Changes nobody waits for (removals, failure notes) ride along with the next urgent
         // write, or are flushed after `LAZY_FLUSH` if none comes.
         let mut lazy: Vec<Queued> = Vec::new();
         let mut flush_at: Option<Instant> = None;
         loop {
-            let next = match flush_at {
-                Some(deadline) => tokio::select! {
-                    next = queue.recv() => next,
-                    () = self.lazy_flush_due(deadline) => {
-                        self.commit_all(std::mem::take(&mut lazy), &mut queue).await;
+            let lazy_due = async {
+                match flush_at {
+                    Some(deadline) => self.lazy_flush_due(deadline).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let next = tokio::select! {
+                next = queue.recv() => next,
+                Some(seen) = observed.recv() => {
+                    if self.reread_needed(&seen) && self.reread().await {
+                        // The shard lacks what we hold (deleted, or overwritten): write it
+                        // whole now, whatever is held back rides along.
+                        self.commit_all(std::mem::take(&mut lazy), &mut queue, true).await;
                         flush_at = None;
-                        continue;
                     }
-                },
-                None => queue.recv().await,
+                    continue;
+                }
+                () = lazy_due => {
+                    self.commit_all(std::mem::take(&mut lazy), &mut queue, false).await;
+                    flush_at = None;
+                    continue;
+                }
             };
             let Some(queued) = next else {
-                self.commit_all(lazy, &mut queue).await;
+                self.commit_all(lazy, &mut queue, false).await;
                 return;
             };
             if queued.change == Change::Flush && lazy.is_empty() {
@@ -133,7 +162,7 @@ impl ShardWriter {
             let mut batch = std::mem::take(&mut lazy);
             batch.push(queued);
             flush_at = None;
-            self.commit_all(batch, &mut queue).await;
+            self.commit_all(batch, &mut queue, false).await;
         }
     }
 
@@ -142,15 +171,24 @@ impl ShardWriter {
         self.rate_limit.yield_since(deadline).await;
     }
 
+    fn reread_needed(&self, seen: &Observed) -> bool {
+        match seen {
+            Observed::Version(version) => self.state.needs_reread(Some(version)),
+            Observed::Missing => self.state.needs_reread(None),
+        }
+    }
+
+    /// `force`: write even if the batch changes nothing (the shard lacks what is held).
     async fn commit_all(
         &mut self,
         mut batch: Vec<Queued>,
         queue: &mut mpsc::UnboundedReceiver<Queued>,
+        force: bool,
     ) {
-        if batch.is_empty() {
+        if batch.is_empty() && !force {
             return;
         }
-        self.commit(&mut batch, queue).await;
+        self.commit(&mut batch, queue, force).await;
         for queued in batch {
             if let Some(durable) = queued.durable {
                 let _ = durable.send(());
@@ -158,77 +196,219 @@ impl ShardWriter {
         }
     }
 
-    /// Writes the batch, retrying until it is stored. Changes queued until each attempt has
-    /// its token join it.
+    /// Writes everything held with the batch applied, retrying until the API server has
+    /// acknowledged it: a change somebody waits for is durable only then, even if it changes
+    /// nothing held (the shard may have been deleted since it was last written). Changes
+    /// queued until each attempt has its token join it.
     async fn commit(
         &mut self,
         batch: &mut Vec<Queued>,
         queue: &mut mpsc::UnboundedReceiver<Queued>,
+        force: bool,
     ) {
         let mut delay = RETRY_START;
+        let mut applied = 0;
+        let mut needed = force;
         loop {
             self.slots.next().await;
             self.rate_limit.acquire().await;
             while let Ok(more) = queue.try_recv() {
                 batch.push(more);
             }
-            let changes: Vec<Change> = batch.iter().map(|queued| queued.change.clone()).collect();
-            let mut object = self.current.clone().unwrap_or_else(|| self.empty());
-            if !apply(&mut object.spec, &changes) {
+            let changes: Vec<Change> = batch[applied..]
+                .iter()
+                .map(|queued| queued.change.clone())
+                .collect();
+            applied = batch.len();
+            needed |= self.state.apply(&changes);
+            needed |= batch.iter().any(|queued| queued.durable.is_some());
+            if !needed {
                 return;
             }
-            let result = match &self.current {
-                Some(_) => {
-                    self.api
-                        .replace(&self.name, &PostParams::default(), &object)
-                        .await
-                }
-                None => self.api.create(&PostParams::default(), &object).await,
+            let object = self.state.to_write(&self.name, &self.labels);
+            let result = if self.state.exists() {
+                self.api
+                    .replace(&self.name, &PostParams::default(), &object)
+                    .await
+            } else {
+                self.api.create(&PostParams::default(), &object).await
             };
             match result {
                 Ok(stored) => {
                     debug!(
                         shard = self.name,
-                        changes = changes.len(),
+                        changes = batch.len(),
                         "journal shard written"
                     );
-                    self.current = Some(stored);
+                    self.state.written(stored);
                     return;
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 => {
-                    // Another writer (a previous leader) got there first: start from its state.
-                    self.refresh().await;
+                    // Someone else wrote it (a previous leader, an admin): take in what they
+                    // added, then write again.
+                    self.reread().await;
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 && self.state.exists() => {
+                    warn!(
+                        shard = self.name,
+                        "journal shard deleted behind our back; writing it again whole"
+                    );
+                    self.state.lost();
                 }
                 Err(error) => {
                     warn!(shard = self.name, %error, retry_in = ?delay, "journal write failed");
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(RETRY_MAX);
-                    self.refresh().await;
+                    self.reread().await;
                 }
             }
         }
     }
 
-    async fn refresh(&mut self) {
+    /// Reads the shard back and adopts what someone else wrote. Returns whether the API
+    /// server lacks something held, so that a write is due.
+    async fn reread(&mut self) -> bool {
         self.rate_limit.acquire().await;
-        match self.api.get_opt(&self.name).await {
-            Ok(current) => self.current = current,
-            Err(error) => warn!(shard = self.name, %error, "journal shard read failed"),
+        let found = match self.api.get_opt(&self.name).await {
+            Ok(found) => found,
+            Err(error) => {
+                warn!(shard = self.name, %error, "journal shard read failed");
+                return false;
+            }
+        };
+        let spec = found.as_ref().map(|shard| shard.spec.clone());
+        let found = self.state.reread(found).found;
+        if !found.is_empty() {
+            info!(
+                shard = self.name,
+                operations = found.len(),
+                "the journal shard holds operations written by someone else; taking them in"
+            );
+        }
+        for record in found {
+            if self.holdings.adopt(&record, self.index) {
+                self.state.keep(record);
+            }
+        }
+        self.state.differs_from(spec.as_ref())
+    }
+}
+
+/// The shard writers of one journal, one task each, opened when a shard is first needed or
+/// seen. Each is named `<base name>-<index>`.
+pub(super) struct Writers {
+    api: Api<ProvisioningJournal>,
+    rate_limit: RateLimitLayer,
+    base_name: String,
+    driver: String,
+    labels: BTreeMap<String, String>,
+    slots: WriteSlots,
+    holdings: Arc<Holdings>,
+    open: Mutex<Vec<Option<WriterHandle>>>,
+}
+
+#[derive(Clone)]
+struct WriterHandle {
+    changes: mpsc::UnboundedSender<Queued>,
+    observed: mpsc::UnboundedSender<Observed>,
+}
+
+/// Shards beyond this index are not ours to write (at 128 operations each, 4,096 shards hold
+/// half a million operations in flight).
+pub(super) const MAX_SHARDS: usize = 4096;
+
+/// The index of shard `name` of journal `base_name`, if it is one.
+pub(super) fn shard_index(name: &str, base_name: &str) -> Option<usize> {
+    name.strip_prefix(base_name)?
+        .strip_prefix('-')?
+        .parse::<usize>()
+        .ok()
+        .filter(|index| *index < MAX_SHARDS)
+}
+
+impl Writers {
+    /// `labels` go on every shard created.
+    pub fn new(
+        api: Api<ProvisioningJournal>,
+        rate_limit: RateLimitLayer,
+        base_name: &str,
+        driver: &str,
+        labels: BTreeMap<String, String>,
+        holdings: Arc<Holdings>,
+    ) -> Self {
+        let slots = WriteSlots::new(write_spacing(rate_limit.token_interval()));
+        Writers {
+            api,
+            rate_limit,
+            base_name: base_name.to_owned(),
+            driver: driver.to_owned(),
+            labels,
+            slots,
+            holdings,
+            open: Mutex::new(Vec::new()),
         }
     }
 
-    fn empty(&self) -> ProvisioningJournal {
-        ProvisioningJournal {
-            metadata: ObjectMeta {
-                name: Some(self.name.clone()),
-                labels: Some(self.labels.clone()),
-                ..ObjectMeta::default()
-            },
-            spec: ProvisioningJournalSpec {
-                driver: self.driver.clone(),
-                ..ProvisioningJournalSpec::default()
-            },
+    /// The index of shard `name`, if it is one of this journal's.
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        shard_index(name, &self.base_name)
+    }
+
+    pub fn name(&self, index: usize) -> String {
+        format!("{}-{index}", self.base_name)
+    }
+
+    /// Starts the writer of a shard found at start-up, holding what it holds.
+    pub fn start(&self, index: usize, loaded: ProvisioningJournal) {
+        self.handle(index, Some(loaded));
+    }
+
+    /// Whether the shard's writer took the change (it is gone only if its task panicked).
+    pub fn queue(&self, index: usize, queued: Queued) -> bool {
+        self.handle(index, None).changes.send(queued).is_ok()
+    }
+
+    pub fn observe(&self, index: usize, seen: Observed) {
+        let _ = self.handle(index, None).observed.send(seen);
+    }
+
+    /// Indices of the shards that have a writer.
+    pub fn started(&self) -> Vec<usize> {
+        let open = self.lock();
+        (0..open.len())
+            .filter(|&index| open[index].is_some())
+            .collect()
+    }
+
+    fn handle(&self, index: usize, loaded: Option<ProvisioningJournal>) -> WriterHandle {
+        let mut open = self.lock();
+        if open.len() <= index {
+            open.resize(index + 1, None);
         }
+        if let Some(handle) = &open[index] {
+            return handle.clone();
+        }
+        let (changes, queue) = mpsc::unbounded_channel();
+        let (observed, seen) = mpsc::unbounded_channel();
+        let writer = ShardWriter {
+            api: self.api.clone(),
+            rate_limit: self.rate_limit.clone(),
+            name: self.name(index),
+            index,
+            labels: self.labels.clone(),
+            state: ShardState::new(&self.driver, loaded),
+            slots: self.slots.clone(),
+            holdings: self.holdings.clone(),
+        };
+        tokio::spawn(writer.run(queue, seen));
+        let handle = WriterHandle { changes, observed };
+        open[index] = Some(handle.clone());
+        handle
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<WriterHandle>>> {
+        // A list of channel ends, consistent even if a holder panicked.
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -266,17 +446,11 @@ mod tests {
         let mut queues = Vec::new();
         let mut writers = Vec::new();
         for index in 0..shard_count {
-            let writer = ShardWriter {
-                api: api.clone(),
-                rate_limit: rate_limit.clone(),
-                name: format!("journal-{index}"),
-                driver: "d".to_owned(),
-                labels: std::collections::BTreeMap::new(),
-                current: None,
-                slots: slots.clone(),
-            };
+            let writer = writer(&api, &rate_limit, &slots, index, None);
             let (queue, receiver) = mpsc::unbounded_channel();
-            writers.push(tokio::spawn(writer.run(receiver)));
+            writers.push(tokio::spawn(
+                writer.run(receiver, mpsc::unbounded_channel().1),
+            ));
             queues.push(queue);
         }
         drop(api);
@@ -325,25 +499,206 @@ mod tests {
         assert_eq!(writes_for(&shards, ms(10), ms(200)).await, 2);
     }
 
-    /// A writer of shard `journal-0` against an API server that answers nothing: any request
-    /// it sends hangs, so a test that finishes proves none was sent.
-    fn silent_writer(
+    /// The writer of shard `journal-<index>` of driver `d`, holding `loaded`.
+    fn writer(
+        api: &Api<ProvisioningJournal>,
+        rate_limit: &RateLimitLayer,
+        slots: &WriteSlots,
+        index: usize,
+        loaded: Option<ProvisioningJournal>,
+    ) -> ShardWriter {
+        ShardWriter {
+            api: api.clone(),
+            rate_limit: rate_limit.clone(),
+            name: format!("journal-{index}"),
+            index,
+            labels: BTreeMap::new(),
+            state: ShardState::new("d", loaded),
+            slots: slots.clone(),
+            holdings: Arc::default(),
+        }
+    }
+
+    type ApiServer = mock::Handle<http::Request<Body>, http::Response<Body>>;
+
+    /// A writer of shard `journal-0`, holding `loaded`, and the API server it talks to, which
+    /// answers only what a test tells it to (a request nobody answers hangs).
+    fn writer_and_apiserver(
         slots: WriteSlots,
-    ) -> (
-        ShardWriter,
-        mock::Handle<http::Request<Body>, http::Response<Body>>,
-    ) {
+        loaded: Option<ProvisioningJournal>,
+    ) -> (ShardWriter, ApiServer) {
         let (service, handle) = mock::pair::<http::Request<Body>, http::Response<Body>>();
-        let writer = ShardWriter {
-            api: Api::namespaced(ClientBuilder::new(service, "default").build(), "default"),
-            rate_limit: RateLimitLayer::from_flags(5.0, 10),
-            name: "journal-0".to_owned(),
-            driver: "driver".to_owned(),
-            labels: Default::default(),
-            current: None,
-            slots,
+        let api = Api::namespaced(ClientBuilder::new(service, "default").build(), "default");
+        let rate_limit = RateLimitLayer::from_flags(5.0, 10);
+        (writer(&api, &rate_limit, &slots, 0, loaded), handle)
+    }
+
+    /// The next request: its method and path, and its body as a shard (`None` without one).
+    async fn next_request(
+        apiserver: &mut ApiServer,
+    ) -> (
+        String,
+        Option<ProvisioningJournal>,
+        tower_test::mock::SendResponse<http::Response<Body>>,
+    ) {
+        let (request, send) = apiserver.next_request().await.expect("a request");
+        let line = format!("{} {}", request.method(), request.uri().path());
+        let body = request.into_body().collect_bytes().await.expect("body");
+        (line, serde_json::from_slice(&body).ok(), send)
+    }
+
+    fn answer(
+        send: tower_test::mock::SendResponse<http::Response<Body>>,
+        status: u16,
+        body: String,
+    ) {
+        let mut response = http::Response::new(Body::from(body.into_bytes()));
+        *response.status_mut() = http::StatusCode::from_u16(status).expect("status");
+        send.send_response(response);
+    }
+
+    fn not_found() -> String {
+        serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "NotFound", "code": 404, "message": "not found",
+        })
+        .to_string()
+    }
+
+    /// Shard `journal-0` at `version`, holding `records`.
+    fn shard(version: &str, records: Vec<OperationRecord>) -> ProvisioningJournal {
+        let mut shard = ProvisioningJournal::new(
+            "journal-0",
+            super::super::record::ProvisioningJournalSpec {
+                driver: "d".to_owned(),
+                operations: records,
+                ..Default::default()
+            },
+        );
+        shard.metadata.resource_version = Some(version.to_owned());
+        shard
+    }
+
+    fn record(volume: &str) -> OperationRecord {
+        let operation = crate::journal::Operation {
+            volume_name: volume.to_owned(),
+            claim_namespace: "ns".to_owned(),
+            claim_name: volume.to_owned(),
+            claim_uid: format!("uid-{volume}"),
+            class_name: "fast".to_owned(),
+            request: crate::csi::CreateVolumeRequest {
+                name: volume.to_owned(),
+                ..Default::default()
+            },
+            provisioner_secret: None,
         };
-        (writer, handle)
+        OperationRecord::from_operation(&operation, k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+    }
+
+    fn volumes(shard: &ProvisioningJournal) -> Vec<&str> {
+        shard
+            .spec
+            .operations
+            .iter()
+            .map(|record| record.volume_name.as_str())
+            .collect()
+    }
+
+    fn durable(change: Change) -> (Queued, oneshot::Receiver<()>) {
+        let (sender, stored) = oneshot::channel();
+        let queued = Queued {
+            change,
+            durable: Some(sender),
+        };
+        (queued, stored)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shard_deleted_behind_our_back_is_created_again_with_every_record_held() {
+        let loaded = shard("1", vec![record("pvc-a"), record("pvc-b")]);
+        let (writer, mut apiserver) =
+            writer_and_apiserver(WriteSlots::new(MIN_WRITE_SPACING), Some(loaded));
+        let (queue, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(writer.run(receiver, mpsc::unbounded_channel().1));
+        let (upsert, mut stored) = durable(Change::Upsert(record("pvc-c")));
+        queue.send(upsert).expect("writer running");
+
+        let (line, _, send) = next_request(&mut apiserver).await;
+        assert_eq!(
+            line,
+            "PUT /apis/provisioner.csi-rs.dev/v1alpha1/namespaces/default/provisioningjournals/journal-0"
+        );
+        answer(send, 404, not_found());
+        let (line, body, send) = next_request(&mut apiserver).await;
+        assert_eq!(
+            line,
+            "POST /apis/provisioner.csi-rs.dev/v1alpha1/namespaces/default/provisioningjournals"
+        );
+        let body = body.expect("a shard");
+        assert_eq!(
+            volumes(&body),
+            ["pvc-a", "pvc-b", "pvc-c"],
+            "rebuilt whole, not from the batch"
+        );
+        assert_eq!(body.metadata.resource_version, None);
+        assert!(
+            stored.try_recv().is_err(),
+            "not durable before the API server answers"
+        );
+        answer(send, 201, serde_json::to_string(&body).expect("json"));
+        stored.await.expect("durable once created");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_waited_for_is_durable_only_once_written_even_if_it_changes_nothing_held() {
+        let loaded = shard("1", vec![record("pvc-a")]);
+        let (writer, mut apiserver) =
+            writer_and_apiserver(WriteSlots::new(MIN_WRITE_SPACING), Some(loaded));
+        let (queue, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(writer.run(receiver, mpsc::unbounded_channel().1));
+        let (upsert, stored) = durable(Change::Upsert(record("pvc-a")));
+        queue.send(upsert).expect("writer running");
+
+        let (line, body, send) = next_request(&mut apiserver).await;
+        assert!(line.starts_with("PUT "), "{line}");
+        let body = body.expect("a shard");
+        assert_eq!(body.metadata.resource_version.as_deref(), Some("1"));
+        answer(send, 200, serde_json::to_string(&body).expect("json"));
+        stored.await.expect("durable once acknowledged");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_someone_else_wrote_is_adopted_and_a_deleted_shard_rebuilt_at_once() {
+        let loaded = shard("1", vec![record("pvc-a")]);
+        let (writer, mut apiserver) =
+            writer_and_apiserver(WriteSlots::new(MIN_WRITE_SPACING), Some(loaded));
+        let holdings = writer.holdings.clone();
+        let (_queue, receiver) = mpsc::unbounded_channel();
+        let (observe, seen) = mpsc::unbounded_channel();
+        tokio::spawn(writer.run(receiver, seen));
+
+        observe
+            .send(Observed::Version("1".to_owned()))
+            .expect("running");
+        observe
+            .send(Observed::Version("2".to_owned()))
+            .expect("running");
+        let (line, _, send) = next_request(&mut apiserver).await;
+        assert!(
+            line.starts_with("GET "),
+            "version 1 is ours, version 2 is read: {line}"
+        );
+        let theirs = shard("2", vec![record("pvc-a"), record("pvc-x")]);
+        answer(send, 200, serde_json::to_string(&theirs).expect("json"));
+
+        observe.send(Observed::Missing).expect("running");
+        let (line, _, send) = next_request(&mut apiserver).await;
+        assert!(line.starts_with("GET "), "{line}");
+        assert!(holdings.registry.contains("pvc-x"), "adopted");
+        answer(send, 404, not_found());
+        let (line, body, _send) = next_request(&mut apiserver).await;
+        assert!(line.starts_with("POST "), "{line}");
+        assert_eq!(volumes(&body.expect("a shard")), ["pvc-a", "pvc-x"]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -351,9 +706,9 @@ mod tests {
         // Another shard has just written: a write of this one would wait for the spacing.
         let slots = WriteSlots::new(Duration::from_millis(200));
         slots.next().await;
-        let (writer, _apiserver) = silent_writer(slots);
+        let (writer, _apiserver) = writer_and_apiserver(slots, None);
         let (queue, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(writer.run(receiver));
+        tokio::spawn(writer.run(receiver, mpsc::unbounded_channel().1));
         let (durable, stored) = oneshot::channel();
         let flush = Queued {
             change: Change::Flush,

@@ -633,13 +633,11 @@ async fn the_consistency_default_applies_to_claims_without_the_annotation() {
 
 // ------------------------------------------------------------------------------ compatibility
 
-/// A record as the first journal format minimally wrote it (no formatVersion, phase, attempts,
-/// error or since), for a claim that does not exist and a volume that does: a sidecar started
-/// on it deletes the volume and the record.
-#[tokio::test]
-async fn a_record_of_the_first_format_is_recovered_at_start() {
-    let cluster = Cluster::new("journal-format1").await;
-    let driver = Driver::start(&[]).await;
+/// A volume created on the driver for a claim that does not exist, and its record as the first
+/// journal format minimally wrote it (no formatVersion, phase, attempts, error or since), in a
+/// shard of its own (`<driver>-5`) that an admin (or an older build) made by hand. Returns the
+/// volume's name and its id on the driver.
+async fn hand_made_orphan(cluster: &Cluster, driver: &Driver) -> (String, String) {
     let volume = format!("pvc-{}", uuid::Uuid::new_v4());
     let claim_uid = uuid::Uuid::new_v4().to_string();
     let request = csi::CreateVolumeRequest {
@@ -656,7 +654,7 @@ async fn a_record_of_the_first_format_is_recovered_at_start() {
         }],
         ..Default::default()
     };
-    let backend_volume = create_on_driver(&driver, request.clone()).await;
+    let backend_volume = create_on_driver(driver, request.clone()).await;
 
     let base = csi_provisioner::leader::lease_name(driver.name());
     // Recovery reads every shard; any of them may hold the record.
@@ -683,6 +681,36 @@ async fn a_record_of_the_first_format_is_recovered_at_start() {
         .create(&PostParams::default(), &object)
         .await
         .unwrap_or_else(|e| panic!("creating journal shard {shard}: {e}"));
+    (volume, backend_volume.volume_id)
+}
+
+/// Waits until the hand-made orphan is gone: its volume deleted, with the event naming its id.
+async fn wait_hand_made_orphan_deleted(
+    cluster: &Cluster,
+    driver: &Driver,
+    sidecar: &mut Sidecar,
+    (volume, volume_id): &(String, String),
+) {
+    cluster.wait_nothing_left(driver).await;
+    let event = cluster.wait_orphan_event(volume).await;
+    assert!(
+        event
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains(volume_id)),
+        "{event:?}"
+    );
+    assert_eq!(orphans_deleted_metric(sidecar).await, 1.0);
+    sidecar.assert_running();
+}
+
+/// A record of the first format, for a claim that does not exist and a volume that does: a
+/// sidecar started on it deletes the volume and the record.
+#[tokio::test]
+async fn a_record_of_the_first_format_is_recovered_at_start() {
+    let cluster = Cluster::new("journal-format1").await;
+    let driver = Driver::start(&[]).await;
+    let orphan = hand_made_orphan(&cluster, &driver).await;
     let stored = cluster.operations(&driver).await;
     assert_eq!(
         stored.len(),
@@ -691,17 +719,7 @@ async fn a_record_of_the_first_format_is_recovered_at_start() {
     );
 
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
-    cluster.wait_nothing_left(&driver).await;
-    let event = cluster.wait_orphan_event(&volume).await;
-    assert!(
-        event
-            .message
-            .as_deref()
-            .is_some_and(|m| m.contains(&backend_volume.volume_id)),
-        "{event:?}"
-    );
-    assert_eq!(orphans_deleted_metric(&mut sidecar).await, 1.0);
-    sidecar.assert_running();
+    wait_hand_made_orphan_deleted(&cluster, &driver, &mut sidecar, &orphan).await;
 }
 
 /// Every sidecar in a cluster sees every claim. The sidecar of another driver, whose default
@@ -1086,4 +1104,89 @@ async fn a_namespace_deleted_with_the_secret_of_an_orphan_is_not_kept() {
         .await;
     driver.clear_faults();
     cluster.wait_nothing_left(&driver).await;
+}
+
+// ------------------------------------------------------------------------------ shards touched by others
+
+/// `kubectl delete provisioningjournals --all` while operations are in flight: each shard is
+/// written again whole from memory at once, so a sidecar killed right after still finds every
+/// operation: the volumes of the claims deleted meanwhile are deleted, the others bound.
+#[tokio::test]
+async fn deleting_every_shard_under_load_loses_no_operation() {
+    let cluster = Cluster::new("journal-shards-deleted").await;
+    let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    let mut volumes = Vec::new();
+    for index in 0..6 {
+        let created = cluster.claim(&format!("data-{index}"), &class).await;
+        volumes.push(pv_name(&created));
+    }
+    for volume in &volumes {
+        wait_driver_has(&driver, volume).await;
+        cluster
+            .wait_operation(&driver, volume, "with a lost answer", |op| op.attempts >= 1)
+            .await;
+    }
+
+    let shards: Api<ProvisioningJournal> = Api::namespaced(cluster.client.clone(), cluster.ns());
+    shards
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting every journal shard: {e}"));
+    support::eventually("every operation to be stored again", TIMEOUT, || async {
+        let stored = journal_operations(&cluster.client, cluster.ns(), &driver).await?;
+        let missing: Vec<&String> = volumes
+            .iter()
+            .filter(|volume| !stored.iter().any(|op| &op.volume_name == *volume))
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("not in the journal: {missing:?}"))
+        }
+    })
+    .await;
+
+    // Only what is stored survives a SIGKILL.
+    for index in 0..3 {
+        cluster.delete_claim(&format!("data-{index}")).await;
+        cluster.wait_claim_gone(&format!("data-{index}")).await;
+    }
+    sidecar.kill().await;
+    driver.clear_faults();
+    sidecar.restart().await;
+    for (index, volume) in volumes.iter().enumerate().skip(3) {
+        let bound = wait_bound(&cluster.claims, &format!("data-{index}")).await;
+        assert_eq!(&pv_name(&bound), volume);
+    }
+    cluster.wait_nothing_in_journal(&driver).await;
+    let mut left: Vec<String> = driver.volumes().into_iter().map(|v| v.name).collect();
+    left.sort();
+    let mut bound = volumes[3..].to_vec();
+    bound.sort();
+    assert_eq!(
+        left, bound,
+        "the deleted claims' volumes are deleted, the others kept"
+    );
+    sidecar.assert_running();
+}
+
+/// An operation recorded by someone else while the sidecar runs (an admin, or a previous
+/// leader that wrote once more before it stopped) is taken in without a restart: here an
+/// orphan whose claim does not exist, whose volume the running sidecar deletes.
+#[tokio::test]
+async fn an_operation_written_by_someone_else_is_taken_in_without_a_restart() {
+    let cluster = Cluster::new("journal-adopt").await;
+    let driver = Driver::start(&[]).await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
+    // A claim seen through end to end: the journal was loaded before the record is made.
+    let class = cluster.class("journal", &driver, "Delete", &[]).await;
+    cluster.claim("data", &class).await;
+    wait_bound(&cluster.claims, "data").await;
+    cluster.delete_claim("data").await;
+    cluster.wait_nothing_left(&driver).await;
+
+    let orphan = hand_made_orphan(&cluster, &driver).await;
+    wait_hand_made_orphan_deleted(&cluster, &driver, &mut sidecar, &orphan).await;
 }

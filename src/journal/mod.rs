@@ -102,7 +102,7 @@ impl Journal {
             labels,
             holdings.clone(),
         ));
-        for shard in existing.items {
+        for mut shard in existing.items {
             let Some(index) = shard_index(&shard.name_any(), base_name) else {
                 warn!(
                     shard = shard.name_any(),
@@ -110,9 +110,12 @@ impl Journal {
                 );
                 continue;
             };
-            for record in &shard.spec.operations {
-                holdings.adopt(record, index);
-            }
+            // A record also found in an earlier shard stays there only: this copy goes with
+            // the shard's next write.
+            shard
+                .spec
+                .operations
+                .retain(|record| holdings.adopt(record, index));
             holdings.placement().know(index);
             writers.start(index, shard);
         }

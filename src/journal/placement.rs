@@ -14,6 +14,9 @@ use std::collections::HashMap;
 /// Operations a shard takes before new ones go to the next (at ~300–600 bytes each, a full
 /// shard is under 100 KB).
 pub const SHARD_CAPACITY: usize = 128;
+/// Shards beyond this index are not written: at 128 operations each, 4,096 shards hold half a
+/// million operations in flight. Past that the least loaded shard takes more.
+pub const MAX_SHARDS: usize = 4096;
 /// Bytes of records a shard takes before new ones go to the next, whatever their number:
 /// a StorageClass may carry large parameters. One record larger than this still gets a shard
 /// of its own.
@@ -55,10 +58,14 @@ impl Placement {
             return placed.shard;
         }
         let shards = self.shards.len();
-        let shard = (0..shards)
+        let with_room = (0..shards)
             .map(|step| (self.filling + step) % shards)
-            .find(|&shard| self.shards[shard].has_room_for(bytes))
-            .unwrap_or(shards);
+            .find(|&shard| self.shards[shard].has_room_for(bytes));
+        let shard = match with_room {
+            Some(shard) => shard,
+            None if shards < MAX_SHARDS => shards,
+            None => self.least_loaded(),
+        };
         self.filling = shard;
         self.put(volume_name, Placed { shard, bytes });
         shard
@@ -89,6 +96,12 @@ impl Placement {
         if self.shards.len() <= shard {
             self.shards.resize(shard + 1, Load::default());
         }
+    }
+
+    fn least_loaded(&self) -> usize {
+        (0..self.shards.len())
+            .min_by_key(|&shard| self.shards[shard].bytes)
+            .unwrap_or(0)
     }
 
     fn put(&mut self, volume_name: &str, placed: Placed) {
@@ -189,6 +202,31 @@ mod tests {
             "a record larger than the budget gets a shard of its own"
         );
         assert_eq!(placement.place("pvc-small", RECORD), 1);
+    }
+
+    #[test]
+    fn past_the_last_shard_the_least_loaded_takes_more() {
+        let mut placement = Placement::default();
+        placement.know(MAX_SHARDS - 1);
+        for shard in 0..MAX_SHARDS {
+            for index in 0..SHARD_CAPACITY {
+                placement.restore(&format!("pvc-{shard}-{index}"), shard, RECORD);
+            }
+        }
+        placement.release("pvc-7-0");
+        placement.release("pvc-7-1");
+        assert_eq!(
+            placement.place("pvc-a", RECORD),
+            7,
+            "the room freed in shard 7"
+        );
+        assert_eq!(placement.place("pvc-b", RECORD), 7);
+        assert_eq!(
+            placement.place("pvc-c", 100),
+            0,
+            "no room anywhere: the least loaded"
+        );
+        assert_eq!(placement.shards.len(), MAX_SHARDS);
     }
 
     #[test]

@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::holdings::Holdings;
+use super::placement::MAX_SHARDS;
 use super::record::{Change, ProvisioningJournal};
 use super::shard::ShardState;
 use crate::kube_client::RateLimitLayer;
@@ -313,11 +314,7 @@ struct WriterHandle {
     observed: mpsc::UnboundedSender<Observed>,
 }
 
-/// Shards beyond this index are not ours to write (at 128 operations each, 4,096 shards hold
-/// half a million operations in flight).
-pub(super) const MAX_SHARDS: usize = 4096;
-
-/// The index of shard `name` of journal `base_name`, if it is one.
+/// The index of shard `name` of journal `base_name`, if it is one this build writes.
 pub(super) fn shard_index(name: &str, base_name: &str) -> Option<usize> {
     name.strip_prefix(base_name)?
         .strip_prefix('-')?

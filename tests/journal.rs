@@ -36,6 +36,8 @@ use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse
 
 const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
 const ORPHANS_METRIC: &str = "csi_provisioner_orphaned_volumes_deleted_total";
+const ORPHAN_WAITING_FOR_SECRET: &str = "OrphanWaitingForSecret";
+const WAITING_FOR_SECRET_METRIC: &str = "csi_provisioner_orphaned_volumes_waiting_for_secret";
 
 /// The journal's flags and waits, on top of the shared cluster helpers.
 impl Cluster {
@@ -120,29 +122,34 @@ impl Cluster {
         .await;
     }
 
-    /// `OrphanedVolumeDeleted` events in the journal namespace.
-    async fn orphan_events(&self) -> Vec<Event> {
+    /// Events with `reason` in the journal namespace (about journal shards).
+    async fn journal_events(&self, reason: &str) -> Vec<Event> {
         Api::<Event>::namespaced(self.client.clone(), self.ns())
             .list(&ListParams::default())
             .await
             .unwrap_or_else(|e| panic!("listing events: {e}"))
             .items
             .into_iter()
-            .filter(|e| e.reason.as_deref() == Some(ORPHAN_DELETED))
+            .filter(|e| e.reason.as_deref() == Some(reason))
             .collect()
     }
 
     async fn wait_orphan_event(&self, volume: &str) -> Event {
+        self.wait_journal_event(ORPHAN_DELETED, volume).await
+    }
+
+    /// Waits for an event with `reason` in the journal namespace whose message names `volume`.
+    async fn wait_journal_event(&self, reason: &str, volume: &str) -> Event {
         support::eventually(
-            &format!("an {ORPHAN_DELETED} event about {volume}"),
+            &format!("an {reason} event about {volume}"),
             TIMEOUT,
             || async {
-                let events = self.orphan_events().await;
+                let events = self.journal_events(reason).await;
                 events
                     .iter()
                     .find(|e| e.message.as_deref().is_some_and(|m| m.contains(volume)))
                     .cloned()
-                    .ok_or_else(|| format!("{ORPHAN_DELETED} events: {events:?}"))
+                    .ok_or_else(|| format!("{reason} events: {events:?}"))
             },
         )
         .await
@@ -828,7 +835,7 @@ async fn a_record_whose_removal_was_lost_is_dropped_once_its_pv_exists() {
     assert!(is_bound(&pvc), "the claim stays Bound");
     assert_eq!(driver.volume_count(), 1, "the volume stays");
     assert!(
-        cluster.orphan_events().await.is_empty(),
+        cluster.journal_events(ORPHAN_DELETED).await.is_empty(),
         "nothing was treated as an orphan"
     );
     sidecar.assert_running();
@@ -1029,7 +1036,7 @@ async fn a_namespace_deleted_with_the_secret_of_an_orphan_is_not_kept() {
     let cluster = Cluster::new("journal-secret-ns").await;
     let app = Cluster::new("journal-app").await;
     let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
-    let _sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
     let secret_in_claim_namespace = [
         ("csi.storage.k8s.io/provisioner-secret-name", "creds"),
         (
@@ -1073,6 +1080,26 @@ async fn a_namespace_deleted_with_the_secret_of_an_orphan_is_not_kept() {
         })
         .await;
     assert_eq!(driver.volume_count(), 1, "the volume waits for its secret");
+    let waiting = cluster
+        .wait_journal_event(ORPHAN_WAITING_FOR_SECRET, &volume)
+        .await;
+    let message = waiting.message.unwrap_or_default();
+    assert_eq!(waiting.type_.as_deref(), Some("Warning"), "{message}");
+    assert_eq!(
+        waiting.involved_object.kind.as_deref(),
+        Some("ProvisioningJournal")
+    );
+    for named in [
+        format!("claim {}/data", app.ns()),
+        format!("provisioner secret {}/creds", app.ns()),
+    ] {
+        assert!(message.contains(&named), "{named:?} not in {message:?}");
+    }
+    assert!(
+        !message.contains("not-logged"),
+        "secret data in {message:?}"
+    );
+    wait_waiting_for_secret(&mut sidecar, 1.0).await;
 
     // An admin gives the secret back: the orphan is deleted.
     let namespace = Namespace {
@@ -1089,7 +1116,27 @@ async fn a_namespace_deleted_with_the_secret_of_an_orphan_is_not_kept() {
     app.create_secret("creds", &[("password", "not-logged")])
         .await;
     driver.clear_faults();
-    cluster.wait_nothing_left(&driver).await;
+    wait_orphan_deleted(&cluster, &driver, &mut sidecar, &volume).await;
+    wait_waiting_for_secret(&mut sidecar, 0.0).await;
+}
+
+/// Waits until the gauge of orphans waiting for their secret shows `value`.
+async fn wait_waiting_for_secret(sidecar: &mut Sidecar, value: f64) {
+    sidecar.wait_metrics().await;
+    support::eventually(
+        &format!("{WAITING_FOR_SECRET_METRIC} to be {value}"),
+        TIMEOUT,
+        || async {
+            let page = sidecar.metrics()?;
+            let seen = metric_sum(&parse_metrics(&page), WAITING_FOR_SECRET_METRIC, &[]);
+            if seen == value {
+                Ok(())
+            } else {
+                Err(format!("{seen}"))
+            }
+        },
+    )
+    .await;
 }
 
 // ------------------------------------------------------------------------------ name collisions

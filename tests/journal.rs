@@ -1220,9 +1220,9 @@ async fn claims_whose_volume_names_collide_never_share_a_volume() {
                     let named = events.iter().any(|e| {
                         e.type_.as_deref() == Some("Warning")
                             && e.reason.as_deref() == Some("ProvisioningFailed")
-                            && e.message
-                                .as_deref()
-                                .is_some_and(|m| m.contains(volume.as_str()) && m.contains(&holder))
+                            && e.message.as_deref().is_some_and(|m| {
+                                m.contains(volume.as_str()) && names_claim(m, &holder)
+                            })
                     });
                     if !named {
                         return Err(format!("{loser}: {}", summarize(&events)));
@@ -1333,6 +1333,17 @@ async fn claims_whose_volume_names_collide_never_share_a_volume() {
         cluster.delete_claim(name).await;
     }
     cluster.wait_nothing_left(&driver).await;
+}
+
+/// Whether `message` names `claim <namespace>/<name>` (not a longer name that starts alike).
+fn names_claim(message: &str, claim: &str) -> bool {
+    let needle = format!("claim {claim}");
+    message.match_indices(&needle).any(|(at, _)| {
+        message[at + needle.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !c.is_ascii_alphanumeric() && c != '-')
+    })
 }
 
 /// Fails the test if two claims share a journal record: every record's volume name is its

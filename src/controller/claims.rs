@@ -47,6 +47,12 @@ pub enum ClaimError {
     Secret(#[from] SecretReadError),
     #[error(transparent)]
     ClaimFinalizer(#[from] ClaimFinalizerError),
+    #[error("failed to read PersistentVolume {name}: {source}")]
+    PvRead { name: String, source: kube::Error },
+    #[error(
+        "PersistentVolume {name} already exists for {holder}; this claim gets no volume: its volume name collides with another claim's (raise --volume-name-uuid-length)"
+    )]
+    NameCollision { name: String, holder: String },
     #[error("failed to record the operation in the journal: {0}")]
     Journal(#[from] JournalError),
     #[error("{0}")]
@@ -63,12 +69,6 @@ pub enum ClaimError {
     },
     #[error("failed to create PersistentVolume {name}: {source}")]
     PvCreate { name: String, source: kube::Error },
-    #[error("failed to read PersistentVolume {name}: {source}")]
-    PvRead { name: String, source: kube::Error },
-    #[error(
-        "PersistentVolume {name} already exists for {holder}; this claim gets no volume: its volume name collides with another claim's (raise --volume-name-uuid-length)"
-    )]
-    NameCollision { name: String, holder: String },
     #[error(
         "PersistentVolume {name} already exists for another volume ({existing:?}); the new volume {created:?} was deleted"
     )]

@@ -143,7 +143,7 @@ fn report_failure(
     ctx.journal
         .note_failure(&operation.volume_name, Phase::Orphaned, &error.to_string());
     warn!(volume = operation.volume_name, claim_uid = operation.claim_uid, %error, ?retry_in, "orphaned volume not cleaned up yet");
-    let Some(message) = waiting_for_secret(operation, error) else {
+    let Some(message) = secret_wait_message(operation, error) else {
         return false;
     };
     ctx.events.publish(
@@ -157,7 +157,7 @@ fn report_failure(
 
 /// If the reap failed because the orphan's provisioner secret cannot be read, the event that
 /// says so: which claim, which volume, which secret (never its data), and what an admin does.
-fn waiting_for_secret(operation: &Operation, error: &ReapError) -> Option<String> {
+fn secret_wait_message(operation: &Operation, error: &ReapError) -> Option<String> {
     if !error.waits_for_secret() {
         return None;
     }
@@ -531,7 +531,7 @@ mod tests {
         );
         assert!(in_flight(&scenario));
         assert!(!error.waits_for_secret());
-        assert_eq!(waiting_for_secret(&operation(), &error), None);
+        assert_eq!(secret_wait_message(&operation(), &error), None);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -550,7 +550,7 @@ mod tests {
         };
         assert!(error.waits_for_secret(), "{error}");
         assert!(in_flight(&scenario), "the record keeps the orphan");
-        let message = waiting_for_secret(&operation(), &error).unwrap_or_default();
+        let message = secret_wait_message(&operation(), &error).unwrap_or_default();
         let expected_start = format!(
             "Volume {} of claim apps/data (uid {PVC_UID}), which no longer exists, is not deleted: provisioner secret apps/creds cannot be read (error getting secret creds in namespace apps: ",
             claim_volume()

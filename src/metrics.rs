@@ -80,6 +80,7 @@ pub struct Metrics {
     delete_failed: Family<DeleteLabels, Counter>,
     delete_duration: HistogramFamily<DeleteLabels>,
     orphans_deleted: Counter,
+    orphans_waiting_for_secret: Gauge,
     leader: Family<LeaseLabels, Gauge>,
 }
 
@@ -148,6 +149,12 @@ impl Metrics {
             "Volumes deleted because the claim they were created for no longer exists",
             orphans_deleted.clone(),
         );
+        let orphans_waiting_for_secret = Gauge::default();
+        registry.register(
+            "csi_provisioner_orphaned_volumes_waiting_for_secret",
+            "Volumes of claims that no longer exist, not deleted yet because their provisioner secret cannot be read",
+            orphans_waiting_for_secret.clone(),
+        );
 
         let leader = Family::<LeaseLabels, Gauge>::default();
         registry.register(
@@ -179,6 +186,7 @@ impl Metrics {
             delete_failed,
             delete_duration,
             orphans_deleted,
+            orphans_waiting_for_secret,
             leader,
         }
     }
@@ -195,6 +203,12 @@ impl Metrics {
     /// Counts a volume deleted by the orphan reaper.
     pub fn orphan_deleted(&self) {
         self.orphans_deleted.inc();
+    }
+
+    /// Sets how many orphans wait for their provisioner secret to be readable again.
+    pub fn set_orphans_waiting_for_secret(&self, waiting: usize) {
+        self.orphans_waiting_for_secret
+            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
     }
 
     /// Records one CSI call. `method_name` is the full gRPC path
@@ -327,6 +341,7 @@ mod tests {
                 "controller_persistentvolumeclaim_provision_failed_total",
                 "controller_persistentvolumeclaim_provision_total",
                 "csi_provisioner_orphaned_volumes_deleted_total",
+                "csi_provisioner_orphaned_volumes_waiting_for_secret",
                 "csi_sidecar_operations_seconds_bucket",
                 "csi_sidecar_operations_seconds_count",
                 "csi_sidecar_operations_seconds_sum",
@@ -341,6 +356,8 @@ mod tests {
             "# TYPE controller_persistentvolume_delete_total counter",
             "# TYPE controller_persistentvolume_delete_failed_total counter",
             "# TYPE process_start_time_seconds gauge",
+            "# TYPE csi_provisioner_orphaned_volumes_waiting_for_secret gauge",
+            "csi_provisioner_orphaned_volumes_waiting_for_secret 0",
             "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",\
              method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"} 1",
             "csi_sidecar_operations_seconds_bucket{driver_name=\"hostpath.csi.k8s.io\",\
@@ -386,6 +403,23 @@ mod tests {
                 "0.005", "0.01", "0.025", "0.05", "0.1", "0.25", "0.5", "1", "2.5", "5", "10",
                 "+Inf"
             ]
+        );
+    }
+
+    #[test]
+    fn orphans_waiting_for_their_secret_go_up_and_down() {
+        let metrics = Metrics::new();
+        metrics.set_orphans_waiting_for_secret(2);
+        assert!(
+            metrics
+                .encode()
+                .contains("\ncsi_provisioner_orphaned_volumes_waiting_for_secret 2\n")
+        );
+        metrics.set_orphans_waiting_for_secret(0);
+        assert!(
+            metrics
+                .encode()
+                .contains("\ncsi_provisioner_orphaned_volumes_waiting_for_secret 0\n")
         );
     }
 

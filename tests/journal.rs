@@ -9,6 +9,8 @@
 
 mod support;
 
+use std::collections::BTreeMap;
+
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use csi_provisioner::csi;
@@ -26,12 +28,16 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostP
 use nix::sys::signal::Signal;
 use prost::Message;
 
-use support::cluster::{Cluster, driver_pvs, journal_operations, pv_name, wait_bound};
+use support::cluster::{
+    Cluster, driver_pvs, events_of, journal_operations, pv_name, summarize, wait_bound,
+};
 use support::csi_wire::channel;
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse_metrics};
 
 const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
 const ORPHANS_METRIC: &str = "csi_provisioner_orphaned_volumes_deleted_total";
+const ORPHAN_WAITING_FOR_SECRET: &str = "OrphanWaitingForSecret";
+const WAITING_FOR_SECRET_METRIC: &str = "csi_provisioner_orphaned_volumes_waiting_for_secret";
 
 /// The journal's flags and waits, on top of the shared cluster helpers.
 impl Cluster {
@@ -116,29 +122,34 @@ impl Cluster {
         .await;
     }
 
-    /// `OrphanedVolumeDeleted` events in the journal namespace.
-    async fn orphan_events(&self) -> Vec<Event> {
+    /// Events with `reason` in the journal namespace (about journal shards).
+    async fn journal_events(&self, reason: &str) -> Vec<Event> {
         Api::<Event>::namespaced(self.client.clone(), self.ns())
             .list(&ListParams::default())
             .await
             .unwrap_or_else(|e| panic!("listing events: {e}"))
             .items
             .into_iter()
-            .filter(|e| e.reason.as_deref() == Some(ORPHAN_DELETED))
+            .filter(|e| e.reason.as_deref() == Some(reason))
             .collect()
     }
 
     async fn wait_orphan_event(&self, volume: &str) -> Event {
+        self.wait_journal_event(ORPHAN_DELETED, volume).await
+    }
+
+    /// Waits for an event with `reason` in the journal namespace whose message names `volume`.
+    async fn wait_journal_event(&self, reason: &str, volume: &str) -> Event {
         support::eventually(
-            &format!("an {ORPHAN_DELETED} event about {volume}"),
+            &format!("an {reason} event about {volume}"),
             TIMEOUT,
             || async {
-                let events = self.orphan_events().await;
+                let events = self.journal_events(reason).await;
                 events
                     .iter()
                     .find(|e| e.message.as_deref().is_some_and(|m| m.contains(volume)))
                     .cloned()
-                    .ok_or_else(|| format!("{ORPHAN_DELETED} events: {events:?}"))
+                    .ok_or_else(|| format!("{reason} events: {events:?}"))
             },
         )
         .await
@@ -842,7 +853,7 @@ async fn a_record_whose_removal_was_lost_is_dropped_once_its_pv_exists() {
     assert!(is_bound(&pvc), "the claim stays Bound");
     assert_eq!(driver.volume_count(), 1, "the volume stays");
     assert!(
-        cluster.orphan_events().await.is_empty(),
+        cluster.journal_events(ORPHAN_DELETED).await.is_empty(),
         "nothing was treated as an orphan"
     );
     sidecar.assert_running();
@@ -1043,7 +1054,7 @@ async fn a_namespace_deleted_with_the_secret_of_an_orphan_is_not_kept() {
     let cluster = Cluster::new("journal-secret-ns").await;
     let app = Cluster::new("journal-app").await;
     let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
-    let _sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
     let secret_in_claim_namespace = [
         ("csi.storage.k8s.io/provisioner-secret-name", "creds"),
         (
@@ -1087,6 +1098,26 @@ async fn a_namespace_deleted_with_the_secret_of_an_orphan_is_not_kept() {
         })
         .await;
     assert_eq!(driver.volume_count(), 1, "the volume waits for its secret");
+    let waiting = cluster
+        .wait_journal_event(ORPHAN_WAITING_FOR_SECRET, &volume)
+        .await;
+    let message = waiting.message.unwrap_or_default();
+    assert_eq!(waiting.type_.as_deref(), Some("Warning"), "{message}");
+    assert_eq!(
+        waiting.involved_object.kind.as_deref(),
+        Some("ProvisioningJournal")
+    );
+    for named in [
+        format!("claim {}/data", app.ns()),
+        format!("provisioner secret {}/creds", app.ns()),
+    ] {
+        assert!(message.contains(&named), "{named:?} not in {message:?}");
+    }
+    assert!(
+        !message.contains("not-logged"),
+        "secret data in {message:?}"
+    );
+    wait_waiting_for_secret(&mut sidecar, 1.0).await;
 
     // An admin gives the secret back: the orphan is deleted.
     let namespace = Namespace {
@@ -1103,6 +1134,222 @@ async fn a_namespace_deleted_with_the_secret_of_an_orphan_is_not_kept() {
     app.create_secret("creds", &[("password", "not-logged")])
         .await;
     driver.clear_faults();
+    wait_orphan_deleted(&cluster, &driver, &mut sidecar, &volume).await;
+    wait_waiting_for_secret(&mut sidecar, 0.0).await;
+}
+
+/// Waits until the gauge of orphans waiting for their secret shows `value`.
+async fn wait_waiting_for_secret(sidecar: &mut Sidecar, value: f64) {
+    sidecar.wait_metrics().await;
+    support::eventually(
+        &format!("{WAITING_FOR_SECRET_METRIC} to be {value}"),
+        TIMEOUT,
+        || async {
+            let page = sidecar.metrics()?;
+            let seen = metric_sum(&parse_metrics(&page), WAITING_FOR_SECRET_METRIC, &[]);
+            if seen == value {
+                Ok(())
+            } else {
+                Err(format!("{seen}"))
+            }
+        },
+    )
+    .await;
+}
+
+// ------------------------------------------------------------------------------ name collisions
+
+/// The volume name of a claim with `--volume-name-uuid-length=1`: `pvc-` and the first hex
+/// digit of its UID, so 17 claims share at least one name (16 digits).
+fn short_volume_name(pvc: &PersistentVolumeClaim) -> String {
+    let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+    let first = uid.chars().find(|c| *c != '-').unwrap_or_default();
+    format!("pvc-{first}")
+}
+
+fn claim_name(pvc: &PersistentVolumeClaim) -> String {
+    pvc.metadata.name.clone().unwrap_or_default()
+}
+
+/// Claims whose volume names collide (a short `--volume-name-uuid-length`) never share a volume
+/// or a journal record: per name one claim is Bound, the others stay Pending with a warning
+/// event naming the collision, and no DeleteVolume touches a volume a PV references (the old
+/// code deleted the first claim's live volume when the second one's PV create met its PV).
+#[tokio::test]
+async fn claims_whose_volume_names_collide_never_share_a_volume() {
+    const CLAIMS: usize = 17;
+    let cluster = Cluster::new("journal-collide").await;
+    let driver = Driver::start(&[]).await;
+    let _sidecar = Sidecar::start_with(
+        &driver,
+        cluster.sidecar_options(&["--volume-name-uuid-length=1"], false),
+    );
+    let class = cluster.class("collide", &driver, "Delete", &[]).await;
+    let names = cluster.claims_named("c", &class, CLAIMS).await;
+    let mut by_volume: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut uid_of: BTreeMap<String, String> = BTreeMap::new();
+    for name in &names {
+        let pvc = cluster
+            .get_claim(name)
+            .await
+            .unwrap_or_else(|| panic!("claim {name} vanished"));
+        by_volume
+            .entry(short_volume_name(&pvc))
+            .or_default()
+            .push(name.clone());
+        uid_of.insert(
+            pvc.metadata.uid.clone().unwrap_or_default(),
+            short_volume_name(&pvc),
+        );
+    }
+    assert!(
+        by_volume.values().any(|claims| claims.len() > 1),
+        "17 claims and 16 names: some collide ({by_volume:?})"
+    );
+
+    // Settled: per volume name one claim Bound to the PV of that name, every other claim of
+    // that name Pending with a warning that names the volume and the claim holding it.
+    let winners: BTreeMap<String, String> =
+        support::eventually("every volume name to settle", TIMEOUT, || async {
+            assert_no_shared_record(&cluster, &driver, &uid_of).await;
+            let claims = cluster
+                .claims
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?
+                .items;
+            let mut winners = BTreeMap::new();
+            for (volume, group) in &by_volume {
+                let bound: Vec<&PersistentVolumeClaim> = claims
+                    .iter()
+                    .filter(|pvc| group.contains(&claim_name(pvc)) && is_bound(pvc))
+                    .collect();
+                let [winner] = bound.as_slice() else {
+                    return Err(format!("{volume}: bound {} of {group:?}", bound.len()));
+                };
+                let bound_to = winner.spec.as_ref().and_then(|s| s.volume_name.as_deref());
+                assert_eq!(bound_to, Some(volume.as_str()), "{}", claim_name(winner));
+                winners.insert(volume.clone(), claim_name(winner));
+            }
+            for (volume, group) in &by_volume {
+                let holder = format!("{}/{}", cluster.ns(), winners[volume]);
+                for loser in group.iter().filter(|c| **c != winners[volume]) {
+                    let events = events_of(&cluster.client, cluster.ns(), loser).await?;
+                    let named = events.iter().any(|e| {
+                        e.type_.as_deref() == Some("Warning")
+                            && e.reason.as_deref() == Some("ProvisioningFailed")
+                            && e.message.as_deref().is_some_and(|m| {
+                                m.contains(volume.as_str()) && names_claim(m, &holder)
+                            })
+                    });
+                    if !named {
+                        return Err(format!("{loser}: {}", summarize(&events)));
+                    }
+                }
+            }
+            Ok(winners)
+        })
+        .await;
+
+    // The losers are retried and stay Pending; nothing is deleted meanwhile.
+    let failures = || async {
+        let mut total = 0;
+        for (volume, group) in &by_volume {
+            for loser in group.iter().filter(|c| **c != winners[volume]) {
+                let events = events_of(&cluster.client, cluster.ns(), loser)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                total += events
+                    .iter()
+                    .filter(|e| e.reason.as_deref() == Some("ProvisioningFailed"))
+                    .map(|e| e.count.unwrap_or(1))
+                    .sum::<i32>();
+            }
+        }
+        total
+    };
+    for (volume, group) in &by_volume {
+        for loser in group.iter().filter(|c| **c != winners[volume]) {
+            let events = events_of(&cluster.client, cluster.ns(), loser).await;
+            eprintln!(
+                "{loser} ({volume}): {}",
+                summarize(&events.unwrap_or_default())
+            );
+        }
+    }
+    let losers = CLAIMS - by_volume.len();
+    let before = failures().await;
+    support::eventually("every loser to be retried", TIMEOUT, || async {
+        assert_no_shared_record(&cluster, &driver, &uid_of).await;
+        let now = failures().await;
+        if now >= before + i32::try_from(losers).unwrap_or(i32::MAX) {
+            Ok(())
+        } else {
+            Err(format!("{now} failures, {before} before"))
+        }
+    })
+    .await;
+    for (volume, group) in &by_volume {
+        for loser in group.iter().filter(|c| **c != winners[volume]) {
+            let pvc = cluster.get_claim(loser).await;
+            assert!(
+                pvc.as_ref().is_some_and(|pvc| !is_bound(pvc)
+                    && pvc
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.volume_name.as_ref())
+                        .is_none()),
+                "{loser} stays Pending: {:?}",
+                pvc.and_then(|pvc| pvc.status)
+            );
+        }
+    }
+    let pvs = driver_pvs(&cluster.client, &driver)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(pvs.len(), by_volume.len(), "one PV per volume name");
+    let volumes = driver.volumes();
+    let deletes = driver.requests("DeleteVolume");
+    for pv in &pvs {
+        let handle = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|csi| csi.volume_handle.clone())
+            .unwrap_or_default();
+        assert!(
+            volumes.iter().any(|v| v.id == handle),
+            "the volume {handle} of PV {:?} still exists on the driver: {volumes:?}",
+            pv.metadata.name
+        );
+        assert!(
+            !deletes.iter().any(|line| line.contains(&handle)),
+            "DeleteVolume for {handle}, which PV {:?} references: {deletes:?}",
+            pv.metadata.name
+        );
+    }
+    assert_eq!(
+        volumes.len(),
+        by_volume.len(),
+        "no volume beyond one per name"
+    );
+    // A loser whose CreateVolume reached the driver (its name's record was removed and the PV
+    // not yet in its cache) got the winner's volume back and met the winner's PV: safe above.
+    let creates = driver.requests("CreateVolume");
+    let repeated: Vec<&String> = by_volume
+        .keys()
+        .filter(|volume| {
+            let needle = format!("name: \"{volume}\"");
+            creates.iter().filter(|line| line.contains(&needle)).count() > 1
+        })
+        .collect();
+    eprintln!("volume names sent to the driver more than once: {repeated:?}");
+    cluster.wait_nothing_in_journal(&driver).await;
+
+    // Deleting every claim leaves nothing behind.
+    for name in &names {
+        cluster.delete_claim(name).await;
+    }
     cluster.wait_nothing_left(&driver).await;
 }
 
@@ -1189,4 +1436,39 @@ async fn an_operation_written_by_someone_else_is_taken_in_without_a_restart() {
 
     let orphan = hand_made_orphan(&cluster, &driver).await;
     wait_hand_made_orphan_deleted(&cluster, &driver, &mut sidecar, &orphan).await;
+}
+
+/// Whether `message` names `claim <namespace>/<name>` (not a longer name that starts alike).
+fn names_claim(message: &str, claim: &str) -> bool {
+    let needle = format!("claim {claim}");
+    message.match_indices(&needle).any(|(at, _)| {
+        message[at + needle.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !c.is_ascii_alphanumeric() && c != '-')
+    })
+}
+
+/// Fails the test if two claims share a journal record: every record's volume name is its
+/// own claim's, and no name is recorded twice.
+async fn assert_no_shared_record(
+    cluster: &Cluster,
+    driver: &Driver,
+    volume_of_uid: &BTreeMap<String, String>,
+) {
+    let operations = cluster.operations(driver).await;
+    let mut seen = BTreeMap::new();
+    for op in &operations {
+        assert_eq!(
+            volume_of_uid.get(&op.claim_uid),
+            Some(&op.volume_name),
+            "a record for a name that is not its claim's: {operations:?}"
+        );
+        assert!(
+            seen.insert(op.volume_name.clone(), op.claim_uid.clone())
+                .is_none(),
+            "{} recorded twice: {operations:?}",
+            op.volume_name
+        );
+    }
 }

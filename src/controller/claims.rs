@@ -32,7 +32,7 @@ use crate::journal::{JournalError, Operation, Phase};
 use crate::provision::{
     ClaimWork, CreateResponseError, DecisionError, ExistingPv, ProvisionError, ProvisionPlan,
     build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
-    existing_pv, needs_finalizer, plan_provision,
+    existing_pv, names_may_collide, needs_finalizer, plan_provision, pv_is_for_claim,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -47,6 +47,12 @@ pub enum ClaimError {
     Secret(#[from] SecretReadError),
     #[error(transparent)]
     ClaimFinalizer(#[from] ClaimFinalizerError),
+    #[error("failed to read PersistentVolume {name}: {source}")]
+    PvRead { name: String, source: kube::Error },
+    #[error(
+        "PersistentVolume {name} already exists for {holder}; this claim gets no volume: its volume name collides with another claim's (raise --volume-name-uuid-length)"
+    )]
+    NameCollision { name: String, holder: String },
     #[error("failed to record the operation in the journal: {0}")]
     Journal(#[from] JournalError),
     #[error("{0}")]
@@ -239,6 +245,7 @@ async fn provision_claim(
         .volumes
         .get(&ObjectRef::new(&plan.volume_name))
         .is_some()
+        && pv_of_the_name_is_ours(ctx, pvc, &plan.volume_name).await?
     {
         return Ok(Outcome::Nothing);
     }
@@ -307,6 +314,39 @@ async fn provision_claim(
     Ok(Outcome::Provisioned {
         volume: plan.volume_name,
     })
+}
+
+/// Whether the PV named like the claim's volume, which the cache holds, is this claim's. With
+/// names cut from part of the UID it may be another claim's: then this claim gets no volume
+/// and is told why, on every attempt. `false` if the PV has gone meanwhile (provision).
+async fn pv_of_the_name_is_ours(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    name: &str,
+) -> Result<bool, ClaimError> {
+    if !names_may_collide(ctx.config.volume_name_uuid_length) {
+        return Ok(true);
+    }
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let existing = api
+        .get_opt(name)
+        .await
+        .map_err(|source| ClaimError::PvRead {
+            name: name.to_owned(),
+            source,
+        })?;
+    match existing {
+        None => Ok(false),
+        Some(pv)
+            if pv_is_for_claim(&pv, &ctx.config.driver_name, &pvc.uid().unwrap_or_default()) =>
+        {
+            Ok(true)
+        }
+        Some(pv) => Err(ClaimError::NameCollision {
+            name: name.to_owned(),
+            holder: pv_holder(&pv),
+        }),
+    }
 }
 
 /// A volume that cannot back a PV (too small) is deleted again, as upstream does; a response
@@ -386,20 +426,10 @@ fn pv_conflict(
 ) -> ClaimError {
     let spec = existing.spec.as_ref();
     if verdict == ExistingPv::HoldsTheVolume {
-        let holder = spec.and_then(|spec| spec.claim_ref.as_ref()).map_or_else(
-            || "no claim".to_owned(),
-            |claim| {
-                format!(
-                    "claim {}/{}",
-                    claim.namespace.as_deref().unwrap_or_default(),
-                    claim.name.as_deref().unwrap_or_default()
-                )
-            },
-        );
         return ClaimError::VolumeInUse {
             name,
             volume: created,
-            holder,
+            holder: pv_holder(existing),
         };
     }
     ClaimError::PvTaken {
@@ -410,6 +440,23 @@ fn pv_conflict(
             .unwrap_or_default(),
         created,
     }
+}
+
+/// The claim a PV is bound or pre-bound to, for messages: `claim <namespace>/<name>`.
+fn pv_holder(pv: &PersistentVolume) -> String {
+    pv.spec
+        .as_ref()
+        .and_then(|spec| spec.claim_ref.as_ref())
+        .map_or_else(
+            || "no claim".to_owned(),
+            |claim| {
+                format!(
+                    "claim {}/{}",
+                    claim.namespace.as_deref().unwrap_or_default(),
+                    claim.name.as_deref().unwrap_or_default()
+                )
+            },
+        )
 }
 
 fn operation(
@@ -801,6 +848,89 @@ mod tests {
             claim_volume()
         ));
         assert_eq!(scenario.finish().await, [provisioning(), taken]);
+    }
+
+    /// Claim `apps/other`'s PV of the claim's volume name: the names collide.
+    fn pv_of_another_claim(handle: &str) -> PersistentVolume {
+        let mut theirs = PvBuilder::new()
+            .handle(handle)
+            .claim_uid("uid-of-another-claim")
+            .build();
+        theirs.metadata.name = Some(claim_volume());
+        if let Some(claim) = theirs
+            .spec
+            .as_mut()
+            .and_then(|spec| spec.claim_ref.as_mut())
+        {
+            claim.name = Some("other".to_owned());
+        }
+        theirs
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pv_create_meeting_another_claims_pv_of_the_same_volume_deletes_nothing() {
+        let scenario = cluster()
+            .start([
+                secret_read(),
+                record_written(),
+                create_volume(expected_create(), created("vol-1", GIB)),
+                post("/api/v1/persistentvolumes").refuse(409, "AlreadyExists"),
+                get(claim_volume_path()).answer(200, pv_of_another_claim("vol-1")),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(!in_flight(&scenario));
+        let in_use = failed(&format!(
+            "PersistentVolume {} already exists and holds the volume \"vol-1\" the driver returned for this claim (bound to claim apps/other); the volume is in use and is not deleted, and this claim gets no volume: its volume name collides with another's (raise --volume-name-uuid-length)",
+            claim_volume()
+        ));
+        assert_eq!(scenario.finish().await, [provisioning(), in_use]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_whose_short_volume_name_is_another_claims_pv_is_told_on_every_attempt() {
+        let name = "pvc-0b2c9f8e";
+        let mut theirs = pv_of_another_claim("vol-1");
+        theirs.metadata.name = Some(name.to_owned());
+        let scenario = cluster()
+            .uuid_length(8)
+            .volume(theirs.clone())
+            .start([
+                get(format!("/api/v1/persistentvolumes/{name}")).answer(200, &theirs),
+                get(format!("/api/v1/persistentvolumes/{name}")).answer(200, &theirs),
+            ])
+            .await;
+        for delay in [RETRY_START, RETRY_START * 2] {
+            assert_eq!(
+                reconcile(&scenario, claim().build()).await,
+                Action::requeue(delay)
+            );
+        }
+        let collision = failed(&format!(
+            "PersistentVolume {name} already exists for claim apps/other; this claim gets no volume: its volume name collides with another claim's (raise --volume-name-uuid-length)"
+        ));
+        assert_eq!(scenario.finish().await, [collision.clone(), collision]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_whose_short_volume_name_is_its_own_pv_waits_for_the_binding() {
+        let name = "pvc-0b2c9f8e";
+        let mut ours = PvBuilder::new().handle("vol-1").build();
+        ours.metadata.name = Some(name.to_owned());
+        let scenario = cluster()
+            .uuid_length(8)
+            .volume(ours.clone())
+            .start([get(format!("/api/v1/persistentvolumes/{name}")).answer(200, &ours)])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::await_change()
+        );
+        assert!(scenario.finish().await.is_empty());
     }
 
     #[tokio::test(start_paused = true)]

@@ -44,6 +44,7 @@ use crate::journal::{
 };
 use crate::kube_client::RateLimitLayer;
 use crate::metrics::Metrics;
+use crate::provision::ProvisionerConfig;
 use crate::provision::fixtures::{DRIVER, PVC_UID, caps, config};
 
 /// The sidecar's namespace, where the journal lives.
@@ -325,6 +326,7 @@ pub struct Cluster {
     journaled: Vec<Operation>,
     journal_timeout: Duration,
     fence: LeaseFence,
+    uuid_length: i32,
 }
 
 impl Cluster {
@@ -336,6 +338,7 @@ impl Cluster {
             journaled: Vec::new(),
             journal_timeout: Duration::from_secs(10),
             fence: LeaseFence::open(),
+            uuid_length: -1,
         }
     }
 
@@ -364,6 +367,12 @@ impl Cluster {
     /// An operation the journal finds in [`SHARD`] when it loads.
     pub fn journaled(mut self, operation: Operation) -> Self {
         self.journaled.push(operation);
+        self
+    }
+
+    /// `--volume-name-uuid-length`: names cut from part of the UID may collide.
+    pub fn uuid_length(mut self, length: i32) -> Self {
+        self.uuid_length = length;
         self
     }
 
@@ -399,7 +408,10 @@ impl Cluster {
         let server = tokio::spawn(serve(handle, Arc::clone(&script)));
         let client = Client::new(service, "default");
         let settings = Settings {
-            config: config(),
+            config: ProvisionerConfig {
+                volume_name_uuid_length: self.uuid_length,
+                ..config()
+            },
             caps: caps(),
             retry_interval_start: RETRY_START,
             retry_interval_max: RETRY_MAX,

@@ -3,7 +3,7 @@
 //! replayed with the same name and inputs (idempotent) to learn the volume id, then the
 //! volume is deleted, then the operation is dropped.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,7 +49,16 @@ enum ReapError {
     NoVolumeId,
 }
 
+impl ReapError {
+    /// The orphan's provisioner secret cannot be read (its namespace may be gone with the
+    /// claim): the orphan waits for it, and does not hold the claim's consistency finalizer.
+    fn waits_for_secret(&self) -> bool {
+        matches!(self, Self::Secret(_))
+    }
+}
+
 const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
+const ORPHAN_WAITING_FOR_SECRET: &str = "OrphanWaitingForSecret";
 
 /// How often the reaper looks for orphans when nothing is waiting on a backoff.
 const SCAN_INTERVAL: Duration = Duration::from_secs(2);
@@ -66,9 +75,14 @@ pub(super) async fn reap_orphans(
     let mut retries: Backoff<String> =
         Backoff::new(ctx.retry_interval_start, ctx.retry_interval_max);
     let mut not_before: HashMap<String, Instant> = HashMap::new();
+    // Orphans whose last reap failed for want of their secret (the gauge counts them).
+    let mut waiting_for_secret: HashSet<String> = HashSet::new();
     loop {
         tokio::select! {
-            () = stop.clone() => return,
+            () = stop.clone() => {
+                ctx.metrics.set_orphans_waiting_for_secret(0);
+                return;
+            }
             () = tokio::time::sleep(SCAN_INTERVAL) => {}
         }
         let now = Instant::now();
@@ -92,26 +106,69 @@ pub(super) async fn reap_orphans(
             })
             .buffer_unordered(concurrency.max(1));
         while let Some((operation, outcome)) = outcomes.next().await {
-            match outcome {
-                Ok(Reaped::NotAnOrphan) => {}
+            let waits = match outcome {
+                Ok(Reaped::NotAnOrphan) => false,
                 Ok(Reaped::Done) => {
                     retries.forget(&operation.volume_name);
                     not_before.remove(&operation.volume_name);
+                    false
                 }
                 Err(error) => {
-                    ctx.journal.note_failure(
-                        &operation.volume_name,
-                        Phase::Orphaned,
-                        &error.to_string(),
-                    );
                     let delay = retries.failure(operation.volume_name.clone());
-                    warn!(volume = operation.volume_name, claim_uid = operation.claim_uid, %error, retry_in = ?delay, "orphaned volume not cleaned up yet");
                     not_before.insert(operation.volume_name.clone(), Instant::now() + delay);
+                    report_failure(ctx, &operation, &error, delay)
                 }
+            };
+            if waits {
+                waiting_for_secret.insert(operation.volume_name);
+            } else {
+                waiting_for_secret.remove(&operation.volume_name);
             }
         }
         not_before.retain(|name, _| ctx.journal.registry().contains(name));
+        waiting_for_secret.retain(|name| ctx.journal.registry().contains(name));
+        ctx.metrics
+            .set_orphans_waiting_for_secret(waiting_for_secret.len());
     }
+}
+
+/// The single mapping of reap failures to the journal's note, the log and events. Returns
+/// whether the orphan waits for its secret (counted by the gauge until it stops waiting).
+fn report_failure(
+    ctx: &Context,
+    operation: &Operation,
+    error: &ReapError,
+    retry_in: Duration,
+) -> bool {
+    ctx.journal
+        .note_failure(&operation.volume_name, Phase::Orphaned, &error.to_string());
+    warn!(volume = operation.volume_name, claim_uid = operation.claim_uid, %error, ?retry_in, "orphaned volume not cleaned up yet");
+    let Some(message) = secret_wait_message(operation, error) else {
+        return false;
+    };
+    ctx.events.publish(
+        &ctx.journal.shard_reference(&operation.volume_name),
+        EventType::Warning,
+        ORPHAN_WAITING_FOR_SECRET,
+        &message,
+    );
+    true
+}
+
+/// If the reap failed because the orphan's provisioner secret cannot be read, the event that
+/// says so: which claim, which volume, which secret (never its data), and what an admin does.
+fn secret_wait_message(operation: &Operation, error: &ReapError) -> Option<String> {
+    if !error.waits_for_secret() {
+        return None;
+    }
+    let secret = operation.provisioner_secret.as_ref().map_or_else(
+        || "its provisioner secret".to_owned(),
+        |secret| format!("provisioner secret {}/{}", secret.namespace, secret.name),
+    );
+    Some(format!(
+        "Volume {} of claim {}/{} (uid {}), which no longer exists, is not deleted: {secret} cannot be read ({error}). It is deleted once the secret can be read again; see docs/journal.md to abandon it",
+        operation.volume_name, operation.claim_namespace, operation.claim_name, operation.claim_uid
+    ))
 }
 
 enum Reaped {
@@ -151,7 +208,9 @@ async fn reap(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError>
         // The secret lived in the claim's namespace, which is being deleted: waiting for it
         // would keep the namespace forever. The record, durable in our own namespace, keeps
         // the orphan; it is deleted once the secret can be read again (see journal.md).
-        if let (ReapError::Secret(_), Some(claim)) = (&error, &deleting_claim) {
+        if let Some(claim) = &deleting_claim
+            && error.waits_for_secret()
+        {
             release_finalizer(ctx, claim).await?;
         }
         return Err(error);
@@ -471,6 +530,38 @@ mod tests {
             "{error}"
         );
         assert!(in_flight(&scenario));
+        assert!(!error.waits_for_secret());
+        assert_eq!(secret_wait_message(&operation(), &error), None);
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_orphan_whose_secret_is_gone_waits_for_it_and_says_which() {
+        let scenario = Cluster::new()
+            .journaled(operation())
+            .start([
+                get(CLAIM_PATH).refuse(404, "NotFound"),
+                get(claim_volume_path()).refuse(404, "NotFound"),
+                get("/api/v1/namespaces/apps/secrets/creds").refuse(404, "NotFound"),
+            ])
+            .await;
+        let Err(error) = reap_journaled(&scenario).await else {
+            panic!("the orphan was reaped without its secret");
+        };
+        assert!(error.waits_for_secret(), "{error}");
+        assert!(in_flight(&scenario), "the record keeps the orphan");
+        let message = secret_wait_message(&operation(), &error).unwrap_or_default();
+        let expected_start = format!(
+            "Volume {} of claim apps/data (uid {PVC_UID}), which no longer exists, is not deleted: provisioner secret apps/creds cannot be read (error getting secret creds in namespace apps: ",
+            claim_volume()
+        );
+        assert!(message.starts_with(&expected_start), "{message}");
+        assert!(
+            message.ends_with(
+                "). It is deleted once the secret can be read again; see docs/journal.md to abandon it"
+            ),
+            "{message}"
+        );
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 }

@@ -64,7 +64,7 @@ pub use names::{
     ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE, ANN_MIGRATED_TO, ANN_PROVISIONED_BY,
     ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER, PROVISIONER_IDENTITY_KEY, PV_FINALIZER,
 };
-pub use naming::{VolumeNameError, check_volume_name_flags, volume_name};
+pub use naming::{VolumeNameError, check_volume_name_flags, names_may_collide, volume_name};
 pub use parameters::{
     ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,
 };

@@ -46,6 +46,13 @@ pub fn check_volume_name_flags(prefix: &str, uuid_length: i32) -> Result<(), Vol
     Ok(())
 }
 
+/// Whether two claims may be given the same volume name: only when it keeps part of the UID
+/// (`--volume-name-uuid-length` 1..=31). Then a PV named like a claim's volume may be another
+/// claim's, and must be read to tell.
+pub fn names_may_collide(uuid_length: i32) -> bool {
+    (1..UID_HEX_LEN).contains(&uuid_length)
+}
+
 /// `<prefix>-<uid>` with `uuid_length` -1, else `<prefix>-` and the first `uuid_length`
 /// characters of the UID without dashes.
 pub fn volume_name(
@@ -111,6 +118,14 @@ mod tests {
             volume_name("vol", 32, UID).as_deref(),
             Ok("vol-0b2c9f8e1d3a4e5f8a7b6c5d4e3f2a1b")
         );
+    }
+
+    #[test]
+    fn only_a_part_of_the_uid_lets_names_collide() {
+        assert!(!names_may_collide(-1), "the whole UID");
+        assert!(!names_may_collide(32), "every hex digit of the UID");
+        assert!(names_may_collide(1));
+        assert!(names_may_collide(31));
     }
 
     #[test]

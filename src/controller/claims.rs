@@ -32,7 +32,7 @@ use crate::journal::{JournalError, Operation, Phase};
 use crate::provision::{
     ClaimWork, CreateResponseError, DecisionError, ExistingPv, ProvisionError, ProvisionPlan,
     build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
-    existing_pv, needs_finalizer, plan_provision,
+    drain_claim_work, existing_pv, needs_finalizer, plan_provision,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -194,13 +194,19 @@ fn triage(cached: &CachedClaim, ctx: &Context) -> Option<(PersistentVolumeClaim,
         .ok()?;
     let class = ctx.classes.get(&ObjectRef::new(claim_class_name(&pvc)));
     let registry = ctx.journal.registry();
-    let work = match claim_work(
-        &pvc,
-        class,
-        &ctx.config,
-        ctx.consistency_by_default,
-        |volume| registry.contains(volume),
-    ) {
+    let in_flight = |volume: &str| registry.contains(volume);
+    let work = if ctx.draining {
+        drain_claim_work(&pvc, class, &ctx.config, in_flight)
+    } else {
+        claim_work(
+            &pvc,
+            class,
+            &ctx.config,
+            ctx.consistency_by_default,
+            in_flight,
+        )
+    };
+    let work = match work {
         ClaimWork::ReleaseFinalizer => Work::ReleaseFinalizer,
         ClaimWork::Provision(class) => Work::Provision(class),
         ClaimWork::Refuse(error) => Work::Refuse(error),
@@ -247,7 +253,7 @@ async fn provision_claim(
     // journaled before the call (a claim found gone later gets its volume deleted), and a PV
     // create that meets another PV of that name deletes the new volume unless a PV uses it.
     // See docs/design.md and docs/journal.md.
-    if needs_finalizer(pvc, ctx.consistency_by_default) {
+    if needs_finalizer(pvc, ctx.consistency_by_default, ctx.draining) {
         set_claim_finalizer(&ctx.client, pvc, true).await?;
     }
 

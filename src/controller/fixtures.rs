@@ -411,6 +411,7 @@ impl Cluster {
             journal_namespace: JOURNAL_NAMESPACE.to_owned(),
             journal_base_name: JOURNAL_BASE_NAME.to_owned(),
             journal_timeout: self.journal_timeout,
+            draining: false,
         };
         let journal = bounded(Journal::load(
             client.clone(),

@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod cache;
 mod claims;
 mod context;
+mod drain;
 pub mod events;
 mod finalizers;
 #[cfg(test)]
@@ -28,7 +29,7 @@ use futures::{Stream, StreamExt, TryStreamExt, future};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{Lookup, ObjectRef, Store};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::csi_client::CsiController;
 use crate::fence::LeaseFence;
@@ -44,10 +45,24 @@ use volumes::VolumeReconciler;
 
 /// Periodic re-examination of every claim and volume, as upstream's 15-minute resync.
 const RESYNC_PERIOD: Duration = Duration::from_secs(15 * 60);
+/// The resync of claims under `--drain`: a claim whose operation the reaper finished (its PV
+/// already existed) may see no change of its own, and its finalizer must still come off.
+const DRAIN_RESYNC_PERIOD: Duration = Duration::from_secs(5);
+
+/// How [`run`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// `drain` resolved (a signal, or a failing task of the sidecar).
+    Stopped,
+    /// `--drain`: nothing is left in flight and no claim carries our finalizer, and the
+    /// journal's removals are stored.
+    HandedOver,
+}
 
 /// Loads the journal, then runs the provisioning and deletion controllers and the orphan
-/// reaper until `drain` resolves; lets the reconciles in flight finish (their driver calls
-/// included) and returns.
+/// reaper until `drain` resolves (or, with `settings.draining`, until the hand-over is
+/// complete); lets the reconciles in flight finish (their driver calls included), stores the
+/// journal's last changes and returns.
 pub async fn run(
     clients: ApiClients,
     driver: Arc<dyn CsiController>,
@@ -55,7 +70,7 @@ pub async fn run(
     settings: Settings,
     fence: LeaseFence,
     drain: impl Future<Output = ()> + Send + Sync + 'static,
-) -> Result<(), JournalError> {
+) -> Result<Ended, JournalError> {
     let ApiClients {
         client,
         prepaid,
@@ -93,10 +108,29 @@ pub async fn run(
         client, driver, stores, events, metrics, journal, &settings,
     ));
 
+    if settings.draining {
+        info!(
+            "--drain: no new provisioning; a claim without a recorded operation gets no CreateVolume and no finalizer. Finishing every recorded operation, removing the provisioning-protection finalizer from every claim, then exiting"
+        );
+    }
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        drain.await;
-        let _ = drain_tx.send(true);
+    let (handed_over_tx, handed_over) = tokio::sync::oneshot::channel();
+    tokio::spawn({
+        let (ctx, claims, draining) = (Arc::clone(&ctx), claims.clone(), settings.draining);
+        async move {
+            let complete = async {
+                if draining {
+                    drain::until_complete(&ctx, claims).await;
+                } else {
+                    future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = drain => {}
+                () = complete => { let _ = handed_over_tx.send(()); }
+            }
+            let _ = drain_tx.send(true);
+        }
     });
     let drained = move || {
         let mut rx = drain_rx.clone();
@@ -134,6 +168,11 @@ pub async fn run(
         claims.clone(),
         &ctx,
         ClaimReconciler::has_work,
+        if settings.draining {
+            DRAIN_RESYNC_PERIOD
+        } else {
+            RESYNC_PERIOD
+        },
     ))
     .graceful_shutdown_on(drained())
     .run(ClaimReconciler::reconcile, never_fails, Arc::clone(&ctx))
@@ -142,7 +181,12 @@ pub async fn run(
         with_work(volume_stream, &ctx, VolumeReconciler::has_work),
         volumes.clone(),
     )
-    .reconcile_on(resync_with_work(volumes, &ctx, VolumeReconciler::has_work))
+    .reconcile_on(resync_with_work(
+        volumes,
+        &ctx,
+        VolumeReconciler::has_work,
+        RESYNC_PERIOD,
+    ))
     .graceful_shutdown_on(drained())
     .run(VolumeReconciler::reconcile, never_fails, Arc::clone(&ctx))
     .for_each(log_result);
@@ -160,8 +204,18 @@ pub async fn run(
         ),
         reaper
     );
-    ctx.journal.flush(journal_timeout).await;
-    Ok(())
+    let flushed = ctx.journal.flush(journal_timeout).await;
+    if handed_over.await.is_err() {
+        if let Err(error) = flushed {
+            warn!(%error, "the next leader replays what is left");
+        }
+        return Ok(Ended::Stopped);
+    }
+    // The provisioner taking over keeps no journal: a removal left unwritten would make a
+    // later sidecar of ours replay an operation that is over. Harmless (see journal.md), but
+    // the drain promises an empty journal.
+    flushed?;
+    Ok(Ended::HandedOver)
 }
 
 /// Runs a controller to its end, or stops it at `drained` if its store has not listed yet.
@@ -205,20 +259,21 @@ where
     changed.try_filter(move |object| future::ready(has_work(object, &ctx)))
 }
 
-/// Every resync period, the cached objects that have work (upstream re-examines every object
-/// each 15 minutes; for those without work that finds nothing, so they are not queued, see
+/// Every `period`, the cached objects that have work (upstream re-examines every object each
+/// 15 minutes; for those without work that finds nothing, so they are not queued, see
 /// [`with_work`]).
 fn resync_with_work<K>(
     store: Store<K>,
     ctx: &Arc<Context>,
     has_work: fn(&K, &Context) -> bool,
+    period: Duration,
 ) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
 where
     K: Lookup<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     let ctx = Arc::clone(ctx);
-    futures::stream::unfold((), |()| async {
-        tokio::time::sleep(RESYNC_PERIOD).await;
+    futures::stream::unfold((), move |()| async move {
+        tokio::time::sleep(period).await;
         Some(((), ()))
     })
     .flat_map(move |()| {

@@ -50,6 +50,8 @@ enum ReapError {
 }
 
 const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
+/// Under `--drain`: an orphan that keeps failing keeps the drain from completing.
+const DRAIN_BLOCKED: &str = "DrainBlocked";
 
 /// How often the reaper looks for orphans when nothing is waiting on a backoff.
 const SCAN_INTERVAL: Duration = Duration::from_secs(2);
@@ -106,6 +108,17 @@ pub(super) async fn reap_orphans(
                     );
                     let delay = retries.failure(operation.volume_name.clone());
                     warn!(volume = operation.volume_name, claim_uid = operation.claim_uid, %error, retry_in = ?delay, "orphaned volume not cleaned up yet");
+                    if ctx.draining {
+                        ctx.events.publish(
+                            &ctx.journal.shard_reference(&operation.volume_name),
+                            EventType::Warning,
+                            DRAIN_BLOCKED,
+                            &format!(
+                                "The drain cannot complete while volume {} of claim {}/{} (uid {}) is not cleaned up: {error}",
+                                operation.volume_name, operation.claim_namespace, operation.claim_name, operation.claim_uid
+                            ),
+                        );
+                    }
                     not_before.insert(operation.volume_name.clone(), Instant::now() + delay);
                 }
             }

@@ -2,6 +2,7 @@
 //! and the reaper do the work (with `provision::drain_claim_work` deciding for claims); this
 //! only watches the journal and the claim cache, and says what is still holding it up.
 
+use std::future::Future;
 use std::time::Duration;
 
 use kube::runtime::reflector::Store;
@@ -19,13 +20,17 @@ const PROGRESS_INTERVAL: Duration = Duration::from_secs(30);
 /// Volume names named in a progress line, at most.
 const NAMED: usize = 5;
 
-/// Resolves once the journal holds no operation and no claim of this driver in the (listed)
+/// Resolves once `claims_listed` says the claim cache has listed, the journal holds no operation and no claim of this driver in the (listed)
 /// cache carries the provisioning-protection finalizer. The provisioner taking over may then
 /// start: nothing it cannot see is left in flight, and nothing it cannot remove is left on a
 /// claim.
-pub(super) async fn until_complete(ctx: &Context, claims: Store<CachedClaim>) {
+pub(super) async fn until_complete(
+    ctx: &Context,
+    claims: Store<CachedClaim>,
+    claims_listed: impl Future<Output = bool>,
+) {
     // An empty cache before the first list would look drained.
-    if claims.wait_until_ready().await.is_err() {
+    if !claims_listed.await {
         return std::future::pending().await;
     }
     let mut last_progress: Option<(Instant, Left)> = None;

@@ -24,7 +24,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt, TryStreamExt, future};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::controller::{self, Controller};
@@ -113,14 +113,23 @@ pub async fn run(
             "--drain: no new provisioning; a claim without a recorded operation gets no CreateVolume and no finalizer. Finishing every recorded operation, removing the provisioning-protection finalizer from every claim, then exiting"
         );
     }
+    // One future for every waiter: the store's readiness wakes only the waiter that polled it
+    // last (kube-runtime's `DelayedInit` keeps one waker), `Shared` polls it once for all.
+    let claims_listed = {
+        let claims = claims.clone();
+        async move { claims.wait_until_ready().await.is_ok() }
+            .boxed()
+            .shared()
+    };
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
     let (handed_over_tx, handed_over) = tokio::sync::oneshot::channel();
     tokio::spawn({
         let (ctx, claims, draining) = (Arc::clone(&ctx), claims.clone(), settings.draining);
+        let claims_listed = claims_listed.clone();
         async move {
             let complete = async {
                 if draining {
-                    drain::until_complete(&ctx, claims).await;
+                    drain::until_complete(&ctx, claims, claims_listed).await;
                 } else {
                     future::pending::<()>().await;
                 }
@@ -139,7 +148,6 @@ pub async fn run(
         }
     };
 
-    let claims_ready = claims.clone();
     let volumes_ready = volumes.clone();
     let claim_controller = Controller::for_stream(
         with_work(claim_stream, &ctx, ClaimReconciler::has_work),
@@ -192,11 +200,7 @@ pub async fn run(
     .for_each(log_result);
     let reaper = orphans::reap_orphans(Arc::clone(&ctx), worker_threads, drained());
     tokio::join!(
-        until_drained_if_never_ready(
-            claim_controller,
-            async move { claims_ready.wait_until_ready().await.is_ok() },
-            drained()
-        ),
+        until_drained_if_never_ready(claim_controller, claims_listed, drained()),
         until_drained_if_never_ready(
             volume_controller,
             async move { volumes_ready.wait_until_ready().await.is_ok() },

@@ -11,12 +11,14 @@ mod support;
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use csi_provisioner::leader::lease_name;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use kube::api::{Api, DeleteParams};
 use nix::sys::signal::Signal;
 
 use support::cluster::{
     Cluster, driver_pvs, has_consistency_finalizer, journal_operations, lease_holder, pv_name,
-    wait_bound,
+    wait_bound, wait_event,
 };
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, describe};
 
@@ -235,6 +237,65 @@ async fn a_drain_hands_every_claim_in_flight_over_to_upstream() {
     cluster.wait_pv_gone(&pv_name(&handed)).await;
     remaining.remove(0);
     wait_all_bound_nothing_leaked(&cluster, &driver, &remaining).await;
+}
+
+/// An orphan whose provisioner Secret is gone cannot be deleted: the drain does not complete
+/// (a `DrainBlocked` event on the shard says why) until the Secret is back, then it deletes
+/// the volume and exits 0.
+#[tokio::test]
+async fn an_orphan_whose_secret_is_gone_holds_the_drain_until_it_is_back() {
+    let cluster = Cluster::new("handover-blocked").await;
+    let driver = Driver::start(&[]).await;
+    driver.set_faults(CREATE_TIMES_OUT);
+    let mut sidecar = Sidecar::start_with(&driver, ours(&cluster, &[]));
+    let secret = [
+        ("csi.storage.k8s.io/provisioner-secret-name", "creds"),
+        (
+            "csi.storage.k8s.io/provisioner-secret-namespace",
+            cluster.ns(),
+        ),
+    ];
+    let class = cluster.class("secret", &driver, "Delete", &secret).await;
+    cluster
+        .create_secret("creds", &[("password", "not-logged")])
+        .await;
+    let created = cluster.claim("data", &class).await;
+    let volume = pv_name(&created);
+    driver.wait_holds(&volume).await;
+    cluster.delete_claim("data").await;
+    cluster.wait_claim_gone("data").await;
+    Api::<Secret>::namespaced(cluster.client.clone(), cluster.ns())
+        .delete("creds", &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting Secret creds: {e}"));
+    sidecar.signal(Signal::SIGTERM);
+    let status = sidecar.wait_exit(TIMEOUT).await;
+    assert!(status.success(), "SIGTERM: {}", describe(status));
+
+    driver.clear_faults();
+    let mut drain = Sidecar::start_with(&driver, ours(&cluster, &["--drain"]));
+    let shard = format!("{}-0", lease_name(driver.name()));
+    wait_event(
+        &cluster.client,
+        cluster.ns(),
+        &shard,
+        "DrainBlocked",
+        |message| message.contains(&volume) && message.contains("creds"),
+    )
+    .await;
+    drain.assert_running();
+    assert_eq!(driver.volume_count(), 1, "the orphan waits for its Secret");
+
+    cluster
+        .create_secret("creds", &[("password", "not-logged")])
+        .await;
+    let status = drain.wait_exit(TIMEOUT).await;
+    assert!(status.success(), "--drain: {}", describe(status));
+    assert_eq!(driver.volume_count(), 0, "the orphan was deleted");
+    let left = journal_operations(&cluster.client, cluster.ns(), &driver)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// Without the drain, upstream forgets what our journal held: the orphans' volumes leak and our

@@ -44,6 +44,7 @@ use crate::journal::{
 };
 use crate::kube_client::RateLimitLayer;
 use crate::metrics::Metrics;
+use crate::provision::SecretRef;
 use crate::provision::fixtures::{DRIVER, PVC_UID, caps, config};
 
 /// The sidecar's namespace, where the journal lives.
@@ -69,6 +70,31 @@ pub fn claim_volume() -> String {
 
 pub fn claim_volume_path() -> String {
     format!("/api/v1/persistentvolumes/{}", claim_volume())
+}
+
+/// The operation of claim `apps/data` in class `standard` (parameter `type: fast`, secret
+/// `apps/creds`), as the journal holds it.
+pub fn recorded_operation() -> Operation {
+    Operation {
+        volume_name: claim_volume(),
+        claim_namespace: "apps".to_owned(),
+        claim_name: "data".to_owned(),
+        claim_uid: PVC_UID.to_owned(),
+        class_name: "standard".to_owned(),
+        request: csi::CreateVolumeRequest {
+            name: claim_volume(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: GIB,
+                limit_bytes: 0,
+            }),
+            parameters: strings(&[("type", "fast")]),
+            ..csi::CreateVolumeRequest::default()
+        },
+        provisioner_secret: Some(SecretRef {
+            name: "creds".to_owned(),
+            namespace: "apps".to_owned(),
+        }),
+    }
 }
 
 /// The read of Secret `apps/creds`.
@@ -325,6 +351,7 @@ pub struct Cluster {
     journaled: Vec<Operation>,
     journal_timeout: Duration,
     fence: LeaseFence,
+    draining: bool,
 }
 
 impl Cluster {
@@ -336,6 +363,7 @@ impl Cluster {
             journaled: Vec::new(),
             journal_timeout: Duration::from_secs(10),
             fence: LeaseFence::open(),
+            draining: false,
         }
     }
 
@@ -343,6 +371,12 @@ impl Cluster {
     pub fn fenced(mut self) -> Self {
         let (_, never_renewed) = tokio::sync::watch::channel(None);
         self.fence = LeaseFence::new(never_renewed, Duration::from_secs(10));
+        self
+    }
+
+    /// `--drain`.
+    pub fn draining(mut self) -> Self {
+        self.draining = true;
         self
     }
 
@@ -411,7 +445,7 @@ impl Cluster {
             journal_namespace: JOURNAL_NAMESPACE.to_owned(),
             journal_base_name: JOURNAL_BASE_NAME.to_owned(),
             journal_timeout: self.journal_timeout,
-            draining: false,
+            draining: self.draining,
         };
         let journal = bounded(Journal::load(
             client.clone(),

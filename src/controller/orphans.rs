@@ -308,37 +308,11 @@ mod tests {
     use crate::controller::fixtures::{
         CLAIM_PATH, Cluster, CreateVolumeCall, GIB, SECRETS, SHARD, Scenario, bounded,
         claim_volume, claim_volume_path, create_volume, created, delete_volume, get,
-        journal_replaced, patch, secret_read, strings,
+        journal_replaced, patch, recorded_operation, secret_read, strings,
     };
-    use crate::csi;
+    use crate::provision::PROVISIONING_FINALIZER;
     use crate::provision::fixtures::{PVC_UID, PvBuilder, PvcBuilder};
-    use crate::provision::{PROVISIONING_FINALIZER, SecretRef};
 
-    /// The journaled operation of claim `apps/data`.
-    fn operation() -> Operation {
-        Operation {
-            volume_name: claim_volume(),
-            claim_namespace: "apps".to_owned(),
-            claim_name: "data".to_owned(),
-            claim_uid: PVC_UID.to_owned(),
-            class_name: "standard".to_owned(),
-            request: csi::CreateVolumeRequest {
-                name: claim_volume(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: GIB,
-                    limit_bytes: 0,
-                }),
-                parameters: strings(&[("type", "fast")]),
-                ..csi::CreateVolumeRequest::default()
-            },
-            provisioner_secret: Some(SecretRef {
-                name: "creds".to_owned(),
-                namespace: "apps".to_owned(),
-            }),
-        }
-    }
-
-    /// The replay: the recorded request, with the secrets read again.
     fn replayed_create() -> CreateVolumeCall {
         CreateVolumeCall {
             name: claim_volume(),
@@ -359,7 +333,11 @@ mod tests {
     async fn reap_journaled(scenario: &Scenario) -> Result<Reaped, ReapError> {
         let ctx = scenario.ctx();
         let idle = ctx.journal.registry().idle();
-        assert_eq!(idle, [operation()], "the journal restored the operation");
+        assert_eq!(
+            idle,
+            [recorded_operation()],
+            "the journal restored the operation"
+        );
         bounded(reap(&ctx, &idle[0])).await
     }
 
@@ -370,7 +348,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn orphan_reaped() {
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .start([
                 get(CLAIM_PATH).refuse(404, "NotFound"),
                 get(claim_volume_path()).refuse(404, "NotFound"),
@@ -395,7 +373,7 @@ mod tests {
         let mut released = deleting().build();
         released.metadata.finalizers = None;
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .start([
                 get(CLAIM_PATH).answer(200, deleting().build()),
                 get(claim_volume_path()).refuse(404, "NotFound"),
@@ -419,7 +397,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_claim_that_still_wants_its_volume_keeps_it() {
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .claim(PvcBuilder::new().build())
             .start([])
             .await;
@@ -436,7 +414,7 @@ mod tests {
         let mut pv = PvBuilder::new().build();
         pv.metadata.name = Some(claim_volume());
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .claim(PvcBuilder::new().build())
             .volume(pv.clone())
             // The cache keeps no claim reference: the PV is read to check it is the claim's.
@@ -453,7 +431,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_claim_missing_from_the_cache_but_still_there_keeps_its_claim_volume() {
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .start([get(CLAIM_PATH).answer(200, PvcBuilder::new().build())])
             .await;
         assert!(matches!(
@@ -467,7 +445,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failed_pv_read_is_reported_as_such() {
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .start([
                 get(CLAIM_PATH).refuse(404, "NotFound"),
                 get(claim_volume_path()).refuse(500, "InternalError"),

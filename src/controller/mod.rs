@@ -122,7 +122,7 @@ pub async fn run(
             .shared()
     };
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
-    let (handed_over_tx, handed_over) = tokio::sync::oneshot::channel();
+    let (handed_over_tx, mut handed_over) = tokio::sync::oneshot::channel();
     tokio::spawn({
         let (ctx, claims, draining) = (Arc::clone(&ctx), claims.clone(), settings.draining);
         let claims_listed = claims_listed.clone();
@@ -209,7 +209,8 @@ pub async fn run(
         reaper
     );
     let flushed = ctx.journal.flush(journal_timeout).await;
-    if handed_over.await.is_err() {
+    // The reaper ends only at the drain signal, which is sent after the hand-over is.
+    if handed_over.try_recv().is_err() {
         if let Err(error) = flushed {
             warn!(%error, "the next leader replays what is left");
         }

@@ -5,11 +5,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use kube::runtime::reflector::Store;
 use tokio::time::Instant;
 use tracing::info;
 
-use super::cache::CachedClaim;
 use super::context::Context;
 use crate::provision::holds_up_drain;
 
@@ -20,22 +18,19 @@ const PROGRESS_INTERVAL: Duration = Duration::from_secs(30);
 /// Volume names named in a progress line, at most.
 const NAMED: usize = 5;
 
-/// Resolves once `claims_listed` says the claim cache has listed, the journal holds no operation and no claim of this driver in the (listed)
-/// cache carries the provisioning-protection finalizer. The provisioner taking over may then
-/// start: nothing it cannot see is left in flight, and nothing it cannot remove is left on a
-/// claim.
-pub(super) async fn until_complete(
-    ctx: &Context,
-    claims: Store<CachedClaim>,
-    claims_listed: impl Future<Output = bool>,
-) {
+/// Resolves once the claim cache has listed (`claims_listed`), the journal holds no
+/// operation and no claim of this driver in the cache carries the provisioning-protection
+/// finalizer. The provisioner taking over may then start: nothing it cannot see is left in
+/// flight, and nothing it cannot remove is left on a claim. A cache that lags only delays
+/// this: nothing adds the finalizer while a drain leads.
+pub(super) async fn until_complete(ctx: &Context, claims_listed: impl Future<Output = bool>) {
     // An empty cache before the first list would look drained.
     if !claims_listed.await {
         return std::future::pending().await;
     }
     let mut last_progress: Option<(Instant, Left)> = None;
     loop {
-        let left = left(ctx, &claims);
+        let left = left(ctx);
         if left.operations == 0 && left.finalizers == 0 {
             info!(
                 "drain complete: no operation in flight, no claim carries the provisioning-protection finalizer; exiting"
@@ -72,11 +67,12 @@ struct Left {
     finalizers: usize,
 }
 
-fn left(ctx: &Context, claims: &Store<CachedClaim>) -> Left {
+fn left(ctx: &Context) -> Left {
     let driver = &ctx.config.driver_name;
     Left {
         operations: ctx.journal.registry().len(),
-        finalizers: claims
+        finalizers: ctx
+            .claims
             .state()
             .iter()
             .filter(|claim| {

@@ -124,12 +124,12 @@ pub async fn run(
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
     let (handed_over_tx, mut handed_over) = tokio::sync::oneshot::channel();
     tokio::spawn({
-        let (ctx, claims, draining) = (Arc::clone(&ctx), claims.clone(), settings.draining);
+        let (ctx, draining) = (Arc::clone(&ctx), settings.draining);
         let claims_listed = claims_listed.clone();
         async move {
             let complete = async {
                 if draining {
-                    drain::until_complete(&ctx, claims, claims_listed).await;
+                    drain::until_complete(&ctx, claims_listed).await;
                 } else {
                     future::pending::<()>().await;
                 }

@@ -19,7 +19,7 @@ use csi_provisioner::csi::volume_capability::{
     AccessMode, AccessType, MountVolume, access_mode::Mode,
 };
 use csi_provisioner::journal::{DRIVER_LABEL, OperationRecord, Phase, ProvisioningJournal};
-use csi_provisioner::provision::{ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER};
+use csi_provisioner::provision::ANN_PROVISIONING_CONSISTENCY;
 use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -29,7 +29,8 @@ use nix::sys::signal::Signal;
 use prost::Message;
 
 use support::cluster::{
-    Cluster, driver_pvs, events_of, journal_operations, pv_name, summarize, wait_bound,
+    Cluster, driver_pvs, events_of, has_consistency_finalizer as has_finalizer, journal_operations,
+    pv_name, summarize, wait_bound,
 };
 use support::csi_wire::channel;
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse_metrics};
@@ -156,53 +157,8 @@ impl Cluster {
     }
 }
 
-fn has_finalizer(pvc: &PersistentVolumeClaim) -> bool {
-    pvc.metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|f| f == PROVISIONING_FINALIZER))
-}
-
 fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
     pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
-}
-
-/// Waits until the driver has received a CreateVolume for `volume` (it logs requests as they
-/// arrive, before any injected delay).
-async fn wait_create_received(driver: &Driver, volume: &str) {
-    let needle = format!("name: \"{volume}\"");
-    support::eventually(
-        &format!("the driver to receive CreateVolume for {volume}"),
-        TIMEOUT,
-        || async {
-            let requests = driver.requests("CreateVolume");
-            if requests.iter().any(|line| line.contains(&needle)) {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{} CreateVolume requests, none for {volume}",
-                    requests.len()
-                ))
-            }
-        },
-    )
-    .await;
-}
-
-async fn wait_driver_has(driver: &Driver, volume: &str) {
-    support::eventually(
-        &format!("the driver to hold volume {volume}"),
-        TIMEOUT,
-        || async {
-            let volumes = driver.volumes();
-            if volumes.iter().any(|v| v.name == volume) {
-                Ok(())
-            } else {
-                Err(format!("{volumes:?}"))
-            }
-        },
-    )
-    .await;
 }
 
 /// Waits until the orphan of `volume` is deleted: nothing of `driver` left, the event, the metric.
@@ -309,7 +265,7 @@ async fn a_volume_created_while_the_sidecar_was_dead_for_a_deleted_claim_is_dele
         .await;
     assert_eq!(record.claim, format!("{}/data", cluster.ns()));
     assert_eq!(record.storage_class, class);
-    wait_create_received(&driver, &volume).await;
+    driver.wait_create_received(&volume).await;
     sidecar.kill().await;
 
     cluster.delete_claim("data").await;
@@ -364,7 +320,7 @@ async fn a_claim_deleted_while_create_volume_keeps_timing_out_leaves_nothing() {
     let created = cluster.claim("data", &class).await;
     let volume = pv_name(&created);
 
-    wait_driver_has(&driver, &volume).await;
+    driver.wait_holds(&volume).await;
     cluster
         .wait_operation(&driver, &volume, "with a failed attempt", |op| {
             op.attempts >= 1 && op.last_error.is_some()
@@ -405,7 +361,7 @@ async fn the_consistency_finalizer_guards_provisioning_and_goes_once_bound() {
     let created = cluster.consistent_claim("data", &class, "enable").await;
     let volume = pv_name(&created);
 
-    wait_create_received(&driver, &volume).await;
+    driver.wait_create_received(&volume).await;
     let during = cluster
         .get_claim("data")
         .await
@@ -451,7 +407,7 @@ async fn a_deleted_claim_with_the_finalizer_stays_until_its_orphan_is_deleted() 
     let created = cluster.consistent_claim("data", &class, "enable").await;
     let volume = pv_name(&created);
 
-    wait_driver_has(&driver, &volume).await;
+    driver.wait_holds(&volume).await;
     cluster.delete_claim("data").await;
     cluster
         .wait_operation(&driver, &volume, "orphaned", |op| {
@@ -493,7 +449,7 @@ async fn disable_on_a_deleting_claim_lets_it_go_and_the_journal_still_deletes_th
     let created = cluster.consistent_claim("data", &class, "enable").await;
     let volume = pv_name(&created);
 
-    wait_driver_has(&driver, &volume).await;
+    driver.wait_holds(&volume).await;
     cluster.delete_claim("data").await;
     cluster
         .wait_operation(&driver, &volume, "orphaned", |op| {
@@ -544,7 +500,7 @@ async fn a_force_deleted_claim_while_create_volume_succeeds_leaks_nothing() {
     let created = cluster.consistent_claim("data", &class, "enable").await;
     let volume = pv_name(&created);
 
-    wait_create_received(&driver, &volume).await;
+    driver.wait_create_received(&volume).await;
     cluster.delete_claim("data").await;
     cluster
         .patch_claim(
@@ -580,7 +536,7 @@ async fn the_finalizer_removed_by_hand_while_create_volume_times_out_leaks_nothi
     let created = cluster.consistent_claim("data", &class, "enable").await;
     let volume = pv_name(&created);
 
-    wait_create_received(&driver, &volume).await;
+    driver.wait_create_received(&volume).await;
     cluster
         .patch_claim(
             "data",
@@ -610,13 +566,13 @@ async fn the_consistency_default_applies_to_claims_without_the_annotation() {
         .consistent_claim("opted-out", &class, "disable")
         .await;
 
-    wait_create_received(&driver, &pv_name(&plain)).await;
+    driver.wait_create_received(&pv_name(&plain)).await;
     let during = cluster
         .get_claim("plain")
         .await
         .unwrap_or_else(|| panic!("PVC gone"));
     assert!(has_finalizer(&during), "{:?}", during.metadata.finalizers);
-    wait_create_received(&driver, &pv_name(&opted_out)).await;
+    driver.wait_create_received(&pv_name(&opted_out)).await;
     let during = cluster
         .get_claim("opted-out")
         .await
@@ -760,7 +716,7 @@ async fn another_drivers_sidecar_leaves_the_finalizer_alone() {
     let triaged = format!("nothing to do claim={}/data", cluster.ns());
     let bystander_triages = |bystander: &Sidecar| bystander.log().matches(&triaged).count();
 
-    wait_driver_has(&driver, &volume).await;
+    driver.wait_holds(&volume).await;
     cluster
         .wait_operation(&driver, &volume, "with a failed attempt", |op| {
             op.attempts >= 1
@@ -894,7 +850,7 @@ async fn a_final_error_after_a_timeout_leaves_the_operation_until_the_volume_is_
     let created = cluster.claim("data", &class).await;
     let volume = pv_name(&created);
 
-    wait_driver_has(&driver, &volume).await;
+    driver.wait_holds(&volume).await;
     cluster
         .wait_operation(&driver, &volume, "with a lost answer", |op| {
             op.attempts >= 1
@@ -930,7 +886,7 @@ async fn a_class_recreated_mid_flight_does_not_change_the_recorded_request() {
         .await;
     let created = cluster.claim("data", &class).await;
     let volume = pv_name(&created);
-    wait_driver_has(&driver, &volume).await;
+    driver.wait_holds(&volume).await;
 
     let classes: Api<StorageClass> = Api::all(cluster.client.clone());
     classes
@@ -1069,7 +1025,7 @@ async fn a_namespace_deleted_with_the_secret_of_an_orphan_is_not_kept() {
         .await;
     let created = app.consistent_claim("data", &class, "enable").await;
     let volume = pv_name(&created);
-    wait_driver_has(&driver, &volume).await;
+    driver.wait_holds(&volume).await;
     cluster
         .wait_operation(&driver, &volume, "with a lost answer", |op| {
             op.attempts >= 1
@@ -1370,7 +1326,7 @@ async fn deleting_every_shard_under_load_loses_no_operation() {
         volumes.push(pv_name(&created));
     }
     for volume in &volumes {
-        wait_driver_has(&driver, volume).await;
+        driver.wait_holds(volume).await;
         cluster
             .wait_operation(&driver, volume, "with a lost answer", |op| op.attempts >= 1)
             .await;

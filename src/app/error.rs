@@ -42,6 +42,11 @@ pub enum AppError {
     LeadershipLost,
     #[error(transparent)]
     Controllers(JournalError),
+    /// `--drain` stopped (a signal, or the Lease never won) before the hand-over was complete.
+    #[error(
+        "--drain stopped before it was complete: operations may still be in flight or claims carry the provisioning-protection finalizer; run it again (kubectl get provisioningjournals shows what is left)"
+    )]
+    DrainIncomplete,
     #[error("a task of the sidecar ended abnormally: {0}")]
     Task(#[source] tokio::task::JoinError),
 }

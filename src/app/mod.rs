@@ -13,6 +13,7 @@ mod settings;
 use std::future::Future;
 use std::pin::Pin;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::task::JoinSet;
@@ -85,14 +86,21 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
     let fence = elector
         .as_ref()
         .map_or_else(LeaseFence::open, |(_, watch, _)| watch.fence());
+    // `--drain` exits 0 only once the hand-over is complete; a signal, or a Lease never won,
+    // ends it before.
+    let draining = args.controller.drain;
+    let handed_over = Arc::new(AtomicBool::new(false));
     let controllers = {
         let clients = clients.clone();
         let metrics = Arc::clone(&metrics);
         let drain = shutdown.drain_started();
+        let handed_over = Arc::clone(&handed_over);
         move || async move {
-            controller::run(clients, driver, metrics, settings, fence, drain)
+            let ended = controller::run(clients, driver, metrics, settings, fence, drain)
                 .await
-                .map_err(AppError::Controllers)
+                .map_err(AppError::Controllers)?;
+            handed_over.store(ended == controller::Ended::HandedOver, Ordering::SeqCst);
+            Ok(())
         }
     };
 
@@ -122,7 +130,11 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
         }),
     };
 
-    supervise(work, &mut tasks, &shutdown).await
+    supervise(work, &mut tasks, &shutdown).await?;
+    if draining && !handed_over.load(Ordering::SeqCst) {
+        return Err(AppError::DrainIncomplete);
+    }
+    Ok(())
 }
 
 /// Runs `work` to its end, unless a task of `tasks` fails first: then the drain starts (the

@@ -56,6 +56,7 @@ pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppEr
         ),
         journal_base_name: leader::lease_name(&info.name),
         journal_timeout: args.driver.timeout,
+        draining: controller.drain,
     })
 }
 

@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use clap::ValueEnum;
+use clap::{ArgAction, ValueEnum};
 
 use super::error::{ConfigError, not_after, positive_count, positive_duration};
-use super::go::parse_go_duration;
+use super::go::{parse_go_bool, parse_go_duration};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ControllerArgs {
@@ -39,6 +39,13 @@ pub struct ControllerArgs {
     /// finalizer before CreateVolume (guards against the volume leak of upstream issue #486).
     #[arg(long, value_enum, default_value_t = ConsistencyDefault::Disable)]
     pub provisioning_consistency_default: ConsistencyDefault,
+
+    /// Ours (not upstream): hand over to another provisioner (uninstall, or downgrade to
+    /// upstream): take the Lease, start no new provisioning, finish every operation in flight,
+    /// remove the provisioning-protection finalizer from every claim, then exit 0.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub drain: bool,
 }
 
 /// `--provisioning-consistency-default` (ours).

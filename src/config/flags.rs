@@ -127,6 +127,7 @@ pub const FLAGS: &[FlagInfo] = {
         up("log-json-info-buffer-size", SPLIT_LOGS),
         ours("max-concurrent-per-storage-class", Built),
         ours("provisioning-consistency-default", Built),
+        ours("drain", Built),
     ]
 };
 

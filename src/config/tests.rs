@@ -83,6 +83,7 @@ fn defaults_equal_upstream() {
         a.controller.provisioning_consistency_default,
         ConsistencyDefault::Disable
     );
+    assert!(!a.controller.drain);
     let g = a.feature_gates();
     assert!(g.enabled(Gate::Topology));
     assert!(!g.enabled(Gate::CrossNamespaceVolumeDataSource));
@@ -148,6 +149,7 @@ fn every_flag_parses() {
         "--log-json-info-buffer-size=2Mi",
         "--max-concurrent-per-storage-class=4",
         "--provisioning-consistency-default=enable",
+        "--drain",
     ]);
     assert_eq!(a.driver.csi_address, "unix:///csi/csi.sock");
     assert_eq!(a.driver.timeout, secs(90));
@@ -215,6 +217,7 @@ fn every_flag_parses() {
         a.controller.provisioning_consistency_default,
         ConsistencyDefault::Enable
     );
+    assert!(a.controller.drain);
     assert_eq!(a.validate(), Ok(()));
     // Every flag of the table was given above, except the one excluding --http-endpoint.
     let mut given: BTreeSet<_> = FLAGS.iter().map(|f| f.name.to_owned()).collect();

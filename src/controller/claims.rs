@@ -32,7 +32,8 @@ use crate::journal::{JournalError, Operation, Phase};
 use crate::provision::{
     ClaimWork, CreateResponseError, DecisionError, ExistingPv, ProvisionError, ProvisionPlan,
     build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
-    existing_pv, names_may_collide, needs_finalizer, plan_provision, pv_is_for_claim,
+    drain_claim_work, existing_pv, names_may_collide, needs_finalizer, plan_provision,
+    pv_is_for_claim,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -200,13 +201,19 @@ fn triage(cached: &CachedClaim, ctx: &Context) -> Option<(PersistentVolumeClaim,
         .ok()?;
     let class = ctx.classes.get(&ObjectRef::new(claim_class_name(&pvc)));
     let registry = ctx.journal.registry();
-    let work = match claim_work(
-        &pvc,
-        class,
-        &ctx.config,
-        ctx.consistency_by_default,
-        |volume| registry.contains(volume),
-    ) {
+    let in_flight = |volume: &str| registry.contains(volume);
+    let work = if ctx.draining {
+        drain_claim_work(&pvc, class, &ctx.config, in_flight)
+    } else {
+        claim_work(
+            &pvc,
+            class,
+            &ctx.config,
+            ctx.consistency_by_default,
+            in_flight,
+        )
+    };
+    let work = match work {
         ClaimWork::ReleaseFinalizer => Work::ReleaseFinalizer,
         ClaimWork::Provision(class) => Work::Provision(class),
         ClaimWork::Refuse(error) => Work::Refuse(error),
@@ -254,7 +261,7 @@ async fn provision_claim(
     // journaled before the call (a claim found gone later gets its volume deleted), and a PV
     // create that meets another PV of that name deletes the new volume unless a PV uses it.
     // See docs/design.md and docs/journal.md.
-    if needs_finalizer(pvc, ctx.consistency_by_default) {
+    if needs_finalizer(pvc, ctx.consistency_by_default, ctx.draining) {
         set_claim_finalizer(&ctx.client, pvc, true).await?;
     }
 
@@ -502,7 +509,7 @@ mod tests {
         CLAIM_PATH, Cluster, CreateVolumeCall, GIB, RETRY_MAX, RETRY_START, SECRETS, Scenario,
         Step, bounded, cached, claim_volume, claim_volume_path, create_volume, created,
         delete_volume, get, journal_created, journal_path, journal_replaced, patch, post, put,
-        secret_read, shard, shard_path, strings,
+        recorded_operation, secret_read, shard, shard_path, strings,
     };
     use crate::journal::OperationRecord;
     use crate::provision::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvBuilder, PvcBuilder};
@@ -619,6 +626,59 @@ mod tests {
             reconcile(&scenario, claim().build()).await,
             Action::await_change()
         );
+        assert!(!in_flight(&scenario));
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_sends_nothing_for_a_claim_it_has_not_recorded() {
+        let pvc = claim()
+            .annotation(ANN_PROVISIONING_CONSISTENCY, "enable")
+            .build();
+        let scenario = cluster().draining().start([]).await;
+        assert!(!ClaimReconciler::has_work(&cached(&pvc), &scenario.ctx()));
+        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_takes_our_finalizer_off_a_claim_with_nothing_in_flight() {
+        let pvc = claim()
+            .annotation(ANN_PROVISIONING_CONSISTENCY, "enable")
+            .finalizer(PROVISIONING_FINALIZER)
+            .build();
+        let mut released = pvc.clone();
+        released.metadata.finalizers = None;
+        let scenario = cluster()
+            .draining()
+            .start([patch(CLAIM_PATH)
+                .body(json!([
+                    { "op": "test", "path": "/metadata/uid", "value": PVC_UID },
+                    { "op": "test", "path": "/metadata/finalizers/0", "value": PROVISIONING_FINALIZER },
+                    { "op": "remove", "path": "/metadata/finalizers/0" },
+                ]))
+                .answer(200, released)])
+            .await;
+        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_finishes_a_recorded_operation_without_adding_our_finalizer() {
+        let pvc = claim()
+            .annotation(ANN_PROVISIONING_CONSISTENCY, "enable")
+            .build();
+        let scenario = cluster()
+            .draining()
+            .journaled(recorded_operation())
+            .start([
+                secret_read(),
+                create_volume(expected_create(), created("vol-1", GIB)),
+                pv_created(),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
         assert!(!in_flight(&scenario));
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }

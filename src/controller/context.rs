@@ -36,6 +36,8 @@ pub struct Settings {
     pub journal_base_name: String,
     /// How long a journal write may take before CreateVolume is given up for this attempt.
     pub journal_timeout: Duration,
+    /// `--drain`: hand over to another provisioner (see `provision::drain_claim_work`).
+    pub draining: bool,
 }
 
 /// What the reconcilers share.
@@ -53,6 +55,8 @@ pub struct Context {
     pub journal: Journal,
     /// `--provisioning-consistency-default enable`.
     pub consistency_by_default: bool,
+    /// `--drain`.
+    pub draining: bool,
     pub retry_interval_start: Duration,
     pub retry_interval_max: Duration,
     claim_backoff: Mutex<Backoff<String>>,
@@ -103,6 +107,7 @@ impl Context {
             limits: CallLimits::new(settings.worker_threads, settings.max_concurrent_per_class),
             journal,
             consistency_by_default: settings.consistency_by_default,
+            draining: settings.draining,
             retry_interval_start: settings.retry_interval_start,
             retry_interval_max: settings.retry_interval_max,
             claim_backoff: backoff(),

@@ -45,6 +45,7 @@ use crate::journal::{
 use crate::kube_client::RateLimitLayer;
 use crate::metrics::Metrics;
 use crate::provision::ProvisionerConfig;
+use crate::provision::SecretRef;
 use crate::provision::fixtures::{DRIVER, PVC_UID, caps, config};
 
 /// The sidecar's namespace, where the journal lives.
@@ -70,6 +71,31 @@ pub fn claim_volume() -> String {
 
 pub fn claim_volume_path() -> String {
     format!("/api/v1/persistentvolumes/{}", claim_volume())
+}
+
+/// The operation of claim `apps/data` in class `standard` (parameter `type: fast`, secret
+/// `apps/creds`), as the journal holds it.
+pub fn recorded_operation() -> Operation {
+    Operation {
+        volume_name: claim_volume(),
+        claim_namespace: "apps".to_owned(),
+        claim_name: "data".to_owned(),
+        claim_uid: PVC_UID.to_owned(),
+        class_name: "standard".to_owned(),
+        request: csi::CreateVolumeRequest {
+            name: claim_volume(),
+            capacity_range: Some(csi::CapacityRange {
+                required_bytes: GIB,
+                limit_bytes: 0,
+            }),
+            parameters: strings(&[("type", "fast")]),
+            ..csi::CreateVolumeRequest::default()
+        },
+        provisioner_secret: Some(SecretRef {
+            name: "creds".to_owned(),
+            namespace: "apps".to_owned(),
+        }),
+    }
 }
 
 /// The read of Secret `apps/creds`.
@@ -327,6 +353,7 @@ pub struct Cluster {
     journal_timeout: Duration,
     fence: LeaseFence,
     uuid_length: i32,
+    draining: bool,
 }
 
 impl Cluster {
@@ -339,6 +366,7 @@ impl Cluster {
             journal_timeout: Duration::from_secs(10),
             fence: LeaseFence::open(),
             uuid_length: -1,
+            draining: false,
         }
     }
 
@@ -346,6 +374,12 @@ impl Cluster {
     pub fn fenced(mut self) -> Self {
         let (_, never_renewed) = tokio::sync::watch::channel(None);
         self.fence = LeaseFence::new(never_renewed, Duration::from_secs(10));
+        self
+    }
+
+    /// `--drain`.
+    pub fn draining(mut self) -> Self {
+        self.draining = true;
         self
     }
 
@@ -423,6 +457,7 @@ impl Cluster {
             journal_namespace: JOURNAL_NAMESPACE.to_owned(),
             journal_base_name: JOURNAL_BASE_NAME.to_owned(),
             journal_timeout: self.journal_timeout,
+            draining: self.draining,
         };
         let journal = bounded(Journal::load(
             client.clone(),

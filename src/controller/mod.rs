@@ -11,6 +11,7 @@ pub mod backoff;
 pub mod cache;
 mod claims;
 mod context;
+mod drain;
 pub mod events;
 mod finalizers;
 #[cfg(test)]
@@ -23,12 +24,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt, TryStreamExt, future};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{Lookup, ObjectRef, Store};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::csi_client::CsiController;
 use crate::fence::LeaseFence;
@@ -44,10 +45,24 @@ use volumes::VolumeReconciler;
 
 /// Periodic re-examination of every claim and volume, as upstream's 15-minute resync.
 const RESYNC_PERIOD: Duration = Duration::from_secs(15 * 60);
+/// The resync of claims under `--drain`: a claim whose operation the reaper finished (its PV
+/// already existed) may see no change of its own, and its finalizer must still come off.
+const DRAIN_RESYNC_PERIOD: Duration = Duration::from_secs(5);
+
+/// How [`run`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// `drain` resolved (a signal, or a failing task of the sidecar).
+    Stopped,
+    /// `--drain`: nothing is left in flight and no claim carries our finalizer, and the
+    /// journal's removals are stored.
+    HandedOver,
+}
 
 /// Loads the journal, then runs the provisioning and deletion controllers and the orphan
-/// reaper until `drain` resolves; lets the reconciles in flight finish (their driver calls
-/// included) and returns.
+/// reaper until `drain` resolves (or, with `settings.draining`, until the hand-over is
+/// complete); lets the reconciles in flight finish (their driver calls included), stores the
+/// journal's last changes and returns.
 pub async fn run(
     clients: ApiClients,
     driver: Arc<dyn CsiController>,
@@ -55,7 +70,7 @@ pub async fn run(
     settings: Settings,
     fence: LeaseFence,
     drain: impl Future<Output = ()> + Send + Sync + 'static,
-) -> Result<(), JournalError> {
+) -> Result<Ended, JournalError> {
     let ApiClients {
         client,
         prepaid,
@@ -94,10 +109,38 @@ pub async fn run(
         client, driver, stores, events, metrics, journal, &settings,
     ));
 
+    if settings.draining {
+        info!(
+            "--drain: no new provisioning; a claim without a recorded operation gets no CreateVolume and no finalizer. Finishing every recorded operation, removing the provisioning-protection finalizer from every claim, then exiting"
+        );
+    }
+    // One future for every waiter: the store's readiness wakes only the waiter that polled it
+    // last (kube-runtime's `DelayedInit` keeps one waker), `Shared` polls it once for all.
+    let claims_listed = {
+        let claims = claims.clone();
+        async move { claims.wait_until_ready().await.is_ok() }
+            .boxed()
+            .shared()
+    };
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        drain.await;
-        let _ = drain_tx.send(true);
+    let (handed_over_tx, mut handed_over) = tokio::sync::oneshot::channel();
+    tokio::spawn({
+        let (ctx, draining) = (Arc::clone(&ctx), settings.draining);
+        let claims_listed = claims_listed.clone();
+        async move {
+            let complete = async {
+                if draining {
+                    drain::until_complete(&ctx, claims_listed).await;
+                } else {
+                    future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                () = drain => {}
+                () = complete => { let _ = handed_over_tx.send(()); }
+            }
+            let _ = drain_tx.send(true);
+        }
     });
     let drained = move || {
         let mut rx = drain_rx.clone();
@@ -106,7 +149,6 @@ pub async fn run(
         }
     };
 
-    let claims_ready = claims.clone();
     let volumes_ready = volumes.clone();
     let claim_controller = Controller::for_stream(
         with_work(claim_stream, &ctx, ClaimReconciler::has_work),
@@ -135,6 +177,11 @@ pub async fn run(
         claims.clone(),
         &ctx,
         ClaimReconciler::has_work,
+        if settings.draining {
+            DRAIN_RESYNC_PERIOD
+        } else {
+            RESYNC_PERIOD
+        },
     ))
     .graceful_shutdown_on(drained())
     .run(ClaimReconciler::reconcile, never_fails, Arc::clone(&ctx))
@@ -143,17 +190,18 @@ pub async fn run(
         with_work(volume_stream, &ctx, VolumeReconciler::has_work),
         volumes.clone(),
     )
-    .reconcile_on(resync_with_work(volumes, &ctx, VolumeReconciler::has_work))
+    .reconcile_on(resync_with_work(
+        volumes,
+        &ctx,
+        VolumeReconciler::has_work,
+        RESYNC_PERIOD,
+    ))
     .graceful_shutdown_on(drained())
     .run(VolumeReconciler::reconcile, never_fails, Arc::clone(&ctx))
     .for_each(log_result);
     let reaper = orphans::reap_orphans(Arc::clone(&ctx), worker_threads, drained());
     tokio::join!(
-        until_drained_if_never_ready(
-            claim_controller,
-            async move { claims_ready.wait_until_ready().await.is_ok() },
-            drained()
-        ),
+        until_drained_if_never_ready(claim_controller, claims_listed, drained()),
         until_drained_if_never_ready(
             volume_controller,
             async move { volumes_ready.wait_until_ready().await.is_ok() },
@@ -161,8 +209,19 @@ pub async fn run(
         ),
         reaper
     );
-    ctx.journal.flush(journal_timeout).await;
-    Ok(())
+    let flushed = ctx.journal.flush(journal_timeout).await;
+    // The reaper ends only at the drain signal, which is sent after the hand-over is.
+    if handed_over.try_recv().is_err() {
+        if let Err(error) = flushed {
+            warn!(%error, "the next leader replays what is left");
+        }
+        return Ok(Ended::Stopped);
+    }
+    // The provisioner taking over keeps no journal: a removal left unwritten would make a
+    // later sidecar of ours replay an operation that is over. Harmless (see journal.md), but
+    // the drain promises an empty journal.
+    flushed?;
+    Ok(Ended::HandedOver)
 }
 
 /// Runs a controller to its end, or stops it at `drained` if its store has not listed yet.
@@ -206,20 +265,21 @@ where
     changed.try_filter(move |object| future::ready(has_work(object, &ctx)))
 }
 
-/// Every resync period, the cached objects that have work (upstream re-examines every object
-/// each 15 minutes; for those without work that finds nothing, so they are not queued, see
+/// Every `period`, the cached objects that have work (upstream re-examines every object each
+/// 15 minutes; for those without work that finds nothing, so they are not queued, see
 /// [`with_work`]).
 fn resync_with_work<K>(
     store: Store<K>,
     ctx: &Arc<Context>,
     has_work: fn(&K, &Context) -> bool,
+    period: Duration,
 ) -> impl Stream<Item = ObjectRef<K>> + Send + 'static
 where
     K: Lookup<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
     let ctx = Arc::clone(ctx);
-    futures::stream::unfold((), |()| async {
-        tokio::time::sleep(RESYNC_PERIOD).await;
+    futures::stream::unfold((), move |()| async move {
+        tokio::time::sleep(period).await;
         Some(((), ()))
     })
     .flat_map(move |()| {

@@ -59,6 +59,8 @@ impl ReapError {
 
 const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
 const ORPHAN_WAITING_FOR_SECRET: &str = "OrphanWaitingForSecret";
+/// Under `--drain`: an orphan that keeps failing keeps the drain from completing.
+const DRAIN_BLOCKED: &str = "DrainBlocked";
 
 /// How often the reaper looks for orphans when nothing is waiting on a backoff.
 const SCAN_INTERVAL: Duration = Duration::from_secs(2);
@@ -132,7 +134,8 @@ pub(super) async fn reap_orphans(
     }
 }
 
-/// The single mapping of reap failures to the journal's note, the log and events. Returns
+/// The single mapping of reap failures to the journal's note, the log and events (and, under
+/// `--drain`, the event saying what holds the drain up). Returns
 /// whether the orphan waits for its secret (counted by the gauge until it stops waiting).
 fn report_failure(
     ctx: &Context,
@@ -143,6 +146,17 @@ fn report_failure(
     ctx.journal
         .note_failure(&operation.volume_name, Phase::Orphaned, &error.to_string());
     warn!(volume = operation.volume_name, claim_uid = operation.claim_uid, %error, ?retry_in, "orphaned volume not cleaned up yet");
+    if ctx.draining {
+        ctx.events.publish(
+            &ctx.journal.shard_reference(&operation.volume_name),
+            EventType::Warning,
+            DRAIN_BLOCKED,
+            &format!(
+                "The drain cannot complete while volume {} of claim {}/{} (uid {}) is not cleaned up: {error}",
+                operation.volume_name, operation.claim_namespace, operation.claim_name, operation.claim_uid
+            ),
+        );
+    }
     let Some(message) = secret_wait_message(operation, error) else {
         return false;
     };
@@ -354,37 +368,11 @@ mod tests {
     use crate::controller::fixtures::{
         CLAIM_PATH, Cluster, CreateVolumeCall, GIB, SECRETS, SHARD, Scenario, bounded,
         claim_volume, claim_volume_path, create_volume, created, delete_volume, get,
-        journal_replaced, patch, secret_read, strings,
+        journal_replaced, patch, recorded_operation, secret_read, strings,
     };
-    use crate::csi;
+    use crate::provision::PROVISIONING_FINALIZER;
     use crate::provision::fixtures::{PVC_UID, PvBuilder, PvcBuilder};
-    use crate::provision::{PROVISIONING_FINALIZER, SecretRef};
 
-    /// The journaled operation of claim `apps/data`.
-    fn operation() -> Operation {
-        Operation {
-            volume_name: claim_volume(),
-            claim_namespace: "apps".to_owned(),
-            claim_name: "data".to_owned(),
-            claim_uid: PVC_UID.to_owned(),
-            class_name: "standard".to_owned(),
-            request: csi::CreateVolumeRequest {
-                name: claim_volume(),
-                capacity_range: Some(csi::CapacityRange {
-                    required_bytes: GIB,
-                    limit_bytes: 0,
-                }),
-                parameters: strings(&[("type", "fast")]),
-                ..csi::CreateVolumeRequest::default()
-            },
-            provisioner_secret: Some(SecretRef {
-                name: "creds".to_owned(),
-                namespace: "apps".to_owned(),
-            }),
-        }
-    }
-
-    /// The replay: the recorded request, with the secrets read again.
     fn replayed_create() -> CreateVolumeCall {
         CreateVolumeCall {
             name: claim_volume(),
@@ -405,7 +393,11 @@ mod tests {
     async fn reap_journaled(scenario: &Scenario) -> Result<Reaped, ReapError> {
         let ctx = scenario.ctx();
         let idle = ctx.journal.registry().idle();
-        assert_eq!(idle, [operation()], "the journal restored the operation");
+        assert_eq!(
+            idle,
+            [recorded_operation()],
+            "the journal restored the operation"
+        );
         bounded(reap(&ctx, &idle[0])).await
     }
 
@@ -416,7 +408,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn orphan_reaped() {
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .start([
                 get(CLAIM_PATH).refuse(404, "NotFound"),
                 get(claim_volume_path()).refuse(404, "NotFound"),
@@ -441,7 +433,7 @@ mod tests {
         let mut released = deleting().build();
         released.metadata.finalizers = None;
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .start([
                 get(CLAIM_PATH).answer(200, deleting().build()),
                 get(claim_volume_path()).refuse(404, "NotFound"),
@@ -465,7 +457,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_claim_that_still_wants_its_volume_keeps_it() {
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .claim(PvcBuilder::new().build())
             .start([])
             .await;
@@ -482,7 +474,7 @@ mod tests {
         let mut pv = PvBuilder::new().build();
         pv.metadata.name = Some(claim_volume());
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .claim(PvcBuilder::new().build())
             .volume(pv.clone())
             // The cache keeps no claim reference: the PV is read to check it is the claim's.
@@ -499,7 +491,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_claim_missing_from_the_cache_but_still_there_keeps_its_claim_volume() {
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .start([get(CLAIM_PATH).answer(200, PvcBuilder::new().build())])
             .await;
         assert!(matches!(
@@ -513,7 +505,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failed_pv_read_is_reported_as_such() {
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .start([
                 get(CLAIM_PATH).refuse(404, "NotFound"),
                 get(claim_volume_path()).refuse(500, "InternalError"),
@@ -531,14 +523,14 @@ mod tests {
         );
         assert!(in_flight(&scenario));
         assert!(!error.waits_for_secret());
-        assert_eq!(secret_wait_message(&operation(), &error), None);
+        assert_eq!(secret_wait_message(&recorded_operation(), &error), None);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_orphan_whose_secret_is_gone_waits_for_it_and_says_which() {
         let scenario = Cluster::new()
-            .journaled(operation())
+            .journaled(recorded_operation())
             .start([
                 get(CLAIM_PATH).refuse(404, "NotFound"),
                 get(claim_volume_path()).refuse(404, "NotFound"),
@@ -550,7 +542,7 @@ mod tests {
         };
         assert!(error.waits_for_secret(), "{error}");
         assert!(in_flight(&scenario), "the record keeps the orphan");
-        let message = secret_wait_message(&operation(), &error).unwrap_or_default();
+        let message = secret_wait_message(&recorded_operation(), &error).unwrap_or_default();
         let expected_start = format!(
             "Volume {} of claim apps/data (uid {PVC_UID}), which no longer exists, is not deleted: provisioner secret apps/creds cannot be read (error getting secret creds in namespace apps: ",
             claim_volume()

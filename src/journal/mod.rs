@@ -54,6 +54,8 @@ pub enum JournalError {
         "the journal did not store the operation within {0:?}; CreateVolume is not sent until it does"
     )]
     NotDurable(Duration),
+    #[error("the journal was not flushed within {0:?}")]
+    NotFlushed(Duration),
     #[error("the journal writer stopped")]
     WriterGone,
     #[error(transparent)]
@@ -232,24 +234,22 @@ impl Journal {
 
     /// Stores every change still queued, removals included, waiting at most `timeout`: at a
     /// graceful exit, so the next leader replays no operation that is already over.
-    pub async fn flush(&self, timeout: Duration) {
+    pub async fn flush(&self, timeout: Duration) -> Result<(), JournalError> {
         let shards = self.writers.started();
         let mut stored = Vec::with_capacity(shards.len());
         for shard in shards {
             let (durable, done) = oneshot::channel();
-            if self.queue(shard, Change::Flush, Some(durable)).is_ok() {
-                stored.push(done);
-            }
+            self.queue(shard, Change::Flush, Some(durable))?;
+            stored.push(done);
         }
-        if tokio::time::timeout(timeout, futures::future::join_all(stored))
+        let answers = tokio::time::timeout(timeout, futures::future::join_all(stored))
             .await
-            .is_err()
-        {
-            warn!(
-                ?timeout,
-                "the journal was not flushed in time; the next leader replays what is left"
-            );
+            .map_err(|_| JournalError::NotFlushed(timeout))?;
+        // A writer that stopped drops its answer unsent.
+        if answers.iter().any(Result::is_err) {
+            return Err(JournalError::WriterGone);
         }
+        Ok(())
     }
 
     pub fn registry(&self) -> &Registry {

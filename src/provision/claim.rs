@@ -42,6 +42,9 @@ pub enum SkipReason {
     WaitingForFirstConsumer,
     /// The claim's class belongs to another provisioner (upstream stops silently here too).
     ClassOfOtherProvisioner { class: String, provisioner: String },
+    /// The sidecar drains (`--drain`) and the claim has no operation in flight: the
+    /// provisioner taking over provisions it.
+    Draining,
 }
 
 impl fmt::Display for SkipReason {
@@ -66,6 +69,9 @@ impl fmt::Display for SkipReason {
             Self::ClassOfOtherProvisioner { class, provisioner } => write!(
                 f,
                 "storage class {class:?} belongs to provisioner {provisioner:?}"
+            ),
+            Self::Draining => f.write_str(
+                "the sidecar drains and no operation of this claim is in flight; the next provisioner takes it",
             ),
         }
     }

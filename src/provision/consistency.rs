@@ -51,9 +51,11 @@ pub fn may_release_finalizer(
     bound || !consistency_enabled(pvc, default_enabled) || (deleting && !in_flight)
 }
 
-/// Whether the finalizer must be added before CreateVolume.
-pub fn needs_finalizer(pvc: &PersistentVolumeClaim, default_enabled: bool) -> bool {
-    consistency_enabled(pvc, default_enabled)
+/// Whether the finalizer must be added before CreateVolume. Never while `draining`: the
+/// provisioner taking over (upstream) does not know the finalizer and would never remove it.
+pub fn needs_finalizer(pvc: &PersistentVolumeClaim, default_enabled: bool, draining: bool) -> bool {
+    !draining
+        && consistency_enabled(pvc, default_enabled)
         && !has_provisioning_finalizer(pvc)
         && pvc.metadata.deletion_timestamp.is_none()
 }
@@ -110,18 +112,23 @@ mod tests {
     fn the_finalizer_is_added_only_to_live_claims_that_want_it() {
         assert!(needs_finalizer(
             &claim(Some("enable"), false, false, false),
+            false,
             false
         ));
         assert!(
-            !needs_finalizer(&claim(Some("enable"), true, false, false), false),
+            !needs_finalizer(&claim(Some("enable"), false, false, false), true, true),
+            "draining"
+        );
+        assert!(
+            !needs_finalizer(&claim(Some("enable"), true, false, false), false, false),
             "already there"
         );
         assert!(
-            !needs_finalizer(&claim(Some("enable"), false, false, true), false),
+            !needs_finalizer(&claim(Some("enable"), false, false, true), false, false),
             "being deleted"
         );
         assert!(
-            !needs_finalizer(&claim(None, false, false, false), false),
+            !needs_finalizer(&claim(None, false, false, false), false, false),
             "default off"
         );
     }

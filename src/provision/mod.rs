@@ -76,4 +76,4 @@ pub use secrets::{
 };
 pub use settings::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
 pub use volume::{CreateResponseError, build_persistent_volume};
-pub use work::{ClaimWork, claim_work, volume_has_work};
+pub use work::{ClaimWork, claim_work, drain_claim_work, holds_up_drain, volume_has_work};

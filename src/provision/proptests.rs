@@ -934,6 +934,31 @@ proptest! {
         }
     }
 
+    /// A drain decides for any claim too: it provisions only a live claim of ours whose
+    /// operation is in flight, and always lets our finalizer go once nothing is.
+    #[test]
+    fn a_drain_provisions_only_what_is_in_flight(
+        pvc in claim(),
+        class in prop::option::of(class()),
+        config in provisioner_config(),
+        in_flight in any::<bool>(),
+    ) {
+        let work = drain_claim_work(&pvc, class.as_ref(), &config, |_| in_flight);
+        match work {
+            ClaimWork::Provision(class) => {
+                prop_assert!(in_flight);
+                prop_assert_eq!(storage_provisioner(&pvc), Some(DRIVER));
+                prop_assert_eq!(class.provisioner.as_str(), DRIVER);
+                prop_assert!(pvc.metadata.deletion_timestamp.is_none());
+            }
+            ClaimWork::ReleaseFinalizer => prop_assert!(has_provisioning_finalizer(&pvc)),
+            ClaimWork::Nothing(_) | ClaimWork::Refuse(_) => {}
+        }
+        let nothing_in_flight = drain_claim_work(&pvc, class.as_ref(), &config, |_| false);
+        let holds = holds_up_drain(&pvc, &config.driver_name);
+        prop_assert_eq!(nothing_in_flight == ClaimWork::ReleaseFinalizer, holds);
+    }
+
     /// The deletion path decides for any PV; a DeleteVolume target always has the PV's handle.
     #[test]
     fn any_pv_gets_a_deletion_decision(

@@ -63,6 +63,57 @@ pub fn claim_work<C: Deref<Target = StorageClass>>(
     if pvc.metadata.deletion_timestamp.is_some() {
         return ClaimWork::Nothing(None);
     }
+    provision_work(pvc, class, config)
+}
+
+/// The work of a claim while the sidecar drains (`--drain`): it hands over to a provisioner
+/// that keeps no journal and does not know our claim finalizer (upstream), so it finishes what
+/// is recorded and starts nothing. A claim with no operation in flight gets no CreateVolume
+/// and no finalizer, and loses our finalizer if it carries one; a claim with one gets its
+/// volume (the executor adds no finalizer in a drain, see [`super::needs_finalizer`]). A claim
+/// being deleted is left to the orphan reaper, which releases its finalizer after the
+/// orphan's DeleteVolume, as in service.
+pub fn drain_claim_work<C: Deref<Target = StorageClass>>(
+    pvc: &PersistentVolumeClaim,
+    class: Option<C>,
+    config: &ProvisionerConfig,
+    in_flight: impl FnOnce(&str) -> bool,
+) -> ClaimWork<C> {
+    if storage_provisioner(pvc) != Some(config.driver_name.as_str()) {
+        return ClaimWork::Nothing(None);
+    }
+    let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+    let in_flight = volume_name(
+        &config.volume_name_prefix,
+        config.volume_name_uuid_length,
+        uid,
+    )
+    .is_ok_and(|name| in_flight(&name));
+    if !in_flight {
+        return if has_provisioning_finalizer(pvc) {
+            ClaimWork::ReleaseFinalizer
+        } else {
+            ClaimWork::Nothing(Some(SkipReason::Draining))
+        };
+    }
+    if pvc.metadata.deletion_timestamp.is_some() {
+        return ClaimWork::Nothing(None);
+    }
+    provision_work(pvc, class, config)
+}
+
+/// Whether this claim keeps a drain from completing: it is ours and carries our finalizer,
+/// which the provisioner taking over would never remove.
+pub fn holds_up_drain(pvc: &PersistentVolumeClaim, driver_name: &str) -> bool {
+    storage_provisioner(pvc) == Some(driver_name) && has_provisioning_finalizer(pvc)
+}
+
+/// Provision, skip or refuse a live claim, from [`should_provision`].
+fn provision_work<C: Deref<Target = StorageClass>>(
+    pvc: &PersistentVolumeClaim,
+    class: Option<C>,
+    config: &ProvisionerConfig,
+) -> ClaimWork<C> {
     match should_provision(pvc, class.as_deref(), &config.driver_name) {
         ProvisionDecision::Skip(reason) => ClaimWork::Nothing(Some(reason)),
         ProvisionDecision::Error(error) => ClaimWork::Refuse(error),
@@ -188,6 +239,97 @@ mod tests {
         assert!(matches!(
             work(&pvc, Some(&class), false),
             ClaimWork::Nothing(Some(SkipReason::AlreadyBound { .. }))
+        ));
+    }
+
+    fn drain<'c>(
+        pvc: &PersistentVolumeClaim,
+        class: Option<&'c StorageClass>,
+        in_flight: bool,
+    ) -> ClaimWork<&'c StorageClass> {
+        drain_claim_work(pvc, class, &config(), |_| in_flight)
+    }
+
+    #[test]
+    fn a_drain_starts_nothing_for_a_claim_without_an_operation() {
+        let class = ClassBuilder::new().build();
+        let enabled = ours().annotation(ANN_PROVISIONING_CONSISTENCY, "enable");
+        assert_eq!(
+            drain(&ours().build(), Some(&class), false),
+            ClaimWork::Nothing(Some(SkipReason::Draining))
+        );
+        assert_eq!(
+            drain(&enabled.build(), Some(&class), false),
+            ClaimWork::Nothing(Some(SkipReason::Draining)),
+            "no finalizer either"
+        );
+    }
+
+    #[test]
+    fn a_drain_finishes_a_recorded_operation_of_a_live_claim() {
+        let class = ClassBuilder::new().build();
+        let pvc = ours()
+            .annotation(ANN_PROVISIONING_CONSISTENCY, "enable")
+            .finalizer(PROVISIONING_FINALIZER)
+            .build();
+        assert_eq!(
+            drain(&pvc, Some(&class), true),
+            ClaimWork::Provision(&class)
+        );
+        assert!(matches!(drain(&pvc, None, true), ClaimWork::Refuse(_)));
+    }
+
+    #[test]
+    fn a_drain_removes_the_finalizer_once_nothing_is_in_flight_whatever_the_claim() {
+        let class = ClassBuilder::new().build();
+        for pvc in [
+            ours().finalizer(PROVISIONING_FINALIZER).build(),
+            ours()
+                .annotation(ANN_PROVISIONING_CONSISTENCY, "enable")
+                .finalizer(PROVISIONING_FINALIZER)
+                .build(),
+            ours().finalizer(PROVISIONING_FINALIZER).deleting().build(),
+            ours()
+                .finalizer(PROVISIONING_FINALIZER)
+                .volume_name("pv-1")
+                .build(),
+        ] {
+            assert_eq!(
+                drain(&pvc, Some(&class), false),
+                ClaimWork::ReleaseFinalizer,
+                "{pvc:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_drain_leaves_a_deleted_claims_operation_to_the_reaper() {
+        let class = ClassBuilder::new().build();
+        let pvc = ours().finalizer(PROVISIONING_FINALIZER).deleting().build();
+        assert_eq!(drain(&pvc, Some(&class), true), ClaimWork::Nothing(None));
+    }
+
+    #[test]
+    fn a_drain_leaves_other_provisioners_claims_alone() {
+        let class = ClassBuilder::new().build();
+        let pvc = PvcBuilder::new()
+            .annotation(ANN_STORAGE_PROVISIONER, "other.csi.example.com")
+            .finalizer(PROVISIONING_FINALIZER)
+            .build();
+        assert_eq!(drain(&pvc, Some(&class), false), ClaimWork::Nothing(None));
+        assert!(!holds_up_drain(&pvc, DRIVER));
+    }
+
+    #[test]
+    fn only_our_claims_with_our_finalizer_hold_up_a_drain() {
+        assert!(holds_up_drain(
+            &ours().finalizer(PROVISIONING_FINALIZER).build(),
+            DRIVER
+        ));
+        assert!(!holds_up_drain(&ours().build(), DRIVER));
+        assert!(!holds_up_drain(
+            &ours().finalizer("other/finalizer").build(),
+            DRIVER
         ));
     }
 

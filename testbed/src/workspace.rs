@@ -32,6 +32,17 @@ pub enum BuildError {
     NoExecutable(String),
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum ScriptError {
+    #[error("running {script}: {source}")]
+    Spawn {
+        script: String,
+        source: std::io::Error,
+    },
+    #[error("{script} failed ({status}); its messages are above")]
+    Failed { script: String, status: String },
+}
+
 /// The workspace root: the parent of this crate's directory.
 pub fn root() -> PathBuf {
     let testbed = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -91,6 +102,36 @@ pub fn build<const N: usize>(
             .ok_or_else(|| BuildError::NoExecutable(binary.to_owned()))?;
     }
     Ok(paths)
+}
+
+/// Upstream's `csi-provisioner` (the Go program we replace), built from the Go module proxy by
+/// `hack/build-upstream-provisioner.sh` and cached outside the work tree (minutes the first
+/// time, at once afterwards). For the benchmarks and the downgrade and upgrade tests.
+pub fn upstream_provisioner() -> Result<PathBuf, ScriptError> {
+    run_build_script("build-upstream-provisioner.sh").map(|dir| dir.join("csi-provisioner"))
+}
+
+/// Runs a build script of hack/, forwarding its progress (stderr); its last stdout line is the
+/// directory holding the binaries (it returns at once when they are cached).
+pub fn run_build_script(name: &str) -> Result<PathBuf, ScriptError> {
+    let script = root().join("hack").join(name);
+    let output = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|source| ScriptError::Spawn {
+            script: script.display().to_string(),
+            source,
+        })?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    match stdout.lines().last() {
+        Some(dir) if output.status.success() => Ok(PathBuf::from(dir.trim())),
+        _ => Err(ScriptError::Failed {
+            script: script.display().to_string(),
+            status: output.status.to_string(),
+        }),
+    }
 }
 
 /// The target name and executable of a `compiler-artifact` message that has one.

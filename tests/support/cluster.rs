@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use csi_provisioner::provision::ANN_PROVISIONING_CONSISTENCY;
+use csi_provisioner::provision::{ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER};
 use k8s_openapi::api::core::v1::{
     Event, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Secret,
     VolumeResourceRequirements,
@@ -334,6 +334,14 @@ pub async fn driver_pvs(client: &Client, driver: &Driver) -> Result<Vec<Persiste
                 .is_some_and(|csi| csi.driver == driver.name())
         })
         .collect())
+}
+
+/// Whether the claim carries our provisioning-protection finalizer.
+pub fn has_consistency_finalizer(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == PROVISIONING_FINALIZER))
 }
 
 /// The name of the PV the sidecar creates for a claim: `pvc-<uid>`.

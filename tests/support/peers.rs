@@ -367,6 +367,45 @@ impl Driver {
             .collect()
     }
 
+    /// Waits until the driver has received a CreateVolume for `volume` (it logs requests as
+    /// they arrive, before any injected delay).
+    pub async fn wait_create_received(&self, volume: &str) {
+        let needle = format!("name: \"{volume}\"");
+        super::eventually(
+            &format!("the driver to receive CreateVolume for {volume}"),
+            TIMEOUT,
+            || async {
+                let requests = self.requests("CreateVolume");
+                if requests.iter().any(|line| line.contains(&needle)) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{} CreateVolume requests, none for {volume}",
+                        requests.len()
+                    ))
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Waits until the driver's state holds a volume named `volume`.
+    pub async fn wait_holds(&self, volume: &str) {
+        super::eventually(
+            &format!("the driver to hold volume {volume}"),
+            TIMEOUT,
+            || async {
+                let volumes = self.volumes();
+                if volumes.iter().any(|v| v.name == volume) {
+                    Ok(())
+                } else {
+                    Err(format!("{volumes:?}"))
+                }
+            },
+        )
+        .await;
+    }
+
     /// SIGKILL, as a crash: no socket clean-up, calls in flight are lost.
     pub async fn kill(&mut self) {
         self.process.kill().await;
@@ -380,6 +419,17 @@ impl Driver {
 }
 
 // ------------------------------------------------------------------------------ sidecar
+
+/// Upstream's executable, found or built once per test binary.
+fn upstream_program() -> PathBuf {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = BUILT
+        .get_or_init(|| csi_testbed::workspace::upstream_provisioner().map_err(|e| e.to_string()));
+    match built {
+        Ok(program) => program.clone(),
+        Err(e) => panic!("building upstream's csi-provisioner: {e}"),
+    }
+}
 
 /// How to start a sidecar beyond the connection flags every sidecar gets.
 #[derive(Debug, Clone, Default)]
@@ -415,6 +465,22 @@ impl Sidecar {
     }
 
     pub fn start_with(driver: &Driver, options: SidecarOptions) -> Sidecar {
+        Self::spawn(
+            PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner")),
+            "sidecar",
+            driver,
+            options,
+        )
+    }
+
+    /// Upstream's `csi-provisioner` v6.3 (built and cached by
+    /// `hack/build-upstream-provisioner.sh`) for the driver, with the same connection flags,
+    /// for the downgrade and upgrade tests. `options.args` must be flags upstream knows.
+    pub fn start_upstream(driver: &Driver, options: SidecarOptions) -> Sidecar {
+        Self::spawn(upstream_program(), "upstream sidecar", driver, options)
+    }
+
+    fn spawn(program: PathBuf, kind: &str, driver: &Driver, options: SidecarOptions) -> Sidecar {
         let dir = temp_dir("csi-sidecar-");
         let mut args: Vec<OsString> = vec![
             "--csi-address".into(),
@@ -429,12 +495,12 @@ impl Sidecar {
         }
         args.extend(options.args.iter().map(OsString::from));
         let label = match &options.hostname {
-            Some(host) => format!("sidecar {host} of {}", driver.name()),
-            None => format!("sidecar of {}", driver.name()),
+            Some(host) => format!("{kind} {host} of {}", driver.name()),
+            None => format!("{kind} of {}", driver.name()),
         };
         let mut process = Process {
             label,
-            program: PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner")),
+            program,
             args,
             env: Vec::new(),
             hostname: options.hostname,

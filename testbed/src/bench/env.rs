@@ -3,7 +3,7 @@
 //! report.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use super::BenchError;
 
@@ -43,11 +43,10 @@ pub fn prepare(no_build: bool) -> Result<Programs, BenchError> {
             csi_testbed::workspace::build(["csi-provisioner", "csi-reference-driver"], true)?;
         (ours, driver)
     };
-    let upstream =
-        run_build_script(&root, "build-upstream-provisioner.sh")?.join("csi-provisioner");
+    let upstream = csi_testbed::workspace::upstream_provisioner()?;
     let control_plane = match std::env::var_os(csi_testbed::BIN_DIR_ENV) {
         Some(dir) => PathBuf::from(dir),
-        None => run_build_script(&root, "build-control-plane.sh")?,
+        None => csi_testbed::workspace::run_build_script("build-control-plane.sh")?,
     };
     Ok(Programs {
         ours,
@@ -55,32 +54,6 @@ pub fn prepare(no_build: bool) -> Result<Programs, BenchError> {
         driver,
         kubectl: control_plane.join("kubectl"),
     })
-}
-
-/// Runs a build script of hack/, forwarding its progress (stderr); its last stdout line is the
-/// directory holding the binaries (both return at once when they are cached).
-fn run_build_script(root: &Path, name: &str) -> Result<PathBuf, BenchError> {
-    let script = root.join("hack").join(name);
-    let output = Command::new("bash")
-        .arg(&script)
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|source| BenchError::Io {
-            what: format!("running {}", script.display()),
-            source,
-        })?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    match stdout.lines().last() {
-        Some(dir) if output.status.success() => Ok(PathBuf::from(dir.trim())),
-        _ => Err(BenchError::Step {
-            step: format!("running hack/{name}"),
-            detail: format!(
-                "{} failed ({}); its messages are above",
-                script.display(),
-                output.status
-            ),
-        }),
-    }
 }
 
 /// Facts about the machine and the programs, as `(what, value)` lines for the report.

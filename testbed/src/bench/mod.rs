@@ -36,6 +36,8 @@ pub enum BenchError {
     },
     #[error("building ours: {0}")]
     Build(#[from] csi_testbed::workspace::BuildError),
+    #[error(transparent)]
+    Script(#[from] csi_testbed::workspace::ScriptError),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -337,15 +337,27 @@ struct Tally {
     created: usize,
     deleted_mid_flight: usize,
     force_deleted: usize,
+    leader: LeaderTally,
+    world: WorldTally,
+}
+
+/// What was done to the replicas.
+#[derive(Debug, Default)]
+struct LeaderTally {
     sigkills: usize,
     failover: Option<Duration>,
     /// How long each paused leader was stopped.
     pauses: Vec<Duration>,
+    unplanned_exits: usize,
+}
+
+/// What was done to the driver and the cluster, and what was seen there.
+#[derive(Debug, Default)]
+struct WorldTally {
+    fault_rule_sets: usize,
     class_recreations: usize,
     /// Shards deleted and the operations they held, per deletion.
     shard_deletions: Vec<(usize, usize)>,
-    unplanned_exits: usize,
-    fault_rule_sets: usize,
     volume_ids_seen: BTreeSet<String>,
     /// Volume handle → the start of the last read that found a PV holding it (see
     /// [`holds_volume`]). A DeleteVolume of that handle received before then was sent while a
@@ -353,7 +365,7 @@ struct Tally {
     held_until: BTreeMap<String, Timestamp>,
 }
 
-impl Tally {
+impl WorldTally {
     /// Records the PVs of one read started at `read_at`.
     fn observe_pvs(&mut self, read_at: Timestamp, pvs: &[PersistentVolume]) {
         for pv in pvs.iter().filter(|pv| holds_volume(pv)) {
@@ -418,7 +430,7 @@ impl Replicas {
 
     /// Restarts a replica that exited on its own (as the kubelet would restart the
     /// container), e.g. after losing the Lease while the machine was starved.
-    async fn revive(&mut self, tally: &mut Tally) {
+    async fn revive(&mut self, tally: &mut LeaderTally) {
         for (index, sidecar) in self.sidecars.iter_mut().enumerate() {
             if !sidecar.is_running() {
                 println!(
@@ -437,7 +449,7 @@ impl Replicas {
 }
 
 /// The index of the replica holding the Lease, once one of ours holds it and is running.
-async fn wait_leader(stage: &Stage<'_>, replicas: &mut Replicas, tally: &mut Tally) -> usize {
+async fn wait_leader(stage: &Stage<'_>, replicas: &mut Replicas, tally: &mut LeaderTally) -> usize {
     let started = Instant::now();
     loop {
         let holder = lease_holder(stage.client, stage.ns, stage.driver)
@@ -514,11 +526,53 @@ async fn create_claims(
     deletions
 }
 
-/// Runs the plan's events in order: driver rules, disruptions of the leader, the class
-/// re-created, the shards deleted; samples the driver's volumes and the PVs meanwhile.
+/// Runs the plan: the disruptions of the leader on one timeline, and on another (so that a
+/// long disruption does not bunch them up) the driver's rules, the class re-created and the
+/// shards deleted, while sampling the driver's volumes and the PVs.
 async fn run_chaos(stage: &Stage<'_>, replicas: &mut Replicas, plan: &Plan, tally: &mut Tally) {
     let started = Instant::now();
-    let mut events = plan.events.iter().peekable();
+    tokio::join!(
+        run_disruptions(stage, replicas, plan, started, &mut tally.leader),
+        run_world_events(stage, plan, started, &mut tally.world),
+    );
+    stage.driver.clear_faults();
+}
+
+async fn run_disruptions(
+    stage: &Stage<'_>,
+    replicas: &mut Replicas,
+    plan: &Plan,
+    started: Instant,
+    tally: &mut LeaderTally,
+) {
+    let mut disruptions = plan.events.iter().filter_map(|(at, event)| match event {
+        Event::Disrupt(disruption) => Some((*at, *disruption)),
+        _ => None,
+    });
+    let mut next = disruptions.next();
+    while started.elapsed() < plan.chaos_window || next.is_some() {
+        if let Some((at, disruption)) = next
+            && started.elapsed() >= at
+        {
+            disrupt(stage, replicas, disruption, tally).await;
+            next = disruptions.next();
+        }
+        replicas.revive(tally).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn run_world_events(
+    stage: &Stage<'_>,
+    plan: &Plan,
+    started: Instant,
+    tally: &mut WorldTally,
+) {
+    let mut events = plan
+        .events
+        .iter()
+        .filter(|(_, event)| !matches!(event, Event::Disrupt(_)))
+        .peekable();
     let mut round = 0;
     while started.elapsed() < plan.chaos_window || events.peek().is_some() {
         let now = started.elapsed();
@@ -528,12 +582,12 @@ async fn run_chaos(stage: &Stage<'_>, replicas: &mut Replicas, plan: &Plan, tall
                     stage.driver.set_faults(text);
                     tally.fault_rule_sets += 1;
                 }
-                Event::Disrupt(disruption) => disrupt(stage, replicas, *disruption, tally).await,
                 Event::RecreateClass { generation, gap } => {
                     recreate_class(stage, *generation, *gap).await;
                     tally.class_recreations += 1;
                 }
                 Event::DeleteShards => tally.shard_deletions.push(delete_shards(stage).await),
+                Event::Disrupt(_) => {}
             }
         }
         tally
@@ -546,17 +600,15 @@ async fn run_chaos(stage: &Stage<'_>, replicas: &mut Replicas, plan: &Plan, tall
             }
         }
         round += 1;
-        replicas.revive(tally).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    stage.driver.clear_faults();
 }
 
 async fn disrupt(
     stage: &Stage<'_>,
     replicas: &mut Replicas,
     disruption: Disruption,
-    tally: &mut Tally,
+    tally: &mut LeaderTally,
 ) {
     let leader = wait_leader(stage, replicas, tally).await;
     let successor = REPLICAS[1 - leader];
@@ -804,10 +856,10 @@ async fn wait_settled(
     let started = Instant::now();
     let mut last_print = Instant::now();
     loop {
-        replicas.revive(tally).await;
+        replicas.revive(&mut tally.leader).await;
         let verdict = match Snapshot::take(stage).await {
             Ok(snapshot) => {
-                tally.observe_pvs(snapshot.pvs_read_at, &snapshot.pvs);
+                tally.world.observe_pvs(snapshot.pvs_read_at, &snapshot.pvs);
                 match settled(&snapshot) {
                     Ok(()) => return snapshot,
                     Err(why) => format!("{}; {why}", snapshot.summary()),
@@ -892,7 +944,7 @@ async fn no_volume_leaks_under_chaos() {
     };
     let mut replicas = Replicas::start(&driver, stage.ns);
     let mut tally = Tally::default();
-    let first = wait_leader(&stage, &mut replicas, &mut tally).await;
+    let first = wait_leader(&stage, &mut replicas, &mut tally.leader).await;
     println!("[chaos] {} leads; starting", REPLICAS[first]);
 
     let started = Instant::now();
@@ -1038,7 +1090,7 @@ async fn no_volume_leaks_under_chaos() {
     let unsafe_deletes: Vec<String> = delete_requests
         .iter()
         .filter_map(|request| {
-            let held = tally.held_until.get(&request.volume_id)?;
+            let held = tally.world.held_until.get(&request.volume_id)?;
             (request.at < *held).then(|| {
                 format!(
                     "{} received at {}, a PV held it at {held}",
@@ -1064,16 +1116,19 @@ async fn no_volume_leaks_under_chaos() {
     );
     println!(
         "[chaos] SIGKILLs of the leader {}, failover (SIGTERM) took {:?}, leader pauses {:?}, replicas that exited on their own {}",
-        tally.sigkills, tally.failover, tally.pauses, tally.unplanned_exits
+        tally.leader.sigkills,
+        tally.leader.failover,
+        tally.leader.pauses,
+        tally.leader.unplanned_exits
     );
     println!(
         "[chaos] fault rule sets {} (final error after a timeout: {} episodes), StorageClass re-created {} times, journal shards deleted (shards, operations) {:?}",
-        tally.fault_rule_sets,
+        tally.world.fault_rule_sets,
         plan.count(
             |e| matches!(e, Event::Faults(rules) if rules.contains("after:deadline-exceeded\n"))
         ),
-        tally.class_recreations,
-        tally.shard_deletions
+        tally.world.class_recreations,
+        tally.world.shard_deletions
     );
     println!(
         "[chaos] driver: CreateVolume calls {} ({} Ok), DeleteVolume calls {} ({} Ok), volume ids seen while sampling {}, volume handles seen held by a PV {}",
@@ -1081,8 +1136,8 @@ async fn no_volume_leaks_under_chaos() {
         ok(&creates),
         deletes.len(),
         ok(&deletes),
-        tally.volume_ids_seen.len(),
-        tally.held_until.len()
+        tally.world.volume_ids_seen.len(),
+        tally.world.held_until.len()
     );
     println!(
         "[chaos] orphans deleted by the journal {orphans_deleted}, volumes at quiescence {volumes_at_quiescence} (= PVs), leaks {} (ListVolumes after every claim was deleted), DeleteVolume while a PV held the volume {}, stuck objects 0",
@@ -1102,19 +1157,19 @@ async fn no_volume_leaks_under_chaos() {
             ),
         );
     }
-    assert_eq!(tally.sigkills, SIGKILLS);
-    assert!(tally.failover.is_some(), "the failover happened");
+    assert_eq!(tally.leader.sigkills, SIGKILLS);
+    assert!(tally.leader.failover.is_some(), "the failover happened");
     let planned = |wanted: fn(&Event) -> bool| plan.count(wanted);
     assert_eq!(
-        tally.pauses.len(),
+        tally.leader.pauses.len(),
         planned(|e| matches!(e, Event::Disrupt(Disruption::Pause { .. })))
     );
     assert_eq!(
-        tally.class_recreations,
+        tally.world.class_recreations,
         planned(|e| matches!(e, Event::RecreateClass { .. }))
     );
     assert_eq!(
-        tally.shard_deletions.len(),
+        tally.world.shard_deletions.len(),
         planned(|e| matches!(e, Event::DeleteShards))
     );
     assert!(end.volumes.is_empty(), "leaked volumes");

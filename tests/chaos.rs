@@ -306,17 +306,19 @@ fn plan(rng: &mut Rng, claims: usize, faults: &BTreeSet<Fault>) -> Plan {
         at += rng.between(500, 1_500);
         let rules = driver_fault_rules(rng, "300ms");
         if rng.chance(FINAL_ERROR_PERCENT) {
-            // Timeouts (volumes made) long enough for calls to arrive, then final errors until
-            // the next change, while those calls are retried.
+            // Timeouts (volumes made) long enough for calls to arrive, then final errors for
+            // a few retries of those calls, long enough for some of their claims to be deleted
+            // meanwhile (the leak of issue #15's first case).
             let [timing_out, final_error] = final_error_after_timeout_rules(rng, "300ms");
             let timing_out_for = rng.between(500, 1_500);
+            let failing_for = rng.between(1_500, 3_000);
             if faults.contains(&Fault::FinalErrorAfterTimeout) {
                 events.push((ms(at), Event::Faults(timing_out)));
                 events.push((ms(at + timing_out_for), Event::Faults(final_error)));
             } else {
                 events.push((ms(at), Event::Faults(rules)));
             }
-            at += timing_out_for;
+            at += timing_out_for + failing_for;
         } else {
             events.push((ms(at), Event::Faults(rules)));
         }
@@ -1087,6 +1089,10 @@ async fn no_volume_leaks_under_chaos() {
         driver.requests("DeleteVolume").len(),
         "every DeleteVolume request line names its volume id"
     );
+    let checked = delete_requests
+        .iter()
+        .filter(|request| tally.world.held_until.contains_key(&request.volume_id))
+        .count();
     let unsafe_deletes: Vec<String> = delete_requests
         .iter()
         .filter_map(|request| {
@@ -1140,8 +1146,9 @@ async fn no_volume_leaks_under_chaos() {
         tally.world.held_until.len()
     );
     println!(
-        "[chaos] orphans deleted by the journal {orphans_deleted}, volumes at quiescence {volumes_at_quiescence} (= PVs), leaks {} (ListVolumes after every claim was deleted), DeleteVolume while a PV held the volume {}, stuck objects 0",
+        "[chaos] orphans deleted by the journal {orphans_deleted}, volumes at quiescence {volumes_at_quiescence} (= PVs), leaks {} (ListVolumes after every claim was deleted), DeleteVolume requests {} ({checked} of a volume a PV held at some point; while it held it: {}), stuck objects 0",
         leaked.len(),
+        delete_requests.len(),
         unsafe_deletes.len()
     );
     println!(
@@ -1157,6 +1164,13 @@ async fn no_volume_leaks_under_chaos() {
             ),
         );
     }
+    // The final deletion deletes the volume of every kept claim, which its PV held: the check
+    // above saw at least those.
+    assert!(
+        checked >= kept.len(),
+        "only {checked} DeleteVolume requests of a volume a PV held, for {} kept claims",
+        kept.len()
+    );
     assert_eq!(tally.leader.sigkills, SIGKILLS);
     assert!(tally.leader.failover.is_some(), "the failover happened");
     let planned = |wanted: fn(&Event) -> bool| plan.count(wanted);

@@ -5,8 +5,10 @@
 //! deleted and re-created with other parameters while claims of it are in flight, every journal
 //! shard is deleted through the API under load, the leader is SIGKILLed and restarted, paused
 //! (SIGSTOP) until the other replica took its Lease and then woken up, and one SIGTERM hands
-//! leadership over to the other replica. Afterwards not a single volume may be leaked, no volume
-//! may have been deleted while a PV still held it, and nothing may be left behind or stuck.
+//! leadership over to the other replica (the last three faults only when asked for until issue
+//! #15 is closed, see [`DEFAULT_FAULTS`]). Afterwards not a single volume may be leaked, no
+//! volume may have been deleted while a PV still held it, and nothing may be left behind or
+//! stuck.
 //!
 //! ```sh
 //! cargo test --test chaos -- --nocapture                                 # 200 claims, as CI runs it

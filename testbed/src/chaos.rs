@@ -1,5 +1,5 @@
-//! Pieces of a chaos plan shared by the chaos test (tests/chaos.rs) and the benchmark's chaos
-//! scenario (`testbed bench --only chaos`).
+//! Pieces of the chaos plans of the chaos test (tests/chaos.rs) and the benchmark's chaos
+//! scenario (`testbed bench --only chaos`), which uses the driver rules only.
 
 use crate::Rng;
 

@@ -1,5 +1,5 @@
-//! Pieces of a chaos plan shared by the chaos test (tests/chaos.rs) and the benchmark's chaos
-//! scenario (`testbed bench --only chaos`).
+//! Pieces of the chaos plans of the chaos test (tests/chaos.rs) and the benchmark's chaos
+//! scenario (`testbed bench --only chaos`), which uses the driver rules only.
 
 use crate::Rng;
 
@@ -31,6 +31,24 @@ pub fn driver_fault_rules(rng: &mut Rng, usual_delay: &str) -> String {
     rules
 }
 
+/// The two rule sets of a "final error after a timeout" episode, to apply one after the other
+/// (issue #15, first case): first every CreateVolume creates its volume and answers
+/// DEADLINE_EXCEEDED, so the caller cannot know whether the volume exists; then every
+/// CreateVolume fails before doing anything with a code the sidecar treats as final (INTERNAL or
+/// ALREADY_EXISTS), which is what the retries of those calls meet. Both keep CreateVolume
+/// delayed by `usual_delay`.
+pub fn final_error_after_timeout_rules(rng: &mut Rng, usual_delay: &str) -> [String; 2] {
+    let code = if rng.chance(50) {
+        "internal"
+    } else {
+        "already-exists"
+    };
+    [
+        format!("delay CreateVolume={usual_delay}\nfault CreateVolume=after:deadline-exceeded\n"),
+        format!("delay CreateVolume={usual_delay}\nfault CreateVolume=before:{code}\n"),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,5 +74,27 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_final_error_episode_times_out_first_then_fails_every_call_finally() {
+        let mut rng = Rng::new(9);
+        let mut codes = std::collections::BTreeSet::new();
+        for _ in 0..50 {
+            let [timeout, final_error] = final_error_after_timeout_rules(&mut rng, "300ms");
+            assert_eq!(
+                timeout,
+                "delay CreateVolume=300ms\nfault CreateVolume=after:deadline-exceeded\n"
+            );
+            let code = final_error
+                .strip_prefix("delay CreateVolume=300ms\nfault CreateVolume=before:")
+                .and_then(|rest| rest.strip_suffix('\n'))
+                .unwrap_or_else(|| panic!("{final_error}"));
+            codes.insert(code.to_owned());
+        }
+        assert_eq!(
+            codes,
+            ["already-exists", "internal"].map(String::from).into()
+        );
     }
 }

@@ -223,6 +223,14 @@ pub struct Driver {
     _dir: TempDir,
 }
 
+/// One received request naming a volume id, as the driver logged it.
+#[derive(Debug, Clone)]
+pub struct VolumeRequest {
+    /// When the driver received it.
+    pub at: Timestamp,
+    pub volume_id: String,
+}
+
 /// One finished RPC, as the driver logged it.
 #[derive(Debug, Clone)]
 pub struct Call {
@@ -404,6 +412,22 @@ impl Driver {
             },
         )
         .await;
+    }
+
+    /// Every `method` request that names a volume id (e.g. `DeleteVolume`), oldest first,
+    /// whatever its outcome.
+    pub fn volume_requests(&self, method: &str) -> Vec<VolumeRequest> {
+        self.requests(method)
+            .iter()
+            .filter_map(|line| {
+                let at = line.split_whitespace().next()?.parse().ok()?;
+                let volume_id = line.split("volume_id: \"").nth(1)?.split('"').next()?;
+                Some(VolumeRequest {
+                    at,
+                    volume_id: volume_id.to_owned(),
+                })
+            })
+            .collect()
     }
 
     /// SIGKILL, as a crash: no socket clean-up, calls in flight are lost.

@@ -5,9 +5,9 @@
 //! deleted and re-created with other parameters while claims of it are in flight, every journal
 //! shard is deleted through the API under load, the leader is SIGKILLed and restarted, paused
 //! (SIGSTOP) until the other replica took its Lease and then woken up, and one SIGTERM hands
-//! leadership over to the other replica (the last three faults only when asked for until issue
-//! #15 is closed, see [`DEFAULT_FAULTS`]). Afterwards not a single volume may be leaked, no
-//! volume may have been deleted while a PV still held it, and nothing may be left behind or
+//! leadership over to the other replica. The shards are deleted only while a running leader
+//! has loaded them (see `Stage::leader_stable`). Afterwards not a single volume may be leaked,
+//! no volume may have been deleted while a PV still held it, and nothing may be left behind or
 //! stuck.
 //!
 //! ```sh
@@ -21,8 +21,7 @@
 //! `CHAOS_FAULTS` picks the faults beyond the base plan (driver faults, claims deleted
 //! mid-flight, SIGKILLs, the failover), comma-separated: `final-error-after-timeout`,
 //! `class-recreated`, `shards-deleted`, `leader-paused`, or `all` / `none`; unset means
-//! [`DEFAULT_FAULTS`] (not yet all of them, see there). Leaving one out keeps the rest of the
-//! plan of a seed unchanged.
+//! all of them. Leaving one out keeps the rest of the plan of a seed unchanged.
 //!
 //! If the system does not settle, or a check fails, the full logs of the driver and both
 //! replicas are kept under `target/tmp/chaos-logs-<pid>/`.
@@ -70,6 +69,9 @@ const DELETE_WITHIN_MS: u64 = 5_000;
 const CHAOS_TAIL: Duration = Duration::from_secs(5);
 /// Bound of each wait for the system to settle; generous, never an assertion on speed.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a deletion of the shards waits for the leader to write them again before the
+/// plan goes on (a bound against a hang, not an assertion: the final checks judge).
+const REBUILD_BOUND: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(500);
 /// During the chaos, the PVs are sampled every this many rounds of the 100 ms loop.
 const PV_SAMPLE_EVERY: u32 = 5;
@@ -107,15 +109,7 @@ impl Fault {
     }
 }
 
-/// The faults a run without `CHAOS_FAULTS` injects: every one once issue #15 is closed. Three
-/// still break today's code, so they run only when asked for (`CHAOS_FAULTS=all`):
-/// - a class re-created with other parameters makes every retry of a claim whose volume was
-///   already made answer ALREADY_EXISTS forever (the stored request is replaced by the new
-///   plan), and leaks;
-/// - deleted shards lose the records of the operations in flight (a lost shard is not rebuilt
-///   from memory), which leaks their volumes;
-/// - a leader woken up after its Lease was taken still writes records to the shards (their
-///   writes are not fenced) that the new leader never reads: one stays there forever.
+/// The faults a run without `CHAOS_FAULTS` injects.
 const DEFAULT_FAULTS: &[Fault] = &Fault::ALL;
 
 /// The faults `CHAOS_FAULTS` asks for (see the module comment).
@@ -376,7 +370,9 @@ struct WorldTally {
     fault_rule_sets: usize,
     class_recreations: usize,
     /// Shards deleted and the operations they held, per deletion.
-    shard_deletions: Vec<(usize, usize)>,
+    /// Per deletion of the shards: how many there were, the operations they held, and whether
+    /// the leader wrote the journal again within `REBUILD_BOUND`.
+    shard_deletions: Vec<(usize, usize, bool)>,
     volume_ids_seen: BTreeSet<String>,
     /// Volume handle → the start of the last read that found a PV holding it (see
     /// [`holds_volume`]). A DeleteVolume of that handle received before then was sent while a
@@ -411,6 +407,11 @@ struct Stage<'a> {
     ns: &'a str,
     driver: &'a Driver,
     class: &'a str,
+    /// Held while the leader is disrupted (until a leader has loaded the journal again) and
+    /// while the shards are deleted (until they are written again): records are held in the
+    /// leader's memory alone in between, so deleting the shards while no running replica holds
+    /// them would destroy the only copy, which no design can survive.
+    leader_stable: &'a tokio::sync::Mutex<()>,
 }
 
 struct Replicas {
@@ -484,6 +485,29 @@ async fn wait_leader(stage: &Stage<'_>, replicas: &mut Replicas, tally: &mut Lea
             "no running replica leads (holder {holder:?})"
         );
         replicas.revive(tally).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until a running replica leads and has loaded the journal in its current term.
+async fn wait_journal_loaded(stage: &Stage<'_>, replicas: &mut Replicas, tally: &mut LeaderTally) {
+    let started = Instant::now();
+    loop {
+        let leader = wait_leader(stage, replicas, tally).await;
+        // The log of every start of the replica; its current process starts at the harness's
+        // last start banner (the Lease may still name a killed process's replica).
+        let log = replicas.sidecars[leader].log();
+        let current = log.rfind("===== start #").map_or("", |start| &log[start..]);
+        if current.contains("became leader, starting controllers")
+            && current.contains("journal loaded")
+        {
+            return;
+        }
+        assert!(
+            started.elapsed() < SETTLE_TIMEOUT,
+            "{} leads but has not loaded the journal",
+            REPLICAS[leader]
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -569,11 +593,17 @@ async fn run_disruptions(
         _ => None,
     });
     let mut next = disruptions.next();
+    {
+        let _stable = stage.leader_stable.lock().await;
+        wait_journal_loaded(stage, replicas, tally).await;
+    }
     while started.elapsed() < plan.chaos_window || next.is_some() {
         if let Some((at, disruption)) = next
             && started.elapsed() >= at
         {
+            let _stable = stage.leader_stable.lock().await;
             disrupt(stage, replicas, disruption, tally).await;
+            wait_journal_loaded(stage, replicas, tally).await;
             next = disruptions.next();
         }
         replicas.revive(tally).await;
@@ -605,7 +635,10 @@ async fn run_world_events(
                     recreate_class(stage, *generation, *gap).await;
                     tally.class_recreations += 1;
                 }
-                Event::DeleteShards => tally.shard_deletions.push(delete_shards(stage).await),
+                Event::DeleteShards => {
+                    let _stable = stage.leader_stable.lock().await;
+                    tally.shard_deletions.push(delete_shards(stage).await);
+                }
                 Event::Disrupt(_) => {}
             }
         }
@@ -728,7 +761,7 @@ async fn recreate_class(stage: &Stage<'_>, generation: usize, gap: Duration) {
 
 /// `kubectl delete provisioningjournals --all` in the sidecars' namespace; returns how many
 /// shards and operations were deleted.
-async fn delete_shards(stage: &Stage<'_>) -> (usize, usize) {
+async fn delete_shards(stage: &Stage<'_>) -> (usize, usize, bool) {
     let shards = Api::<ProvisioningJournal>::namespaced(stage.client.clone(), stage.ns);
     let held = shards
         .list(&ListParams::default())
@@ -744,7 +777,23 @@ async fn delete_shards(stage: &Stage<'_>) -> (usize, usize) {
         "[chaos] deleted every journal shard: {} holding {operations} operations",
         held.len()
     );
-    (held.len(), operations)
+    // The leader writes again what it holds at once; no disruption before it has. If it does
+    // not, the final checks say what was lost (with the logs).
+    let since = Instant::now();
+    let mut rebuilt = operations == 0;
+    while !rebuilt && since.elapsed() < REBUILD_BOUND {
+        let back = shards.list(&ListParams::default()).await.map(|l| l.items);
+        rebuilt = back.is_ok_and(|back| !back.is_empty());
+        if rebuilt {
+            println!(
+                "[chaos] the leader wrote the journal again after {:?}",
+                since.elapsed()
+            );
+        } else {
+            tokio::time::sleep(POLL).await;
+        }
+    }
+    (held.len(), operations, rebuilt)
 }
 
 /// The state of everything the test created, from one set of reads.
@@ -955,11 +1004,13 @@ async fn no_volume_leaks_under_chaos() {
     let cluster = Cluster::new("chaos").await;
     let driver = Driver::start(&["--delay", "CreateVolume=300ms"]).await;
     let class = cluster.class("chaos", &driver, "Delete", &[]).await;
+    let leader_stable = tokio::sync::Mutex::new(());
     let stage = Stage {
         client: &cluster.client,
         ns: cluster.ns(),
         driver: &driver,
         class: &class,
+        leader_stable: &leader_stable,
     };
     let mut replicas = Replicas::start(&driver, stage.ns);
     let mut tally = Tally::default();
@@ -1144,6 +1195,21 @@ async fn no_volume_leaks_under_chaos() {
         tally.leader.pauses,
         tally.leader.unplanned_exits
     );
+    if tally
+        .world
+        .shard_deletions
+        .iter()
+        .any(|(_, _, rebuilt)| !rebuilt)
+    {
+        fail(
+            &driver,
+            &replicas,
+            &format!(
+                "the leader did not write the journal again within {REBUILD_BOUND:?} of a deletion: {:?}",
+                tally.world.shard_deletions
+            ),
+        );
+    }
     println!(
         "[chaos] fault rule sets {} (final error after a timeout: {} episodes), StorageClass re-created {} times, journal shards deleted (shards, operations) {:?}",
         tally.world.fault_rule_sets,

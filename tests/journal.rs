@@ -1333,23 +1333,39 @@ async fn deleting_every_shard_under_load_loses_no_operation() {
     }
 
     let shards: Api<ProvisioningJournal> = Api::namespaced(cluster.client.clone(), cluster.ns());
-    shards
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .unwrap_or_else(|e| panic!("deleting every journal shard: {e}"));
-    support::eventually("every operation to be stored again", TIMEOUT, || async {
-        let stored = journal_operations(&cluster.client, cluster.ns(), &driver).await?;
-        let missing: Vec<&String> = volumes
-            .iter()
-            .filter(|volume| !stored.iter().any(|op| &op.volume_name == *volume))
-            .collect();
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("not in the journal: {missing:?}"))
+    // Twice: a shard written again is deleted again, the second time under a new process
+    // (once it has loaded the journal: before, the shards were the only copy).
+    for round in 0..2 {
+        if round == 1 {
+            sidecar.kill().await;
+            sidecar.restart().await;
+            support::eventually("the journal to be loaded", TIMEOUT, || async {
+                if sidecar.log().contains("journal loaded") {
+                    Ok(())
+                } else {
+                    Err("not yet".to_owned())
+                }
+            })
+            .await;
         }
-    })
-    .await;
+        shards
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting every journal shard: {e}"));
+        support::eventually("every operation to be stored again", TIMEOUT, || async {
+            let stored = journal_operations(&cluster.client, cluster.ns(), &driver).await?;
+            let missing: Vec<&String> = volumes
+                .iter()
+                .filter(|volume| !stored.iter().any(|op| &op.volume_name == *volume))
+                .collect();
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("not in the journal: {missing:?}"))
+            }
+        })
+        .await;
+    }
 
     // Only what is stored survives a SIGKILL.
     for index in 0..3 {

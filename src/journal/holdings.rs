@@ -48,6 +48,25 @@ impl Holdings {
         }
     }
 
+    /// A record found in a shard for an operation held here with a later request (see
+    /// [`OperationRecord::recorded_before`]): whether the earlier one now replaces it.
+    pub fn prefer_earlier(&self, record: &OperationRecord) -> bool {
+        match record.to_operation() {
+            Ok(operation) => {
+                let taken = self.registry.prefer_earlier(operation);
+                if taken {
+                    warn!(
+                        volume = record.volume_name,
+                        claim = record.claim,
+                        "two leaders recorded this volume with different requests; replaying the one recorded first"
+                    );
+                }
+                taken
+            }
+            Err(_) => false,
+        }
+    }
+
     pub fn placement(&self) -> MutexGuard<'_, Placement> {
         // The placement is plain data, consistent even if a holder panicked.
         self.placement

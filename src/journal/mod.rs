@@ -121,12 +121,11 @@ impl Journal {
             holdings.placement().know(index);
             writers.start(index, shard);
         }
-        if !holdings.registry.is_empty() {
-            info!(
-                operations = holdings.registry.len(),
-                "recovered operations in flight from the journal"
-            );
-        }
+        info!(
+            operations = holdings.registry.len(),
+            shards = holdings.placement().shards(),
+            "journal loaded: operations in flight recovered"
+        );
         Ok(Journal {
             holdings,
             writers,

@@ -78,6 +78,11 @@ impl Placement {
         }
     }
 
+    /// How many shards are known (found at start-up or opened).
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
     pub fn locate(&self, volume_name: &str) -> Option<usize> {
         self.shard_of.get(volume_name).map(|placed| placed.shard)
     }

@@ -168,6 +168,22 @@ impl OperationRecord {
         }
     }
 
+    /// Whether this record is the same claim's operation as `other`, recorded earlier with
+    /// another request: two leaders planned the same volume, one after the shards holding the
+    /// other's record were lost. The first request is the one the driver may have acted on.
+    pub fn recorded_before(&self, other: &OperationRecord) -> bool {
+        let (Ok(mine), Ok(theirs)) = (
+            self.since.parse::<Timestamp>(),
+            other.since.parse::<Timestamp>(),
+        ) else {
+            return false;
+        };
+        self.volume_name == other.volume_name
+            && self.claim_uid == other.claim_uid
+            && self.request != other.request
+            && mine < theirs
+    }
+
     /// The room the record takes in a shard: its JSON, plus a last error it may gain later.
     pub fn stored_size(&self) -> usize {
         let json = serde_json::to_vec(self).map_or(0, |json| json.len());

@@ -171,6 +171,22 @@ impl Registry {
         true
     }
 
+    /// The same claim's operation, recorded before the one held here (by another leader,
+    /// whose record was lost to this one): replay that one from now on, as every retry replays
+    /// the request recorded first. Returns whether it was taken.
+    pub fn prefer_earlier(&self, operation: Operation) -> bool {
+        let mut state = self.lock();
+        let Some(entry) = state.entries.get_mut(&operation.volume_name) else {
+            return false;
+        };
+        if entry.operation.claim_uid != operation.claim_uid {
+            return false;
+        }
+        entry.operation = operation;
+        entry.stage = Stage::Recorded { may_exist: true };
+        true
+    }
+
     /// After a failed CreateVolume or replay: whether the operation must stay recorded. It
     /// must once any attempt `may_have_created` the volume, whatever later attempts answer:
     /// only a PV holding the volume or a successful DeleteVolume ends it then.
@@ -329,6 +345,21 @@ mod tests {
             }
             _ => panic!("the operation recorded here is kept"),
         }
+    }
+
+    #[test]
+    fn an_operation_recorded_earlier_elsewhere_is_replayed_from_then_on() {
+        let registry = Registry::default();
+        recorded(&registry, operation("pvc-1", "a", "second"));
+        assert!(registry.prefer_earlier(operation("pvc-1", "a", "first")));
+        assert!(!registry.prefer_earlier(operation("pvc-1", "b", "other claim")));
+        match registry.reserve(operation("pvc-1", "a", "third")) {
+            Ok(Reservation::Recorded(_, replay)) => {
+                assert_eq!(replay.request.parameters["type"], "first");
+            }
+            _ => panic!("the earlier operation is replayed"),
+        }
+        assert!(registry.keep_after_failure("pvc-1", false), "it may exist");
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub(super) struct ShardState {
 pub(super) struct Reconciled {
     /// Records the API server has and this writer does not: someone else wrote them.
     pub found: Vec<OperationRecord>,
+    /// Records of operations held here that someone else recorded earlier with another
+    /// request: the first request wins (see [`OperationRecord::recorded_before`]).
+    pub earlier: Vec<OperationRecord>,
 }
 
 impl ShardState {
@@ -132,14 +135,25 @@ impl ShardState {
             return Reconciled::default();
         };
         self.stored = Some(found.metadata);
-        let found = found
-            .spec
+        let mut reconciled = Reconciled::default();
+        for record in found.spec.operations {
+            match self.held(&record.volume_name) {
+                Some(held) if record.recorded_before(held) => reconciled.earlier.push(record),
+                Some(_) => {}
+                None if self.removals_not_stored.contains(&record.volume_name) => {}
+                None => reconciled.found.push(record),
+            }
+        }
+        reconciled
+    }
+
+    /// Holds a record recorded earlier than the one held for its operation (from
+    /// [`ShardState::reread`]), in its place.
+    pub fn replace(&mut self, record: OperationRecord) {
+        self.held
             .operations
-            .into_iter()
-            .filter(|record| !self.holds(&record.volume_name))
-            .filter(|record| !self.removals_not_stored.contains(&record.volume_name))
-            .collect();
-        Reconciled { found }
+            .retain(|held| held.volume_name != record.volume_name);
+        self.keep(record);
     }
 
     /// Holds a record someone else wrote (from [`ShardState::reread`]).
@@ -147,20 +161,25 @@ impl ShardState {
         apply(&mut self.held, &[Change::Upsert(record)]);
     }
 
-    /// Whether the API server may lack something held: after a re-read, compared with what it
-    /// returned; a shard not known to exist lacks everything held.
+    /// Whether the API server lacks an operation held, or still has one removed here: after a
+    /// re-read, compared with what it returned; a shard not known to exist lacks everything
+    /// held. Attempts and errors noted by another writer are not worth a write: two writers
+    /// that both rewrote them would answer each other for ever.
     pub fn differs_from(&self, found: Option<&ProvisioningJournalSpec>) -> bool {
+        let names = |operations: &[OperationRecord]| -> Vec<String> {
+            operations.iter().map(|op| op.volume_name.clone()).collect()
+        };
         match found {
-            Some(spec) => spec.operations != self.held.operations,
+            Some(spec) => names(&spec.operations) != names(&self.held.operations),
             None => !self.held.operations.is_empty(),
         }
     }
 
-    fn holds(&self, volume_name: &str) -> bool {
+    fn held(&self, volume_name: &str) -> Option<&OperationRecord> {
         self.held
             .operations
             .iter()
-            .any(|record| record.volume_name == volume_name)
+            .find(|record| record.volume_name == volume_name)
     }
 }
 
@@ -235,6 +254,50 @@ mod tests {
         state.written(stored("2", &[]));
         let found = state.reread(Some(stored("3", &["pvc-a"])));
         assert_eq!(found.found, [record("pvc-a")]);
+    }
+
+    #[test]
+    fn the_request_recorded_first_wins_over_a_later_plan_of_the_same_claim() {
+        let planned = |since: &str, parameter: &str| OperationRecord {
+            volume_name: "pvc-a".to_owned(),
+            claim_uid: "uid-a".to_owned(),
+            request: parameter.to_owned(),
+            since: since.to_owned(),
+            ..OperationRecord::default()
+        };
+        let later = planned("2026-12-04T15:00:02Z", "second");
+        let earlier = planned("2026-12-04T15:00:01Z", "first");
+        let mut state = ShardState::new("d", None);
+        state.apply(&[Change::Upsert(later.clone())]);
+
+        let mut found = stored("2", &[]);
+        found.spec.operations = vec![earlier.clone()];
+        assert_eq!(
+            state.reread(Some(found.clone())).earlier,
+            vec![earlier.clone()]
+        );
+        state.replace(earlier.clone());
+        assert_eq!(
+            state.to_write("d-0", &BTreeMap::new()).spec.operations,
+            vec![earlier]
+        );
+
+        found.spec.operations = vec![later];
+        assert_eq!(
+            state.reread(Some(found)),
+            Reconciled::default(),
+            "a later request never replaces the first"
+        );
+    }
+
+    #[test]
+    fn notes_of_another_writer_on_the_same_operations_need_no_write() {
+        let mut state = ShardState::new("d", Some(stored("1", &["pvc-a"])));
+        let mut theirs = stored("2", &["pvc-a"]);
+        theirs.spec.operations[0].attempts = 3;
+        assert_eq!(state.reread(Some(theirs.clone())), Reconciled::default());
+        assert!(!state.differs_from(Some(&theirs.spec)));
+        assert!(state.differs_from(Some(&stored("3", &["pvc-a", "pvc-b"]).spec)));
     }
 
     #[test]

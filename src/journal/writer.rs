@@ -278,7 +278,13 @@ impl ShardWriter {
             }
         };
         let spec = found.as_ref().map(|shard| shard.spec.clone());
-        let found = self.state.reread(found).found;
+        let reconciled = self.state.reread(found);
+        for record in reconciled.earlier {
+            if self.holdings.prefer_earlier(&record) {
+                self.state.replace(record);
+            }
+        }
+        let found = reconciled.found;
         if !found.is_empty() {
             info!(
                 shard = self.name,

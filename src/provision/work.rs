@@ -49,13 +49,7 @@ pub fn claim_work<C: Deref<Target = StorageClass>>(
 ) -> ClaimWork<C> {
     let ours = storage_provisioner(pvc) == Some(config.driver_name.as_str());
     if ours && has_provisioning_finalizer(pvc) {
-        let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
-        let in_flight = volume_name(
-            &config.volume_name_prefix,
-            config.volume_name_uuid_length,
-            uid,
-        )
-        .is_ok_and(|name| in_flight(&name));
+        let in_flight = has_operation_in_flight(pvc, config, in_flight);
         if may_release_finalizer(pvc, in_flight, consistency_by_default) {
             return ClaimWork::ReleaseFinalizer;
         }
@@ -82,14 +76,7 @@ pub fn drain_claim_work<C: Deref<Target = StorageClass>>(
     if storage_provisioner(pvc) != Some(config.driver_name.as_str()) {
         return ClaimWork::Nothing(None);
     }
-    let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
-    let in_flight = volume_name(
-        &config.volume_name_prefix,
-        config.volume_name_uuid_length,
-        uid,
-    )
-    .is_ok_and(|name| in_flight(&name));
-    if !in_flight {
+    if !has_operation_in_flight(pvc, config, in_flight) {
         return if has_provisioning_finalizer(pvc) {
             ClaimWork::ReleaseFinalizer
         } else {
@@ -100,6 +87,22 @@ pub fn drain_claim_work<C: Deref<Target = StorageClass>>(
         return ClaimWork::Nothing(None);
     }
     provision_work(pvc, class, config)
+}
+
+/// Whether an operation is in flight under the claim's volume name (none if the claim has no
+/// valid name: nothing can have been recorded for it).
+fn has_operation_in_flight(
+    pvc: &PersistentVolumeClaim,
+    config: &ProvisionerConfig,
+    in_flight: impl FnOnce(&str) -> bool,
+) -> bool {
+    let uid = pvc.metadata.uid.as_deref().unwrap_or_default();
+    volume_name(
+        &config.volume_name_prefix,
+        config.volume_name_uuid_length,
+        uid,
+    )
+    .is_ok_and(|name| in_flight(&name))
 }
 
 /// Whether this claim keeps a drain from completing: it is ours and carries our finalizer,

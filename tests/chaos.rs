@@ -494,13 +494,8 @@ async fn wait_journal_loaded(stage: &Stage<'_>, replicas: &mut Replicas, tally: 
     let started = Instant::now();
     loop {
         let leader = wait_leader(stage, replicas, tally).await;
-        // The log of every start of the replica; its current process starts at the harness's
-        // last start banner (the Lease may still name a killed process's replica).
-        let log = replicas.sidecars[leader].log();
-        let current = log.rfind("===== start #").map_or("", |start| &log[start..]);
-        if current.contains("became leader, starting controllers")
-            && current.contains("journal loaded")
-        {
+        // The Lease may still name a killed process's replica: its new process must lead.
+        if replicas.sidecars[leader].has_loaded_journal() {
             return;
         }
         assert!(

@@ -1340,7 +1340,7 @@ async fn deleting_every_shard_under_load_loses_no_operation() {
             sidecar.kill().await;
             sidecar.restart().await;
             support::eventually("the journal to be loaded", TIMEOUT, || async {
-                if sidecar.log().contains("journal loaded") {
+                if sidecar.has_loaded_journal() {
                     Ok(())
                 } else {
                     Err("not yet".to_owned())

@@ -566,6 +566,14 @@ impl Sidecar {
         self.process.log_text()
     }
 
+    /// Whether the running process (not an earlier start) has loaded the journal: it runs its
+    /// controllers, as the leader when leader election is on.
+    pub fn has_loaded_journal(&self) -> bool {
+        let log = self.log();
+        let current = log.rfind("===== start #").map_or("", |start| &log[start..]);
+        current.contains("journal loaded")
+    }
+
     /// Fails the test if the process has exited, with its status and log tail.
     pub fn assert_running(&mut self) {
         if let Some(status) = self.process.try_exit() {

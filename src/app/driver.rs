@@ -5,16 +5,14 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::error::AppError;
-use crate::config::{DriverArgs, FeatureGates};
+use crate::config::DriverArgs;
 use crate::csi_client::{ClientOptions, CsiClient, DriverInfo, parse_csi_address};
 use crate::metrics::Metrics;
 
 /// Connects to `--csi-address`, waits until the driver is ready and reads what it reports.
-/// Refuses a driver that cannot provision, and one whose capabilities would need behaviour
-/// that is not built (topology, while the Topology gate is on).
+/// Refuses a driver that cannot provision.
 pub(super) async fn connect(
     args: &DriverArgs,
-    gates: &FeatureGates,
     metrics: Arc<Metrics>,
 ) -> Result<(CsiClient, DriverInfo), AppError> {
     let socket = parse_csi_address(&args.csi_address).map_err(AppError::CsiAddress)?;
@@ -41,8 +39,5 @@ pub(super) async fn connect(
             driver: info.name.clone(),
         });
     }
-    gates
-        .check_driver_topology(&info.name, info.supports_topology())
-        .map_err(AppError::Refused)?;
     Ok((driver, info))
 }

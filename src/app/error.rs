@@ -1,6 +1,5 @@
 //! Why the sidecar stopped with a failure; `app::run` prints it and exits 1.
 
-use crate::config::ConfigError;
 use crate::csi_client;
 use crate::http::HttpError;
 use crate::journal::JournalError;
@@ -26,9 +25,6 @@ pub enum AppError {
         "the CSI driver {driver:?} does not report the CREATE_DELETE_VOLUME controller capability, so it cannot provision volumes"
     )]
     NoCreateDelete { driver: String },
-    /// What the driver reports needs behaviour that is not built.
-    #[error(transparent)]
-    Refused(ConfigError),
     #[error(transparent)]
     KubeClient(KubeClientError),
     #[error(transparent)]

@@ -4,7 +4,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::error::AppError;
 use crate::config::{Args, ConsistencyDefault, Gate};
-use crate::controller::Settings;
+use crate::controller::{Settings, TopologyFlags};
 use crate::csi_client::DriverInfo;
 use crate::leader;
 use crate::provision::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
@@ -57,6 +57,10 @@ pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppEr
         journal_base_name: leader::lease_name(&info.name),
         journal_timeout: args.driver.timeout,
         draining: controller.drain,
+        topology: TopologyFlags {
+            strict: args.topology.strict_topology,
+            immediate: args.topology.immediate_topology,
+        },
     })
 }
 

@@ -44,13 +44,6 @@ pub enum ConfigError {
         gate: &'static str,
         missing: &'static str,
     },
-    #[error(
-        "the CSI driver {driver:?} reports the VOLUME_ACCESSIBILITY_CONSTRAINTS capability and the \
-         Topology feature gate is on, but topology is not built yet: volumes would be created \
-         without accessibility requirements; set --feature-gates=Topology=false to provision \
-         without topology"
-    )]
-    DriverTopology { driver: String },
 }
 
 pub(super) fn positive_count(flag: &'static str, value: u64) -> Result<(), ConfigError> {

@@ -56,7 +56,6 @@ const fn ours(name: &'static str, status: FlagStatus) -> FlagInfo {
     }
 }
 
-const TOPOLOGY: FlagStatus = FlagStatus::Refused("topology is not built");
 const CAPACITY: FlagStatus = FlagStatus::Refused("capacity tracking is not built");
 const NODE_DEPLOYMENT: FlagStatus = FlagStatus::Refused("node deployment is not built");
 const SPLIT_LOGS: FlagStatus = FlagStatus::Refused("split log streams are not built");
@@ -82,8 +81,8 @@ pub const FLAGS: &[FlagInfo] = {
             "prevent-volume-mode-conversion",
             Refused("restoring from snapshots is not built"),
         ),
-        up("strict-topology", TOPOLOGY),
-        up("immediate-topology", TOPOLOGY),
+        up("strict-topology", Same),
+        up("immediate-topology", Same),
         up("enable-capacity", CAPACITY),
         up("capacity-for-immediate-binding", CAPACITY),
         up("capacity-poll-interval", CAPACITY),

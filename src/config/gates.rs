@@ -66,15 +66,15 @@ impl Gate {
     }
 
     /// What is missing when the gate's behaviour is not built; `None` when it is.
-    /// ReleaseLeaderElectionOnExit is built: the Lease is released on exit regardless.
+    /// ReleaseLeaderElectionOnExit is built: the Lease is released on exit regardless. Topology
+    /// is built and acts only with a driver that reports VOLUME_ACCESSIBILITY_CONSTRAINTS.
     pub fn not_built(self) -> Option<&'static str> {
         match self {
-            Gate::Topology => Some("topology is not built"),
             Gate::CrossNamespaceVolumeDataSource => {
                 Some("cross-namespace data sources are not built")
             }
             Gate::VolumeAttributesClass => Some("VolumeAttributesClass support is not built"),
-            Gate::ReleaseLeaderElectionOnExit => None,
+            Gate::Topology | Gate::ReleaseLeaderElectionOnExit => None,
         }
     }
 }
@@ -135,9 +135,8 @@ impl FeatureGates {
 
     /// Gates the command line turns on, by name or through `AllAlpha`, whose behaviour is not
     /// built: the sidecar refuses them rather than run without what they promise. The GA gates
-    /// on by default are judged where their behaviour would start: Topology against the
-    /// driver ([`FeatureGates::check_driver_topology`]), VolumeAttributesClass per claim (a
-    /// claim naming a class is not provisioned).
+    /// on by default are judged where their behaviour would start: VolumeAttributesClass per
+    /// claim (a claim naming a class is not provisioned).
     pub fn refused(&self) -> Vec<ConfigError> {
         Gate::ALL
             .iter()
@@ -160,22 +159,6 @@ impl FeatureGates {
                 }
             })
             .collect()
-    }
-
-    /// Topology (on by default, as upstream) only acts with a driver that reports the
-    /// VOLUME_ACCESSIBILITY_CONSTRAINTS capability. Topology is not built, so with such a
-    /// driver the sidecar would create volumes without accessibility requirements: refused.
-    pub fn check_driver_topology(
-        &self,
-        driver: &str,
-        driver_has_topology: bool,
-    ) -> Result<(), ConfigError> {
-        if driver_has_topology && self.enabled(Gate::Topology) {
-            return Err(ConfigError::DriverTopology {
-                driver: driver.to_owned(),
-            });
-        }
-        Ok(())
     }
 }
 

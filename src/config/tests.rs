@@ -367,38 +367,9 @@ fn gates_turned_on_without_their_behaviour_are_refused() {
     assert!(refused("ReleaseLeaderElectionOnExit=true").is_empty());
     // No provisioner gate is beta.
     assert!(refused("AllBeta=true").is_empty());
-    // Gates turned off, and defaults, are accepted: the default-on Topology is judged against
-    // the driver's capabilities.
+    // Gates turned off, and defaults, are accepted.
     assert!(refused("Topology=false,VolumeAttributesClass=false").is_empty());
     assert!(ok(&[]).refused().is_empty());
-}
-
-#[test]
-fn topology_capable_driver_needs_the_topology_gate_off() {
-    let gates = |flags: &[&str]| ok(flags).feature_gates();
-    let on = gates(&[]);
-    assert_eq!(
-        on.check_driver_topology("d.example.com", true),
-        Err(ConfigError::DriverTopology {
-            driver: "d.example.com".into()
-        })
-    );
-    let message = on
-        .check_driver_topology("d.example.com", true)
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-    assert!(
-        message.contains("--feature-gates=Topology=false"),
-        "{message}"
-    );
-    assert!(
-        message.contains("VOLUME_ACCESSIBILITY_CONSTRAINTS"),
-        "{message}"
-    );
-    assert_eq!(on.check_driver_topology("d.example.com", false), Ok(()));
-    let off = gates(&["--feature-gates=Topology=false"]);
-    assert_eq!(off.check_driver_topology("d.example.com", true), Ok(()));
 }
 
 #[test]

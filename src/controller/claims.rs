@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use futures::future::{self, Either};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
@@ -27,13 +27,14 @@ use super::cache::CachedClaim;
 use super::context::Context;
 use super::events::EventType;
 use crate::csi;
-use crate::csi_client::CallError;
+use crate::csi_client::{CallError, ErrorClass};
 use crate::journal::{JournalError, Operation, Phase};
 use crate::provision::{
     ClaimWork, CreateResponseError, DecisionError, ExistingPv, ProvisionError, ProvisionPlan,
+    RescheduleCause, TopologyError, TopologyInputs, accessibility_requirements,
     build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
     drain_claim_work, existing_pv, names_may_collide, needs_finalizer, plan_provision,
-    pv_is_for_claim,
+    pv_is_for_claim, reschedule_node, reschedule_patch, selected_node,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -44,6 +45,8 @@ pub enum ClaimError {
     Decision(#[from] DecisionError),
     #[error(transparent)]
     Plan(#[from] ProvisionError),
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
     #[error(transparent)]
     Secret(#[from] SecretReadError),
     #[error(transparent)]
@@ -58,6 +61,17 @@ pub enum ClaimError {
     Journal(#[from] JournalError),
     #[error("{0}")]
     Driver(CallError),
+    /// The attempt failed on the selected node, which was given back to the scheduler: the
+    /// text is the failure's, as upstream's event.
+    #[error("{error}")]
+    Rescheduled {
+        node: String,
+        error: Box<ClaimError>,
+    },
+    #[error(
+        "{error}; an earlier attempt may have created the volume for node {node:?}, so the claim keeps that node and the same request is retried until the driver says what became of it"
+    )]
+    NodeKept { node: String, error: CallError },
     #[error("Volume provisioning failed with infeasible error. Retries will be delayed. {0}")]
     Infeasible(CallError),
     #[error(transparent)]
@@ -171,6 +185,12 @@ impl ClaimReconciler {
                 &message,
             ),
         }
+        if let ClaimError::Rescheduled { node, .. } = &error {
+            // The claim waits for the scheduler now: its next selected node is a change.
+            ctx.claim_backoff().forget(&pvc.uid().unwrap_or_default());
+            info!(claim = %claim_key(pvc), node, error = %message, "selected node given back to the scheduler");
+            return Action::await_change();
+        }
         let delay = ctx.claim_backoff().failure(pvc.uid().unwrap_or_default());
         warn!(claim = %claim_key(pvc), error = %message, retry_in = ?delay, "provisioning failed");
         Action::requeue(delay)
@@ -248,6 +268,14 @@ async fn provision_claim(
         return Ok(Outcome::RetryIn(left));
     }
     let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps)?;
+    let requirements = match topology_requirements(ctx, pvc, &class, &plan).await {
+        Ok(requirements) => requirements,
+        Err(error) if error.reschedules() => {
+            let cause = RescheduleCause::NodeWithoutCsiNode;
+            return Err(reschedule(ctx, pvc, cause, error.into()).await);
+        }
+        Err(error) => return Err(error.into()),
+    };
     if ctx
         .volumes
         .get(&ObjectRef::new(&plan.volume_name))
@@ -266,7 +294,7 @@ async fn provision_claim(
     }
 
     let secrets = read_secret(&ctx.client, plan.secrets.provisioner.as_ref()).await?;
-    let planned = build_create_volume_request(&plan, secrets.clone(), None);
+    let planned = build_create_volume_request(&plan, secrets.clone(), requirements);
     let (_busy, recorded) = ctx.journal.record(operation(pvc, &plan, &planned)).await?;
     // A retry sends what was recorded first, with that record's secret: the driver may hold a
     // volume made from it, and a changed request would only be answered ALREADY_EXISTS.
@@ -292,7 +320,7 @@ async fn provision_claim(
     let response = match create_volume(ctx, &plan.class_name, request.clone()).await {
         Ok(response) => response,
         Err(error) => {
-            ctx.journal.settle_failure(
+            let kept = ctx.journal.settle_failure(
                 &plan.volume_name,
                 Phase::Provisioning,
                 error.may_have_created(),
@@ -301,6 +329,9 @@ async fn provision_claim(
             if error.is_infeasible() {
                 ctx.infeasible().insert(&uid, &class_uid, now());
                 return Err(ClaimError::Infeasible(error));
+            }
+            if error.class() == ErrorClass::Reschedule {
+                return Err(exhausted(ctx, pvc, error, kept).await);
             }
             return Err(ClaimError::Driver(error));
         }
@@ -321,6 +352,85 @@ async fn provision_claim(
     Ok(Outcome::Provisioned {
         volume: plan.volume_name,
     })
+}
+
+/// The accessibility requirements of a new CreateVolume, `None` without topology. A claim
+/// whose operation is already recorded gets `None` too: the recorded request is what is sent
+/// (docs/journal.md, rule 2), so the Node or CSINode it was computed from may be gone since.
+async fn topology_requirements(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    plan: &ProvisionPlan,
+) -> Result<Option<csi::TopologyRequirement>, TopologyError> {
+    let Some(cluster) = ctx.topology.as_ref() else {
+        return Ok(None);
+    };
+    if ctx.journal.registry().contains(&plan.volume_name) {
+        return Ok(None);
+    }
+    // A store still listing would look like a cluster without the selected node's CSINode.
+    cluster.wait_until_ready().await;
+    let name = pvc.name_any();
+    let inputs = TopologyInputs {
+        claim_name: &name,
+        selected_node: selected_node(pvc),
+        allowed_topologies: class.allowed_topologies.as_deref().unwrap_or_default(),
+        strict: ctx.topology_flags.strict,
+        immediate: ctx.topology_flags.immediate,
+    };
+    accessibility_requirements(&inputs, cluster)
+}
+
+/// CreateVolume answered ResourceExhausted: the claim's node is given back to the scheduler,
+/// unless the journal keeps the operation because an earlier attempt may have created the
+/// volume for that node (see `provision::reschedule_node`).
+async fn exhausted(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    error: CallError,
+    operation_kept: bool,
+) -> ClaimError {
+    let cause = RescheduleCause::DriverExhausted { operation_kept };
+    if operation_kept && ctx.caps.topology {
+        if let Some(node) = selected_node(pvc) {
+            return ClaimError::NodeKept {
+                node: node.to_owned(),
+                error,
+            };
+        }
+    }
+    reschedule(ctx, pvc, cause, ClaimError::Driver(error)).await
+}
+
+/// Removes the claim's selected node so the scheduler picks another, when `cause` allows it;
+/// returns the error to report. A failed removal (the claim changed meanwhile) leaves the
+/// ordinary failure, retried with backoff, as upstream.
+async fn reschedule(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    cause: RescheduleCause,
+    error: ClaimError,
+) -> ClaimError {
+    let Some(node) = reschedule_node(pvc, ctx.caps.topology, cause) else {
+        return error;
+    };
+    let api: Api<PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
+    let patch = Patch::<()>::Json(reschedule_patch(pvc, node));
+    match api
+        .patch(&pvc.name_any(), &PatchParams::default(), &patch)
+        .await
+    {
+        Ok(_) => ClaimError::Rescheduled {
+            node: node.to_owned(),
+            error: Box::new(error),
+        },
+        Err(failure) => {
+            warn!(claim = %claim_key(pvc), node, error = %failure, "Volume rescheduling failed");
+            error
+        }
+    }
 }
 
 /// Whether the PV named like the claim's volume, which the cache holds, is this claim's. With

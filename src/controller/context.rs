@@ -13,6 +13,7 @@ use super::backoff::{Backoff, InfeasibleSet};
 use super::cache::{CachedClaim, CachedVolume};
 use super::events::EventRecorder;
 use super::limits::CallLimits;
+use super::topology::TopologyCache;
 use crate::csi_client::CsiController;
 use crate::fence::LeaseFence;
 use crate::journal::Journal;
@@ -38,6 +39,15 @@ pub struct Settings {
     pub journal_timeout: Duration,
     /// `--drain`: hand over to another provisioner (see `provision::drain_claim_work`).
     pub draining: bool,
+    /// `--strict-topology` and `--immediate-topology`.
+    pub topology: TopologyFlags,
+}
+
+/// `--strict-topology` and `--immediate-topology`; they act only when `caps.topology`.
+#[derive(Debug, Clone, Copy)]
+pub struct TopologyFlags {
+    pub strict: bool,
+    pub immediate: bool,
 }
 
 /// What the reconcilers share.
@@ -49,6 +59,9 @@ pub struct Context {
     pub claims: Store<CachedClaim>,
     pub volumes: Store<CachedVolume>,
     pub classes: Store<StorageClass>,
+    /// Nodes and CSINodes, watched only when the driver reports topology.
+    pub topology: Option<TopologyCache>,
+    pub topology_flags: TopologyFlags,
     pub events: EventRecorder,
     pub metrics: Arc<Metrics>,
     pub limits: CallLimits,
@@ -76,6 +89,7 @@ pub struct Stores {
     pub claims: Store<CachedClaim>,
     pub volumes: Store<CachedVolume>,
     pub classes: Store<StorageClass>,
+    pub topology: Option<TopologyCache>,
 }
 
 impl Context {
@@ -102,6 +116,8 @@ impl Context {
             claims: stores.claims,
             volumes: stores.volumes,
             classes: stores.classes,
+            topology: stores.topology,
+            topology_flags: settings.topology,
             events,
             metrics,
             limits: CallLimits::new(settings.worker_threads, settings.max_concurrent_per_class),

@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 use tonic::Status;
 use tower_test::mock;
 
-use super::context::{Context, FencedDriver, Settings, Stores};
+use super::context::{Context, FencedDriver, Settings, Stores, TopologyFlags};
 use super::events::EventRecorder;
 use crate::csi;
 use crate::csi_client::{CallError, CsiController};
@@ -458,6 +458,10 @@ impl Cluster {
             journal_base_name: JOURNAL_BASE_NAME.to_owned(),
             journal_timeout: self.journal_timeout,
             draining: self.draining,
+            topology: TopologyFlags {
+                strict: false,
+                immediate: true,
+            },
         };
         let journal = bounded(Journal::load(
             client.clone(),
@@ -479,6 +483,7 @@ impl Cluster {
             claims: store(self.claims.iter().map(cached)),
             volumes: store(self.volumes.iter().map(cached)),
             classes: store(self.classes),
+            topology: None,
         };
         let driver = Arc::new(ScriptedDriver {
             script: Arc::clone(&script),

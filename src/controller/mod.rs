@@ -18,6 +18,7 @@ mod finalizers;
 mod fixtures;
 pub mod limits;
 mod orphans;
+mod topology;
 mod volumes;
 
 use std::future::Future;
@@ -38,7 +39,7 @@ use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
 use crate::provision::claim_class_name;
 use claims::ClaimReconciler;
-pub use context::Settings;
+pub use context::{Settings, TopologyFlags};
 use context::{Context, FencedDriver, Stores};
 use events::EventRecorder;
 use volumes::VolumeReconciler;
@@ -99,10 +100,19 @@ pub async fn run(
         settings.hostname.clone(),
         rate_limit,
     );
+    let (topology, topology_watches) = if settings.caps.topology {
+        let (cache, nodes, csinodes) =
+            topology::watch_topology(&client, initial_list, &settings.config.driver_name);
+        let watches = future::join(drive(nodes), drive(csinodes)).map(|_| ());
+        (Some(cache), watches.boxed())
+    } else {
+        (None, future::ready(()).boxed())
+    };
     let stores = Stores {
         claims: claims.clone(),
         volumes: volumes.clone(),
         classes,
+        topology,
     };
     let driver = FencedDriver { csi: driver, fence };
     let ctx = Arc::new(Context::new(
@@ -200,7 +210,17 @@ pub async fn run(
     .run(VolumeReconciler::reconcile, never_fails, Arc::clone(&ctx))
     .for_each(log_result);
     let reaper = orphans::reap_orphans(Arc::clone(&ctx), worker_threads, drained());
+    let topology_watches = {
+        let drained = drained();
+        async move {
+            tokio::select! {
+                () = topology_watches => {}
+                () = drained => {}
+            }
+        }
+    };
     tokio::join!(
+        topology_watches,
         until_drained_if_never_ready(claim_controller, claims_listed, drained()),
         until_drained_if_never_ready(
             volume_controller,
@@ -222,6 +242,18 @@ pub async fn run(
     // the drain promises an empty journal.
     flushed?;
     Ok(Ended::HandedOver)
+}
+
+/// Polls a watch that only fills a store (no controller reads its stream).
+async fn drive<K, E: std::fmt::Display>(changes: impl Stream<Item = Result<K, E>>) {
+    changes
+        .for_each(|change| {
+            if let Err(error) = change {
+                warn!(%error, "watch error");
+            }
+            future::ready(())
+        })
+        .await;
 }
 
 /// Runs a controller to its end, or stops it at `drained` if its store has not listed yet.

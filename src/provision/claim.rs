@@ -128,7 +128,7 @@ pub fn should_provision(
     };
 
     if class.volume_binding_mode.as_deref() == Some(WAIT_FOR_FIRST_CONSUMER)
-        && annotation(meta, ANN_SELECTED_NODE).is_none_or(str::is_empty)
+        && selected_node(pvc).is_none()
     {
         return ProvisionDecision::Skip(SkipReason::WaitingForFirstConsumer);
     }
@@ -157,11 +157,13 @@ pub fn storage_provisioner(pvc: &PersistentVolumeClaim) -> Option<&str> {
         .or_else(|| annotation(&pvc.metadata, ANN_BETA_STORAGE_PROVISIONER))
 }
 
-/// The node the scheduler selected for the claim (GA annotation, else the alpha one), if any.
+/// The node the scheduler selected for the claim, if any: the GA annotation when present,
+/// else the alpha one. Presence selects the key, as in upstream's library: an empty GA value
+/// means no node, whatever the alpha key says.
 pub fn selected_node(pvc: &PersistentVolumeClaim) -> Option<&str> {
-    [ANN_SELECTED_NODE, ANN_ALPHA_SELECTED_NODE]
-        .into_iter()
-        .find_map(|key| annotation(&pvc.metadata, key).filter(|node| !node.is_empty()))
+    annotation(&pvc.metadata, ANN_SELECTED_NODE)
+        .or_else(|| annotation(&pvc.metadata, ANN_ALPHA_SELECTED_NODE))
+        .filter(|node| !node.is_empty())
 }
 
 pub(super) fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
@@ -288,6 +290,11 @@ mod tests {
             should_provision(&pvc, Some(&class), DRIVER),
             ProvisionDecision::Provision
         );
+        let alpha_only = ours().annotation(ANN_ALPHA_SELECTED_NODE, "node-1").build();
+        assert_eq!(
+            should_provision(&alpha_only, Some(&class), DRIVER),
+            ProvisionDecision::Provision
+        );
     }
 
     #[test]
@@ -314,12 +321,16 @@ mod tests {
     }
 
     #[test]
-    fn selected_node_falls_back_to_the_alpha_annotation() {
+    fn selected_node_falls_back_to_the_alpha_annotation_only_when_the_ga_key_is_absent() {
         let alpha = PvcBuilder::new()
-            .annotation(ANN_SELECTED_NODE, "")
             .annotation(ANN_ALPHA_SELECTED_NODE, "old")
             .build();
         assert_eq!(selected_node(&alpha), Some("old"));
+        let empty_ga = PvcBuilder::new()
+            .annotation(ANN_SELECTED_NODE, "")
+            .annotation(ANN_ALPHA_SELECTED_NODE, "old")
+            .build();
+        assert_eq!(selected_node(&empty_ga), None);
         let ga = PvcBuilder::new().annotation(ANN_SELECTED_NODE, "n").build();
         assert_eq!(selected_node(&ga), Some("n"));
         assert_eq!(selected_node(&PvcBuilder::new().build()), None);

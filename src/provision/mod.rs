@@ -28,8 +28,10 @@ mod naming;
 mod parameters;
 mod plan;
 mod quantity;
+mod reschedule;
 mod secrets;
 mod settings;
+mod topology;
 mod validation;
 mod volume;
 mod work;
@@ -70,10 +72,14 @@ pub use parameters::{
 };
 pub use plan::{ProvisionError, ProvisionPlan, build_create_volume_request, plan_provision};
 pub use quantity::{QuantityError, format_binary_si, parse_quantity_bytes, requested_bytes};
+pub use reschedule::{RescheduleCause, reschedule_node, reschedule_patch};
 pub use secrets::{
     SecretError, SecretKind, SecretRef, SecretRefs, TemplateContext, resolve_secret_ref,
     resolve_secret_refs, secret_data,
 };
 pub use settings::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
+pub use topology::{
+    ClusterTopology, TopologyError, TopologyInputs, accessibility_requirements,
+};
 pub use volume::{CreateResponseError, build_persistent_volume};
 pub use work::{ClaimWork, claim_work, drain_claim_work, holds_up_drain, volume_has_work};

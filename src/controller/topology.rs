@@ -1,0 +1,323 @@
+//! Watches of Nodes and CSINodes for the topology decisions, kept as small as what those read.
+//!
+//! Only a driver that reports VOLUME_ACCESSIBILITY_CONSTRAINTS (with the Topology gate on)
+//! makes the sidecar watch them, as upstream starts its Node and CSINode listers only then. A
+//! Node's status (images, conditions, addresses) is most of its size and never read: the cache
+//! keeps the name and the labels, and of a CSINode the drivers' names and topology keys.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::Stream;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::CSINode;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+use serde::Deserialize;
+
+use super::cache::{InitialList, watch};
+use crate::provision::ClusterTopology;
+
+/// A Node as cached: its name (in `metadata`) and its labels.
+#[derive(Clone, Debug, Deserialize, Resource)]
+#[resource(inherit = Node)]
+#[serde(from = "WireNode")]
+pub struct CachedNode {
+    pub metadata: ObjectMeta,
+}
+
+#[derive(Deserialize)]
+struct WireNode {
+    metadata: WireMeta,
+}
+
+impl From<WireNode> for CachedNode {
+    fn from(wire: WireNode) -> Self {
+        CachedNode {
+            metadata: wire.metadata.into_meta(),
+        }
+    }
+}
+
+/// A CSINode as cached: its name and, per driver registered on the node, the topology keys.
+#[derive(Clone, Debug, Deserialize, Resource)]
+#[resource(inherit = CSINode)]
+#[serde(from = "WireCsiNode")]
+pub struct CachedCsiNode {
+    pub metadata: ObjectMeta,
+    drivers: Box<[(Box<str>, Box<[String]>)]>,
+}
+
+impl CachedCsiNode {
+    /// The topology keys `driver` registered on this node; empty when it registered none or
+    /// is not registered here.
+    fn keys_of(&self, driver: &str) -> &[String] {
+        self.drivers
+            .iter()
+            .find(|(name, _)| &**name == driver)
+            .map(|(_, keys)| &**keys)
+            .unwrap_or_default()
+    }
+}
+
+#[derive(Deserialize)]
+struct WireCsiNode {
+    metadata: WireMeta,
+    #[serde(default)]
+    spec: Option<WireCsiNodeSpec>,
+}
+
+#[derive(Deserialize)]
+struct WireCsiNodeSpec {
+    #[serde(default)]
+    drivers: Vec<WireCsiNodeDriver>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireCsiNodeDriver {
+    name: String,
+    #[serde(default)]
+    topology_keys: Option<Vec<String>>,
+}
+
+impl From<WireCsiNode> for CachedCsiNode {
+    fn from(wire: WireCsiNode) -> Self {
+        let drivers = wire
+            .spec
+            .map(|spec| spec.drivers)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|driver| {
+                let keys = driver.topology_keys.unwrap_or_default();
+                (driver.name.into_boxed_str(), keys.into_boxed_slice())
+            })
+            .collect();
+        CachedCsiNode {
+            metadata: wire.metadata.into_meta(),
+            drivers,
+        }
+    }
+}
+
+/// The metadata the reflector needs (name, UID, resourceVersion) and the labels; the rest,
+/// `managedFields` above all, is skipped without being allocated.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireMeta {
+    name: Option<String>,
+    uid: Option<String>,
+    resource_version: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+}
+
+impl WireMeta {
+    fn into_meta(self) -> ObjectMeta {
+        ObjectMeta {
+            name: self.name,
+            uid: self.uid,
+            resource_version: self.resource_version,
+            labels: self.labels,
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// The cluster's topology as the claim reconciler reads it: the two stores and our driver's
+/// name.
+#[derive(Clone)]
+pub struct TopologyCache {
+    nodes: Store<CachedNode>,
+    csinodes: Store<CachedCsiNode>,
+    driver: Arc<str>,
+}
+
+/// Starts watching Nodes and CSINodes: the cache to read and the streams that fill it (they
+/// must be polled).
+pub fn watch_topology(
+    client: &Client,
+    initial_list: InitialList,
+    driver: &str,
+) -> (
+    TopologyCache,
+    impl Stream<Item = Result<CachedNode, watcher::Error>> + Send + 'static,
+    impl Stream<Item = Result<CachedCsiNode, watcher::Error>> + Send + 'static,
+) {
+    let (nodes, node_stream) = watch(Api::<CachedNode>::all(client.clone()), initial_list);
+    let (csinodes, csinode_stream) =
+        watch(Api::<CachedCsiNode>::all(client.clone()), initial_list);
+    let cache = TopologyCache {
+        nodes,
+        csinodes,
+        driver: driver.into(),
+    };
+    (cache, node_stream, csinode_stream)
+}
+
+impl TopologyCache {
+    /// Waits until both stores have listed once, so a decision never reads a half-filled
+    /// view (a missing CSINode means "reschedule"). `false` if a watch ended before.
+    pub async fn wait_until_ready(&self) -> bool {
+        self.nodes.wait_until_ready().await.is_ok() && self.csinodes.wait_until_ready().await.is_ok()
+    }
+
+    #[cfg(test)]
+    pub fn from_stores(
+        nodes: Store<CachedNode>,
+        csinodes: Store<CachedCsiNode>,
+        driver: &str,
+    ) -> Self {
+        TopologyCache {
+            nodes,
+            csinodes,
+            driver: driver.into(),
+        }
+    }
+}
+
+impl ClusterTopology for TopologyCache {
+    fn csinode_keys(&self, node: &str) -> Option<Vec<String>> {
+        let csinode = self.csinodes.get(&ObjectRef::new(node))?;
+        Some(csinode.keys_of(&self.driver).to_vec())
+    }
+
+    fn any_csinode_keys(&self) -> Option<Vec<String>> {
+        self.csinodes
+            .state()
+            .iter()
+            .filter(|csinode| !csinode.keys_of(&self.driver).is_empty())
+            .min_by(|a, b| a.metadata.name.cmp(&b.metadata.name))
+            .map(|csinode| csinode.keys_of(&self.driver).to_vec())
+    }
+
+    fn node_labels(&self, node: &str) -> Option<BTreeMap<String, String>> {
+        let node = self.nodes.get(&ObjectRef::new(node))?;
+        Some(node.metadata.labels.clone().unwrap_or_default())
+    }
+
+    fn node_segments(&self, keys: &[String]) -> Vec<BTreeMap<String, String>> {
+        self.nodes
+            .state()
+            .iter()
+            .filter_map(|node| {
+                let labels = node.metadata.labels.as_ref()?;
+                keys.iter()
+                    .map(|key| Some((key.clone(), labels.get(key)?.clone())))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::watcher::Event;
+    use serde_json::json;
+
+    fn store<K>(objects: Vec<serde_json::Value>) -> Store<K>
+    where
+        K: Resource<DynamicType = ()> + Clone + for<'de> Deserialize<'de> + 'static,
+    {
+        let (reader, mut writer) = kube::runtime::reflector::store();
+        writer.apply_watcher_event(&Event::Init);
+        for object in objects {
+            let object: K = serde_json::from_value(object).expect("test object");
+            writer.apply_watcher_event(&Event::InitApply(object));
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+        reader
+    }
+
+    fn node(name: &str, labels: serde_json::Value) -> serde_json::Value {
+        json!({
+            "metadata": {
+                "name": name, "uid": format!("uid-{name}"), "resourceVersion": "1",
+                "labels": labels,
+                "managedFields": [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}],
+            },
+            "status": {"images": [{"names": ["registry/huge:1"], "sizeBytes": 1}]},
+        })
+    }
+
+    fn csinode(name: &str, drivers: serde_json::Value) -> serde_json::Value {
+        json!({"metadata": {"name": name, "uid": format!("uid-{name}")}, "spec": {"drivers": drivers}})
+    }
+
+    fn cache() -> TopologyCache {
+        let nodes = store(vec![
+            node("n1", json!({"zone": "z1", "rack": "r1", "other": "x"})),
+            node("n2", json!({"zone": "z2"})),
+            node("n3", json!({})),
+        ]);
+        let csinodes = store(vec![
+            csinode(
+                "n2",
+                json!([{"name": "d", "nodeID": "n2", "topologyKeys": ["zone"]}]),
+            ),
+            csinode(
+                "n1",
+                json!([
+                    {"name": "other", "nodeID": "n1", "topologyKeys": ["x"]},
+                    {"name": "d", "nodeID": "n1", "topologyKeys": ["zone", "rack"]},
+                ]),
+            ),
+            csinode("n3", json!([{"name": "other", "nodeID": "n3"}])),
+        ]);
+        TopologyCache::from_stores(nodes, csinodes, "d")
+    }
+
+    #[test]
+    fn csinode_keys_are_our_drivers_and_none_only_without_the_object() {
+        let cache = cache();
+        assert_eq!(
+            cache.csinode_keys("n1"),
+            Some(vec!["zone".into(), "rack".into()])
+        );
+        assert_eq!(cache.csinode_keys("n3"), Some(vec![]));
+        assert_eq!(cache.csinode_keys("gone"), None);
+    }
+
+    #[test]
+    fn any_csinode_keys_is_the_first_by_name_with_keys() {
+        assert_eq!(
+            cache().any_csinode_keys(),
+            Some(vec!["zone".into(), "rack".into()])
+        );
+    }
+
+    #[test]
+    fn node_labels_are_kept_whole_and_nothing_else() {
+        let cache = cache();
+        let labels = cache.node_labels("n1").unwrap();
+        assert_eq!(labels.len(), 3);
+        assert_eq!(cache.node_labels("n3"), Some(BTreeMap::new()));
+        assert_eq!(cache.node_labels("gone"), None);
+        let cached = cache.nodes.get(&ObjectRef::new("n1")).unwrap();
+        assert!(cached.metadata.managed_fields.is_none());
+    }
+
+    #[test]
+    fn node_segments_are_the_nodes_carrying_every_key() {
+        let cache = cache();
+        let mut segments = cache.node_segments(&["zone".into()]);
+        segments.sort();
+        assert_eq!(
+            segments,
+            vec![
+                BTreeMap::from([("zone".into(), "z1".into())]),
+                BTreeMap::from([("zone".into(), "z2".into())]),
+            ]
+        );
+        assert_eq!(
+            cache.node_segments(&["zone".into(), "rack".into()]),
+            vec![BTreeMap::from([
+                ("rack".into(), "r1".into()),
+                ("zone".into(), "z1".into())
+            ])]
+        );
+    }
+}

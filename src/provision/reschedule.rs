@@ -1,0 +1,125 @@
+//! Giving a selected node back to the scheduler (upstream's "reschedule"): when the driver
+//! cannot create the volume where the scheduler put the claim's pod, the sidecar removes the
+//! claim's `volume.kubernetes.io/selected-node` so the scheduler picks another node.
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{Patch, PatchOperation, RemoveOperation, TestOperation};
+use serde_json::Value;
+
+use super::claim::{annotation, selected_node};
+use super::names::ANN_SELECTED_NODE;
+
+/// Why an attempt may give up its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RescheduleCause {
+    /// CreateVolume answered ResourceExhausted. `operation_kept`: an earlier attempt may have
+    /// created the volume (the journal keeps the operation), see [`reschedule_node`].
+    DriverExhausted { operation_kept: bool },
+    /// The selected node has no CSINode: no topology can be computed for it.
+    NodeWithoutCsiNode,
+}
+
+/// The node to give up, or `None` when the failure stays an ordinary one on this node.
+///
+/// As upstream: only with topology (the driver reports VOLUME_ACCESSIBILITY_CONSTRAINTS and
+/// the gate is on), only for a claim with a selected node, and only through the GA key (a
+/// claim selected by the alpha key alone keeps it and is retried).
+///
+/// Unlike upstream, a ResourceExhausted answer does not give up the node while an earlier
+/// attempt for it may have created the volume (it timed out, or the sidecar restarted): the
+/// journal replays that first request until the driver says what became of it, so the pod
+/// must stay where that volume would be; a new node would get a volume made for the old one.
+/// Upstream moves on and the first volume, if it appears, is leaked.
+pub fn reschedule_node(
+    pvc: &PersistentVolumeClaim,
+    topology: bool,
+    cause: RescheduleCause,
+) -> Option<&str> {
+    if !topology || cause == (RescheduleCause::DriverExhausted { operation_kept: true }) {
+        return None;
+    }
+    annotation(&pvc.metadata, ANN_SELECTED_NODE)?;
+    selected_node(pvc)
+}
+
+/// The JSON patch that removes the selected node `node`, only if the claim is still the same
+/// object and still selects that node: a node the scheduler selected since is kept. Upstream
+/// sends a full update of its cached claim instead (a conflict fails the reschedule).
+pub fn reschedule_patch(pvc: &PersistentVolumeClaim, node: &str) -> Patch {
+    let annotation = PointerBuf::from_tokens(["metadata", "annotations", ANN_SELECTED_NODE]);
+    let uid = pvc.metadata.uid.clone().unwrap_or_default();
+    Patch(vec![
+        PatchOperation::Test(TestOperation {
+            path: PointerBuf::from_tokens(["metadata", "uid"]),
+            value: Value::String(uid),
+        }),
+        PatchOperation::Test(TestOperation {
+            path: annotation.clone(),
+            value: Value::String(node.to_owned()),
+        }),
+        PatchOperation::Remove(RemoveOperation { path: annotation }),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provision::fixtures::PvcBuilder;
+    use crate::provision::names::ANN_ALPHA_SELECTED_NODE;
+
+    const EXHAUSTED: RescheduleCause = RescheduleCause::DriverExhausted {
+        operation_kept: false,
+    };
+
+    #[test]
+    fn a_claim_on_a_node_gives_it_up_with_topology_only() {
+        let pvc = PvcBuilder::new().annotation(ANN_SELECTED_NODE, "n1").build();
+        assert_eq!(reschedule_node(&pvc, true, EXHAUSTED), Some("n1"));
+        assert_eq!(
+            reschedule_node(&pvc, true, RescheduleCause::NodeWithoutCsiNode),
+            Some("n1")
+        );
+        assert_eq!(reschedule_node(&pvc, false, EXHAUSTED), None);
+    }
+
+    #[test]
+    fn a_node_whose_volume_may_exist_is_kept() {
+        let pvc = PvcBuilder::new().annotation(ANN_SELECTED_NODE, "n1").build();
+        let kept = RescheduleCause::DriverExhausted {
+            operation_kept: true,
+        };
+        assert_eq!(reschedule_node(&pvc, true, kept), None);
+    }
+
+    #[test]
+    fn only_the_ga_key_is_given_up() {
+        let alpha = PvcBuilder::new()
+            .annotation(ANN_ALPHA_SELECTED_NODE, "n1")
+            .build();
+        assert_eq!(reschedule_node(&alpha, true, EXHAUSTED), None);
+        let empty = PvcBuilder::new().annotation(ANN_SELECTED_NODE, "").build();
+        assert_eq!(reschedule_node(&empty, true, EXHAUSTED), None);
+        assert_eq!(
+            reschedule_node(&PvcBuilder::new().build(), true, EXHAUSTED),
+            None
+        );
+    }
+
+    #[test]
+    fn the_patch_removes_the_key_only_from_the_same_claim_on_the_same_node() {
+        let pvc = PvcBuilder::new()
+            .uid("u-1")
+            .annotation(ANN_SELECTED_NODE, "n1")
+            .build();
+        let path = "/metadata/annotations/volume.kubernetes.io~1selected-node";
+        assert_eq!(
+            serde_json::to_value(reschedule_patch(&pvc, "n1")).unwrap(),
+            serde_json::json!([
+                {"op": "test", "path": "/metadata/uid", "value": "u-1"},
+                {"op": "test", "path": path, "value": "n1"},
+                {"op": "remove", "path": path},
+            ])
+        );
+    }
+}

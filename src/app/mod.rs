@@ -52,8 +52,7 @@ pub async fn run(args: Args) -> ExitCode {
 
 async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::new());
-    let (driver, info) =
-        driver::connect(&args.driver, Arc::clone(&metrics)).await?;
+    let (driver, info) = driver::connect(&args.driver, Arc::clone(&metrics)).await?;
     let clients = kube_client::client_from_args(&args.client)
         .await
         .map_err(AppError::KubeClient)?;

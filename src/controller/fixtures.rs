@@ -36,6 +36,7 @@ use tower_test::mock;
 
 use super::context::{Context, FencedDriver, Settings, Stores, TopologyFlags};
 use super::events::EventRecorder;
+use super::topology::TopologyCache;
 use crate::csi;
 use crate::csi_client::{CallError, CsiController};
 use crate::fence::LeaseFence;
@@ -44,9 +45,9 @@ use crate::journal::{
 };
 use crate::kube_client::RateLimitLayer;
 use crate::metrics::Metrics;
-use crate::provision::ProvisionerConfig;
 use crate::provision::SecretRef;
 use crate::provision::fixtures::{DRIVER, PVC_UID, caps, config};
+use crate::provision::{DriverCapabilities, ProvisionerConfig};
 
 /// The sidecar's namespace, where the journal lives.
 pub const JOURNAL_NAMESPACE: &str = "csi";
@@ -218,6 +219,7 @@ pub struct CreateVolumeCall {
     pub required_bytes: i64,
     pub parameters: HashMap<String, String>,
     pub secrets: HashMap<String, String>,
+    pub accessibility: Option<csi::TopologyRequirement>,
 }
 
 impl From<&csi::CreateVolumeRequest> for CreateVolumeCall {
@@ -230,6 +232,7 @@ impl From<&csi::CreateVolumeRequest> for CreateVolumeCall {
                 .map_or(0, |range| range.required_bytes),
             parameters: request.parameters.clone(),
             secrets: request.secrets.clone(),
+            accessibility: request.accessibility_requirements.clone(),
         }
     }
 }
@@ -354,6 +357,7 @@ pub struct Cluster {
     fence: LeaseFence,
     uuid_length: i32,
     draining: bool,
+    topology: Option<(Vec<Value>, Vec<Value>)>,
 }
 
 impl Cluster {
@@ -367,7 +371,14 @@ impl Cluster {
             fence: LeaseFence::open(),
             uuid_length: -1,
             draining: false,
+            topology: None,
         }
+    }
+
+    /// The driver reports topology, and the cluster has these Nodes and CSINodes (as JSON).
+    pub fn topology(mut self, nodes: Vec<Value>, csinodes: Vec<Value>) -> Self {
+        self.topology = Some((nodes, csinodes));
+        self
     }
 
     /// This replica cannot prove it leads (a leader paused past its lease).
@@ -446,7 +457,10 @@ impl Cluster {
                 volume_name_uuid_length: self.uuid_length,
                 ..config()
             },
-            caps: caps(),
+            caps: DriverCapabilities {
+                topology: self.topology.is_some(),
+                ..caps()
+            },
             retry_interval_start: RETRY_START,
             retry_interval_max: RETRY_MAX,
             worker_threads: 4,
@@ -483,7 +497,9 @@ impl Cluster {
             claims: store(self.claims.iter().map(cached)),
             volumes: store(self.volumes.iter().map(cached)),
             classes: store(self.classes),
-            topology: None,
+            topology: self.topology.map(|(nodes, csinodes)| {
+                TopologyCache::from_stores(listed(parse(nodes)), listed(parse(csinodes)), DRIVER)
+            }),
         };
         let driver = Arc::new(ScriptedDriver {
             script: Arc::clone(&script),
@@ -507,6 +523,27 @@ impl Cluster {
             script,
         }
     }
+}
+
+fn parse<K: DeserializeOwned>(objects: Vec<Value>) -> Vec<K> {
+    objects
+        .into_iter()
+        .map(|object| serde_json::from_value(object).expect("test object"))
+        .collect()
+}
+
+/// A store that has listed once, holding `objects`.
+fn listed<K>(objects: impl IntoIterator<Item = K>) -> Store<K>
+where
+    K: Lookup<DynamicType = ()> + Clone + 'static,
+{
+    let (reader, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    reader
 }
 
 fn store<K>(objects: impl IntoIterator<Item = K>) -> Store<K>

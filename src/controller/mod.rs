@@ -39,8 +39,8 @@ use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
 use crate::provision::claim_class_name;
 use claims::ClaimReconciler;
-pub use context::{Settings, TopologyFlags};
 use context::{Context, FencedDriver, Stores};
+pub use context::{Settings, TopologyFlags};
 use events::EventRecorder;
 use volumes::VolumeReconciler;
 

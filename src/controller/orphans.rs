@@ -379,6 +379,7 @@ mod tests {
             required_bytes: GIB,
             parameters: strings(&[("type", "fast")]),
             secrets: strings(SECRETS),
+            accessibility: None,
         }
     }
 

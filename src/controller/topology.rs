@@ -147,8 +147,7 @@ pub fn watch_topology(
     impl Stream<Item = Result<CachedCsiNode, watcher::Error>> + Send + 'static,
 ) {
     let (nodes, node_stream) = watch(Api::<CachedNode>::all(client.clone()), initial_list);
-    let (csinodes, csinode_stream) =
-        watch(Api::<CachedCsiNode>::all(client.clone()), initial_list);
+    let (csinodes, csinode_stream) = watch(Api::<CachedCsiNode>::all(client.clone()), initial_list);
     let cache = TopologyCache {
         nodes,
         csinodes,
@@ -161,7 +160,8 @@ impl TopologyCache {
     /// Waits until both stores have listed once, so a decision never reads a half-filled
     /// view (a missing CSINode means "reschedule"). `false` if a watch ended before.
     pub async fn wait_until_ready(&self) -> bool {
-        self.nodes.wait_until_ready().await.is_ok() && self.csinodes.wait_until_ready().await.is_ok()
+        self.nodes.wait_until_ready().await.is_ok()
+            && self.csinodes.wait_until_ready().await.is_ok()
     }
 
     #[cfg(test)]

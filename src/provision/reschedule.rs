@@ -2,9 +2,9 @@
 //! cannot create the volume where the scheduler put the claim's pod, the sidecar removes the
 //! claim's `volume.kubernetes.io/selected-node` so the scheduler picks another node.
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{Patch, PatchOperation, RemoveOperation, TestOperation};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use serde_json::Value;
 
 use super::claim::{annotation, selected_node};
@@ -36,7 +36,12 @@ pub fn reschedule_node(
     topology: bool,
     cause: RescheduleCause,
 ) -> Option<&str> {
-    if !topology || cause == (RescheduleCause::DriverExhausted { operation_kept: true }) {
+    if !topology
+        || cause
+            == (RescheduleCause::DriverExhausted {
+                operation_kept: true,
+            })
+    {
         return None;
     }
     annotation(&pvc.metadata, ANN_SELECTED_NODE)?;
@@ -74,7 +79,9 @@ mod tests {
 
     #[test]
     fn a_claim_on_a_node_gives_it_up_with_topology_only() {
-        let pvc = PvcBuilder::new().annotation(ANN_SELECTED_NODE, "n1").build();
+        let pvc = PvcBuilder::new()
+            .annotation(ANN_SELECTED_NODE, "n1")
+            .build();
         assert_eq!(reschedule_node(&pvc, true, EXHAUSTED), Some("n1"));
         assert_eq!(
             reschedule_node(&pvc, true, RescheduleCause::NodeWithoutCsiNode),
@@ -85,7 +92,9 @@ mod tests {
 
     #[test]
     fn a_node_whose_volume_may_exist_is_kept() {
-        let pvc = PvcBuilder::new().annotation(ANN_SELECTED_NODE, "n1").build();
+        let pvc = PvcBuilder::new()
+            .annotation(ANN_SELECTED_NODE, "n1")
+            .build();
         let kept = RescheduleCause::DriverExhausted {
             operation_kept: true,
         };

@@ -34,7 +34,7 @@ use crate::provision::{
     RescheduleCause, TopologyError, TopologyInputs, accessibility_requirements,
     build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
     drain_claim_work, existing_pv, names_may_collide, needs_finalizer, plan_provision,
-    pv_is_for_claim, reschedule_node, reschedule_patch, selected_node,
+    pv_is_for_claim, reschedule_node, reschedule_patch, selected_node, topology_missing,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -105,6 +105,8 @@ pub enum ClaimError {
 const PROVISIONING: &str = "Provisioning";
 const PROVISIONING_FAILED: &str = "ProvisioningFailed";
 const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
+/// Ours: a topology-aware volume came back without topology (`provision::topology_missing`).
+const NO_ACCESSIBLE_TOPOLOGY: &str = "NoAccessibleTopology";
 
 /// The claim reconciler of one sidecar process.
 pub struct ClaimReconciler;
@@ -337,6 +339,19 @@ async fn provision_claim(
         }
     };
 
+    if let Some(volume) = response.volume.as_ref()
+        && topology_missing(&request, volume)
+    {
+        ctx.events.publish(
+            &pvc.object_ref(&()),
+            EventType::Warning,
+            NO_ACCESSIBLE_TOPOLOGY,
+            &format!(
+                "the driver reported no accessible topology for volume {} although it was asked for one; its PV gets no node affinity, so pods on any node may be given it",
+                plan.volume_name
+            ),
+        );
+    }
     let pv = match build_persistent_volume(&plan, &response) {
         Ok(pv) => pv,
         Err(error) => return Err(clean_up_unusable(ctx, &plan, &request, error).await),

@@ -79,5 +79,5 @@ pub use secrets::{
 };
 pub use settings::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
 pub use topology::{ClusterTopology, TopologyError, TopologyInputs, accessibility_requirements};
-pub use volume::{CreateResponseError, build_persistent_volume};
+pub use volume::{CreateResponseError, build_persistent_volume, topology_missing};
 pub use work::{ClaimWork, claim_work, drain_claim_work, holds_up_drain, volume_has_work};

@@ -155,6 +155,24 @@ pub fn build_persistent_volume(
     })
 }
 
+/// Whether a volume created under topology requirements came back without any accessible
+/// topology (none reported, or only empty segments): its PV then has no node affinity, so
+/// the scheduler may put its pods on nodes that cannot reach it. The CSI spec allows it (the
+/// volume is then accessible from every node), but a driver that was asked for a segment
+/// rarely means it; the claim gets a warning. Upstream says nothing, and with only empty
+/// segments builds a PV the API server rejects for ever.
+pub fn topology_missing(request: &csi::CreateVolumeRequest, volume: &csi::Volume) -> bool {
+    let asked = request
+        .accessibility_requirements
+        .as_ref()
+        .is_some_and(|requirements| !requirements.requisite.is_empty());
+    asked
+        && volume
+            .accessible_topology
+            .iter()
+            .all(|topology| topology.segments.is_empty())
+}
+
 fn reference(secret: &SecretRef) -> SecretReference {
     SecretReference {
         name: Some(secret.name.clone()),
@@ -556,6 +574,29 @@ mod tests {
                 .and_then(|s| s.node_affinity),
             None
         );
+    }
+
+    #[test]
+    fn a_volume_asked_for_a_segment_and_given_none_is_missing_its_topology() {
+        let asked = csi::CreateVolumeRequest {
+            accessibility_requirements: Some(csi::TopologyRequirement {
+                requisite: vec![topology(&[("zone", "a")])],
+                preferred: vec![],
+            }),
+            ..csi::CreateVolumeRequest::default()
+        };
+        let volume = |topologies: Vec<csi::Topology>| csi::Volume {
+            accessible_topology: topologies,
+            ..csi::Volume::default()
+        };
+        assert!(topology_missing(&asked, &volume(vec![])));
+        assert!(topology_missing(&asked, &volume(vec![topology(&[])])));
+        assert!(!topology_missing(
+            &asked,
+            &volume(vec![topology(&[]), topology(&[("zone", "a")])])
+        ));
+        let not_asked = csi::CreateVolumeRequest::default();
+        assert!(!topology_missing(&not_asked, &volume(vec![])));
     }
 
     fn response_with_topologies(topologies: Vec<csi::Topology>) -> csi::CreateVolumeResponse {

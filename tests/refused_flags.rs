@@ -1,7 +1,6 @@
 //! The real `csi-provisioner` binary refuses flags and feature gates whose behaviour is not
 //! built: exit 1 and one message naming each. Flags are refused before anything is contacted,
-//! so no control plane is needed; the Topology gate is refused once a driver reports the
-//! VOLUME_ACCESSIBILITY_CONSTRAINTS capability (the reference driver with `--topology`).
+//! so no control plane is needed. A topology-capable driver is accepted (topology is built).
 
 mod support;
 
@@ -33,10 +32,6 @@ fn refused(flags: &[&str]) -> Vec<String> {
 
 #[test]
 fn flags_whose_behaviour_is_not_built_are_refused() {
-    assert_eq!(
-        refused(&["--strict-topology"]),
-        vec!["--strict-topology is not supported yet (topology is not built); remove the flag"]
-    );
     // Given is refused whatever the value, Go's single-dash form included.
     assert_eq!(
         refused(&["-enable-capacity=false"]),
@@ -83,25 +78,21 @@ fn gates_turned_on_without_their_behaviour_are_refused() {
         "--feature-gates=Topology=true",
         "--feature-gates=VolumeAttributesClass=true",
     ]);
-    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
     assert!(
-        lines[0].starts_with("--feature-gates=Topology=true is not supported yet"),
-        "{lines:?}"
-    );
-    assert!(
-        lines[1].starts_with("--feature-gates=VolumeAttributesClass=true is not supported yet"),
+        lines[0].starts_with("--feature-gates=VolumeAttributesClass=true is not supported yet"),
         "{lines:?}"
     );
 }
 
 #[test]
 fn version_still_wins_over_refusals() {
-    let out = sidecar(&["--version", "--strict-topology"]);
+    let out = sidecar(&["--version", "--enable-capacity"]);
     assert_eq!(out.status.code(), Some(0));
 }
 
 #[tokio::test]
-async fn topology_gate_is_refused_with_a_topology_capable_driver() {
+async fn a_topology_capable_driver_is_accepted_with_the_topology_flags() {
     let driver = Driver::start(&["--topology=zone=a"]).await;
     let socket = driver
         .socket()
@@ -109,21 +100,21 @@ async fn topology_gate_is_refused_with_a_topology_capable_driver() {
         .expect("utf-8 socket path")
         .to_owned();
     let address = format!("--csi-address={socket}");
-    let lines = refused(&[&address]);
-    assert_eq!(lines.len(), 1, "{lines:?}");
-    let line = &lines[0];
-    assert!(line.contains(driver.name()), "{line}");
-    assert!(line.contains("VOLUME_ACCESSIBILITY_CONSTRAINTS"), "{line}");
-    assert!(line.contains("--feature-gates=Topology=false"), "{line}");
-
-    // With the gate off the driver is accepted: the sidecar goes on to the API client, which
-    // fails here for want of a kubeconfig (no control plane in this test).
-    let lines = refused(&[
-        &address,
+    // The sidecar goes past the driver check to the API client, which fails here for want of
+    // a kubeconfig (no control plane in this test).
+    for gates in [
+        "--feature-gates=Topology=true",
         "--feature-gates=Topology=false",
-        "--kubeconfig=/nonexistent/kubeconfig",
-    ]);
-    assert_eq!(lines.len(), 1, "{lines:?}");
-    assert!(!lines[0].contains("Topology"), "{lines:?}");
-    assert!(lines[0].contains("/nonexistent/kubeconfig"), "{lines:?}");
+    ] {
+        let lines = refused(&[
+            &address,
+            gates,
+            "--strict-topology",
+            "--immediate-topology=false",
+            "--kubeconfig=/nonexistent/kubeconfig",
+        ]);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(!lines[0].contains("opology"), "{lines:?}");
+        assert!(lines[0].contains("/nonexistent/kubeconfig"), "{lines:?}");
+    }
 }

@@ -281,8 +281,6 @@ fn refused_flag_list() {
         refused_flags().map(|(flag, _)| flag).collect::<Vec<_>>(),
         vec![
             "prevent-volume-mode-conversion",
-            "strict-topology",
-            "immediate-topology",
             "enable-capacity",
             "capacity-for-immediate-binding",
             "capacity-poll-interval",
@@ -323,8 +321,10 @@ fn refused_flag_list() {
         ]
     );
     assert_eq!(
-        messages(&["--strict-topology=false"]),
-        vec!["--strict-topology is not supported yet (topology is not built); remove the flag"],
+        messages(&["--enable-capacity=false"]),
+        vec![
+            "--enable-capacity is not supported yet (capacity tracking is not built); remove the flag"
+        ],
         "given is refused, whatever the value"
     );
     // Flags built or ignored by design are not refused.
@@ -332,6 +332,8 @@ fn refused_flag_list() {
         messages(&[
             "--automaxprocs",
             "--log-flush-frequency=1s",
+            "--strict-topology",
+            "--immediate-topology=false",
             "--leader-election"
         ])
         .is_empty()
@@ -343,12 +345,13 @@ fn gates_turned_on_without_their_behaviour_are_refused() {
     let refused =
         |gates: &str| -> Vec<ConfigError> { ok(&[&format!("--feature-gates={gates}")]).refused() };
     assert_eq!(
-        refused("Topology=true"),
+        refused("VolumeAttributesClass=true"),
         vec![ConfigError::GateNotBuilt {
-            gate: "Topology",
-            missing: "topology is not built"
+            gate: "VolumeAttributesClass",
+            missing: "VolumeAttributesClass support is not built"
         }]
     );
+    assert!(refused("Topology=true").is_empty());
     assert_eq!(
         refused("AllAlpha=true"),
         vec![ConfigError::GateNotBuiltViaAll {

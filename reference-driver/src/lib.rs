@@ -56,6 +56,7 @@ mod service;
 mod socket;
 mod state;
 mod store;
+mod topology;
 mod validate;
 
 use std::future::Future;
@@ -68,7 +69,7 @@ use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
 pub use config::{
-    CONTROL_FILE, Cli, ConfigError, DEFAULT_DRIVER_NAME, DEFAULT_NODE_ID, DriverConfig,
+    CONTROL_FILE, Cli, ConfigError, DEFAULT_DRIVER_NAME, DEFAULT_NODE_ID, DriverConfig, SegmentFlag,
 };
 pub use faults::{
     Action, DelayRule, FaultParseError, FaultRule, FaultRules, MethodPattern, Phase, Times,
@@ -79,6 +80,7 @@ pub use state::{
     AccessKind, ContentSource, Limits, Publication, SnapshotRecord, State, VolumeRecord,
 };
 pub use store::{STATE_FILE, StoreError, load_state};
+pub use topology::{Labels, Segment};
 
 /// How long in-flight calls may run on after a shutdown request before the server stops anyway
 /// (a call hung by a fault would otherwise block shutdown forever).

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs csi-sanity against the reference driver (crate reference-driver/) twice: once
-# plain and once with a 50ms delay injected into every call. Each run gets a fresh state dir and
-# fresh mount/staging dirs. Prints one summary line per run; exits non-zero if any run fails.
+# Runs csi-sanity against the reference driver (crate reference-driver/) three times: plain,
+# with a 50ms delay injected into every call, and with topology (two segments, the first too
+# small for a second volume, the node in the second), so csi-sanity's topology paths run too.
+# Each run gets a fresh state dir and fresh mount/staging dirs. Prints one summary line per run;
+# exits non-zero if any run fails.
 #
 # Usage: hack/csi-sanity.sh [extra csi-sanity flags, e.g. --ginkgo.focus=CreateVolume]
 # Env:   CSI_PROVISIONER_CACHE  tool cache (default ${XDG_CACHE_HOME:-$HOME/.cache}/csi-provisioner-rs)
@@ -102,10 +104,12 @@ run_sanity() {
 extra_args=("$@")
 summaries=()
 failed=0
-for run in plain delay-50ms; do
+for run in plain delay-50ms topology; do
   case $run in
     plain) flags=() ;;
     delay-50ms) flags=(--delay '*=50ms') ;;
+    # csi-sanity's volumes are 10Gi: the first fills zone a, later ones spill over to zone b.
+    topology) flags=(--segment 'zone=a,rack=1:12Gi' --segment 'zone=b,rack=2' --topology 'zone=b,rack=2') ;;
   esac
   log "run $run"
   summary=

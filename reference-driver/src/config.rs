@@ -7,7 +7,8 @@ use thiserror::Error;
 
 use super::faults::{DelayRule, FaultRule, FaultRules};
 use super::socket;
-use super::state::{Limits, Segments};
+use super::state::Limits;
+use super::topology::{Labels, Segment};
 
 pub const DEFAULT_DRIVER_NAME: &str = "reference.csi.example.com";
 pub const DEFAULT_NODE_ID: &str = "csi-reference-node";
@@ -20,6 +21,8 @@ pub enum ConfigError {
     MaxVolumeSize,
     #[error("--state-dir must not be empty")]
     StateDir,
+    #[error("--segment {0:?} is given twice")]
+    DuplicateSegment(Labels),
 }
 
 /// A CSI driver that keeps fake volumes in a JSON file, for testing CSI sidecars.
@@ -42,12 +45,24 @@ pub struct Cli {
     #[arg(long)]
     pub state_dir: PathBuf,
 
-    /// Accessible topology of every volume and of the node, as key=value,key=value. Enables
+    /// The node's own segment, reported by NodeGetInfo, as key=value,key=value. Without
+    /// --segment it is also the one segment volumes are created in. Enables
     /// VOLUME_ACCESSIBILITY_CONSTRAINTS.
-    #[arg(long, value_parser = parse_topology)]
-    pub topology: Option<Segments>,
+    #[arg(long, value_name = "KEY=VALUE[,KEY=VALUE...]", value_parser = parse_topology)]
+    pub topology: Option<Labels>,
 
-    /// Total bytes all volumes together may use (e.g. 1Ti, 500Gi, 1073741824).
+    /// A segment this controller creates volumes in, with its own capacity (default
+    /// --capacity). Repeatable; the order is the order of preference. Enables
+    /// VOLUME_ACCESSIBILITY_CONSTRAINTS.
+    #[arg(
+        long = "segment",
+        value_name = "KEY=VALUE[,KEY=VALUE...][:CAPACITY]",
+        value_parser = parse_segment
+    )]
+    pub segments: Vec<SegmentFlag>,
+
+    /// Bytes the volumes of one segment may use together (e.g. 1Ti, 500Gi, 1073741824); the
+    /// capacity of a --segment that names none, and of the single pool without topology.
     #[arg(long, default_value = "1Ti", value_parser = parse_quantity)]
     pub capacity: i64,
 
@@ -68,6 +83,13 @@ pub struct Cli {
     pub control_file: Option<PathBuf>,
 }
 
+/// One `--segment` as given; its capacity defaults to `--capacity` once all flags are known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentFlag {
+    pub labels: Labels,
+    pub capacity_bytes: Option<i64>,
+}
+
 /// Everything the driver needs to run; tests build it directly with [`DriverConfig::new`].
 #[derive(Clone, Debug)]
 pub struct DriverConfig {
@@ -75,8 +97,9 @@ pub struct DriverConfig {
     pub driver_name: String,
     pub node_id: String,
     pub state_dir: PathBuf,
-    /// Empty means no topology support.
-    pub topology: Segments,
+    /// The node's own segment, for NodeGetInfo; empty means the node reports no topology.
+    pub node_topology: Labels,
+    /// The segments the controller creates volumes in, and the largest volume.
     pub limits: Limits,
     pub faults: FaultRules,
     pub control_file: PathBuf,
@@ -91,9 +114,9 @@ impl DriverConfig {
             driver_name: DEFAULT_DRIVER_NAME.to_string(),
             node_id: DEFAULT_NODE_ID.to_string(),
             state_dir,
-            topology: Segments::new(),
+            node_topology: Labels::new(),
             limits: Limits {
-                capacity_bytes: 1 << 40,
+                segments: vec![Segment::unlabelled(1 << 40)],
                 max_volume_size: 1 << 40,
             },
             faults: FaultRules::default(),
@@ -115,14 +138,36 @@ impl TryFrom<Cli> for DriverConfig {
         let control_file = cli
             .control_file
             .unwrap_or_else(|| cli.state_dir.join(CONTROL_FILE));
+        let mut segments: Vec<Segment> = Vec::with_capacity(cli.segments.len().max(1));
+        for flag in cli.segments {
+            if segments.iter().any(|s| s.labels == flag.labels) {
+                return Err(ConfigError::DuplicateSegment(flag.labels));
+            }
+            segments.push(Segment {
+                labels: flag.labels,
+                capacity_bytes: flag.capacity_bytes.unwrap_or(cli.capacity),
+            });
+        }
+        // Without --topology the node sits in the first segment, so that a single driver
+        // process with --segment alone is a consistent node and controller.
+        let node_topology = cli
+            .topology
+            .or_else(|| segments.first().map(|s| s.labels.clone()))
+            .unwrap_or_default();
+        if segments.is_empty() {
+            segments.push(Segment {
+                labels: node_topology.clone(),
+                capacity_bytes: cli.capacity,
+            });
+        }
         Ok(Self {
             endpoint: cli.endpoint,
             driver_name: cli.driver_name,
             node_id: cli.node_id,
             state_dir: cli.state_dir,
-            topology: cli.topology.unwrap_or_default(),
+            node_topology,
             limits: Limits {
-                capacity_bytes: cli.capacity,
+                segments,
                 max_volume_size: cli.max_volume_size,
             },
             faults: FaultRules {
@@ -162,22 +207,32 @@ fn parse_node_id(s: &str) -> Result<String, String> {
 }
 
 /// `key=value,key=value` with non-empty, unique keys and values.
-pub fn parse_topology(s: &str) -> Result<Segments, String> {
-    let mut segments = Segments::new();
+pub fn parse_topology(s: &str) -> Result<Labels, String> {
+    let mut labels = Labels::new();
     for pair in s.split(',') {
         let (key, value) = pair
             .split_once('=')
             .map(|(k, v)| (k.trim(), v.trim()))
             .filter(|(k, v)| !k.is_empty() && !v.is_empty())
             .ok_or_else(|| format!("expected key=value, got {pair:?}"))?;
-        if segments
-            .insert(key.to_string(), value.to_string())
-            .is_some()
-        {
+        if labels.insert(key.to_string(), value.to_string()).is_some() {
             return Err(format!("key {key:?} given twice"));
         }
     }
-    Ok(segments)
+    Ok(labels)
+}
+
+/// `key=value[,key=value...][:capacity]`. Topology keys and values never hold a colon
+/// (Kubernetes label syntax), so the last colon starts the capacity.
+pub fn parse_segment(s: &str) -> Result<SegmentFlag, String> {
+    let (labels, capacity) = match s.rsplit_once(':') {
+        Some((labels, capacity)) => (labels, Some(parse_quantity(capacity)?)),
+        None => (s, None),
+    };
+    Ok(SegmentFlag {
+        labels: parse_topology(labels)?,
+        capacity_bytes: capacity,
+    })
 }
 
 /// A byte count: digits with an optional k/M/G/T/P (powers of 1000) or Ki/Mi/Gi/Ti/Pi (powers
@@ -238,8 +293,15 @@ mod tests {
         .unwrap();
         assert_eq!(c.endpoint, PathBuf::from("/tmp/x/csi.sock"));
         assert_eq!(c.driver_name, "my.driver.example");
-        assert_eq!(c.topology.get("rack").map(String::as_str), Some("r1"));
-        assert_eq!(c.limits.capacity_bytes, 100 << 30);
+        assert_eq!(c.node_topology.get("rack").map(String::as_str), Some("r1"));
+        assert_eq!(
+            c.limits.segments,
+            [Segment {
+                labels: c.node_topology.clone(),
+                capacity_bytes: 100 << 30
+            }],
+            "--topology alone is the one segment"
+        );
         assert_eq!(c.limits.max_volume_size, 10_000_000_000);
         assert_eq!(c.faults.delay_for("CreateVolume"), Duration::from_secs(2));
         assert_eq!(c.faults.delay_for("Probe"), Duration::from_millis(50));
@@ -252,8 +314,57 @@ mod tests {
         let c = parse(&["--endpoint=/tmp/s.sock", "--state-dir=/tmp/st"]).unwrap();
         assert_eq!(c.driver_name, DEFAULT_DRIVER_NAME);
         assert_eq!(c.node_id, DEFAULT_NODE_ID);
-        assert!(c.topology.is_empty());
-        assert_eq!(c.limits.capacity_bytes, 1 << 40);
+        assert!(c.node_topology.is_empty());
+        assert_eq!(c.limits.segments, [Segment::unlabelled(1 << 40)]);
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn segments_carry_their_own_capacity() {
+        let c = parse(&[
+            "--endpoint=/e",
+            "--state-dir=/s",
+            "--capacity=5Gi",
+            "--segment=zone=a,rack=1:10Gi",
+            "--segment",
+            "zone=b",
+            "--topology=zone=b",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.limits.segments,
+            [
+                Segment {
+                    labels: labels(&[("zone", "a"), ("rack", "1")]),
+                    capacity_bytes: 10 << 30
+                },
+                Segment {
+                    labels: labels(&[("zone", "b")]),
+                    capacity_bytes: 5 << 30
+                },
+            ]
+        );
+        assert_eq!(c.node_topology, labels(&[("zone", "b")]));
+
+        let c = parse(&[
+            "--endpoint=/e",
+            "--state-dir=/s",
+            "--segment=zone=a:1Gi",
+            "--segment=zone=b:0",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.node_topology,
+            labels(&[("zone", "a")]),
+            "without --topology the node is in the first segment"
+        );
+        assert_eq!(c.limits.segments[1].capacity_bytes, 0);
     }
 
     #[test]
@@ -281,6 +392,43 @@ mod tests {
             (
                 &["--endpoint=/e", "--state-dir=/s", "--topology=a=1,a=2"],
                 "--topology",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--segment=zone"],
+                "--segment",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--segment="],
+                "--segment",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--segment=zone=a:"],
+                "--segment",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--segment=zone=a:lots"],
+                "--segment",
+            ),
+            (
+                &["--endpoint=/e", "--state-dir=/s", "--segment=:1Gi"],
+                "--segment",
+            ),
+            (
+                &[
+                    "--endpoint=/e",
+                    "--state-dir=/s",
+                    "--segment=zone=a,zone=b:1Gi",
+                ],
+                "--segment",
+            ),
+            (
+                &[
+                    "--endpoint=/e",
+                    "--state-dir=/s",
+                    "--segment=zone=a,rack=1",
+                    "--segment=rack=1,zone=a:1Gi",
+                ],
+                "--segment",
             ),
             (
                 &["--endpoint=/e", "--state-dir=/s", "--capacity=lots"],

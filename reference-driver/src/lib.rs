@@ -4,7 +4,7 @@
 //!
 //! # What it implements
 //! - Identity: GetPluginInfo, GetPluginCapabilities (CONTROLLER_SERVICE, and
-//!   VOLUME_ACCESSIBILITY_CONSTRAINTS when `--topology` is set), Probe.
+//!   VOLUME_ACCESSIBILITY_CONSTRAINTS when `--topology` or `--segment` is set), Probe.
 //! - Controller: CreateVolume (from nothing, a snapshot or a volume), DeleteVolume, ListVolumes,
 //!   GetCapacity, ValidateVolumeCapabilities, ControllerGetCapabilities, CreateSnapshot,
 //!   DeleteSnapshot, ListSnapshots. Advertised: CREATE_DELETE_VOLUME, LIST_VOLUMES, GET_CAPACITY,
@@ -19,6 +19,13 @@
 //! arguments is ALREADY_EXISTS; `--capacity` and `--max-volume-size` make RESOURCE_EXHAUSTED and
 //! OUT_OF_RANGE reachable; a call that names a volume, volume name or snapshot another call is
 //! still working on is ABORTED (per-object in-flight keys, never a global lock).
+//!
+//! # Topology
+//! Like a local-storage driver, it creates volumes in segments (`--segment`, or the one
+//! `--topology` segment), each with its own capacity. CreateVolume takes the first segment that
+//! matches a preferred, then a requisite term and still has room, and stores it with the volume;
+//! GetCapacity counts the segments a term matches; NodeGetInfo reports `--topology`. The rules
+//! are in `topology`.
 //!
 //! # State
 //! `<state-dir>/state.json` holds every volume, snapshot and node publication. It is replaced
@@ -56,6 +63,7 @@ mod service;
 mod socket;
 mod state;
 mod store;
+mod topology;
 mod validate;
 
 use std::future::Future;
@@ -68,7 +76,7 @@ use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
 pub use config::{
-    CONTROL_FILE, Cli, ConfigError, DEFAULT_DRIVER_NAME, DEFAULT_NODE_ID, DriverConfig,
+    CONTROL_FILE, Cli, ConfigError, DEFAULT_DRIVER_NAME, DEFAULT_NODE_ID, DriverConfig, SegmentFlag,
 };
 pub use faults::{
     Action, DelayRule, FaultParseError, FaultRule, FaultRules, MethodPattern, Phase, Times,
@@ -79,6 +87,7 @@ pub use state::{
     AccessKind, ContentSource, Limits, Publication, SnapshotRecord, State, VolumeRecord,
 };
 pub use store::{STATE_FILE, StoreError, load_state};
+pub use topology::{Labels, Segment};
 
 /// How long in-flight calls may run on after a shutdown request before the server stops anyway
 /// (a call hung by a fault would otherwise block shutdown forever).

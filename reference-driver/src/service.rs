@@ -22,9 +22,10 @@ use super::faults::{Action, FaultInjector, Phase};
 use super::guard::{self, InFlight};
 use super::state::{
     self, AccessKind, CreateSnapshotDecision, CreateVolumeDecision, CsiError, Limits,
-    PublishDecision, Segments, State,
+    PublishDecision, State,
 };
 use super::store::{Store, StoreError};
+use super::topology::{self, Labels};
 use super::validate;
 
 /// Controller capabilities; every one of them is implemented and accepted by csi-sanity v5.
@@ -46,7 +47,7 @@ pub struct Driver {
 struct Inner {
     driver_name: String,
     node_id: String,
-    topology: Segments,
+    node_topology: Labels,
     limits: Limits,
     store: Store,
     /// Held only for decide + save + commit, never across an await, so a cancelled call cannot
@@ -71,8 +72,8 @@ impl Driver {
             inner: Arc::new(Inner {
                 driver_name: config.driver_name.clone(),
                 node_id: config.node_id.clone(),
-                topology: config.topology.clone(),
-                limits: config.limits,
+                node_topology: config.node_topology.clone(),
+                limits: config.limits.clone(),
                 store,
                 state: Mutex::new(state),
                 inflight: InFlight::default(),
@@ -163,13 +164,7 @@ impl Driver {
             if let Some(existing) = state.volume_by_name(&args.name) {
                 held.add(guard::volume_id(&existing.id))?;
             }
-            let decision = state::decide_create_volume(
-                state,
-                &args,
-                self.inner.limits,
-                &self.inner.topology,
-                new_id,
-            )?;
+            let decision = state::decide_create_volume(state, &args, &self.inner.limits, new_id)?;
             Ok(match decision {
                 CreateVolumeDecision::Existing(volume) => (volume, None),
                 CreateVolumeDecision::Create(volume) => {
@@ -278,23 +273,17 @@ impl Driver {
         req: &csi::GetCapacityRequest,
     ) -> Result<csi::GetCapacityResponse, CsiError> {
         self.pause("GetCapacity").await;
-        let requisite: Vec<Segments> = req
-            .accessible_topology
-            .iter()
-            .map(validate::segments)
-            .collect();
-        let available = if state::topology_allowed(&self.inner.topology, &requisite) {
-            self.inner
-                .limits
-                .capacity_bytes
-                .saturating_sub(self.state().used_bytes())
-                .max(0)
-        } else {
-            0
-        };
+        let term = req.accessible_topology.as_ref().map(validate::labels);
+        let usage = self.state().usage();
+        let (available, largest) = topology::capacity(
+            &self.inner.limits.segments,
+            &usage,
+            term.as_ref(),
+            self.inner.limits.max_volume_size,
+        );
         Ok(csi::GetCapacityResponse {
             available_capacity: available,
-            maximum_volume_size: Some(available.min(self.inner.limits.max_volume_size)),
+            maximum_volume_size: Some(largest),
             minimum_volume_size: None,
         })
     }
@@ -591,7 +580,9 @@ impl csi::identity_server::Identity for Driver {
             self.call("GetPluginCapabilities", &req, async {
                 self.pause("GetPluginCapabilities").await;
                 let mut services = vec![PluginService::ControllerService];
-                if !self.inner.topology.is_empty() {
+                if !self.inner.node_topology.is_empty()
+                    || topology::is_labelled(&self.inner.limits.segments)
+                {
                     services.push(PluginService::VolumeAccessibilityConstraints);
                 }
                 Ok(csi::GetPluginCapabilitiesResponse {
@@ -894,8 +885,8 @@ impl csi::node_server::Node for Driver {
                 Ok(csi::NodeGetInfoResponse {
                     node_id: self.inner.node_id.clone(),
                     max_volumes_per_node: 0,
-                    accessible_topology: (!self.inner.topology.is_empty())
-                        .then(|| state::to_csi_topology(&self.inner.topology)),
+                    accessible_topology: (!self.inner.node_topology.is_empty())
+                        .then(|| state::to_csi_topology(&self.inner.node_topology)),
                 })
             })
             .await,

@@ -10,6 +10,8 @@ use tonic::Code;
 
 use csi_spec as csi;
 
+use super::topology::{self, Labels, PlacementError, Requirements, Segment, Usage};
+
 /// An RPC failure with its CSI error code; the message is returned to the caller verbatim.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum CsiError {
@@ -58,9 +60,6 @@ impl From<CsiError> for tonic::Status {
         tonic::Status::new(e.code(), e.to_string())
     }
 }
-
-/// Topology segments; ordered so the state file and comparisons are deterministic.
-pub type Segments = BTreeMap<String, String>;
 
 /// How a volume is consumed. A volume serves exactly one kind for its whole life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,9 +110,10 @@ pub struct VolumeRecord {
     pub parameters: BTreeMap<String, String>,
     #[serde(default)]
     pub source: Option<ContentSource>,
-    /// Empty when the driver runs without `--topology`.
+    /// The labels of the segment the volume was created in; empty when the driver runs without
+    /// topology.
     #[serde(default)]
-    pub topology: Segments,
+    pub topology: Labels,
     /// Keyed by target path.
     #[serde(default)]
     pub publications: BTreeMap<String, Publication>,
@@ -179,17 +179,22 @@ impl State {
         self.snapshots.values().find(|s| s.name == name)
     }
 
-    pub fn used_bytes(&self) -> i64 {
-        self.volumes
-            .values()
-            .fold(0i64, |sum, v| sum.saturating_add(v.capacity_bytes))
+    /// Bytes in use per segment.
+    pub fn usage(&self) -> Usage {
+        Usage::tally(
+            self.volumes
+                .values()
+                .map(|v| (&v.topology, v.capacity_bytes)),
+        )
     }
 }
 
-/// Size limits from the command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where volumes may go and how big one may be, from the command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
-    pub capacity_bytes: i64,
+    /// In configured order, which is the order of preference without requirements. Never empty:
+    /// a driver without topology has one unlabelled segment.
+    pub segments: Vec<Segment>,
     pub max_volume_size: i64,
 }
 
@@ -205,7 +210,7 @@ pub struct CreateVolumeArgs {
     pub access: AccessKind,
     pub parameters: BTreeMap<String, String>,
     pub source: Option<ContentSource>,
-    pub requisite: Vec<Segments>,
+    pub requirements: Requirements,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -217,23 +222,25 @@ pub enum CreateVolumeDecision {
 }
 
 /// Decides CreateVolume. The order of checks matters for the CSI error contract: an existing name
-/// is judged only on compatibility (so a retry succeeds even when capacity has run out since), and
-/// a missing source is NOT_FOUND before any size check.
+/// is judged only on compatibility (so a retry succeeds even when capacity has run out since), a
+/// requisite no segment serves fails before the source is looked up, and a missing source is
+/// NOT_FOUND before any size check. The new volume goes to the first segment
+/// [`topology::candidates`] offers that still has room.
 pub fn decide_create_volume(
     state: &State,
     args: &CreateVolumeArgs,
-    limits: Limits,
-    topology: &Segments,
+    limits: &Limits,
     new_id: String,
 ) -> Result<CreateVolumeDecision, CsiError> {
     if let Some(existing) = state.volume_by_name(&args.name) {
         return check_compatible(existing, args)
             .map(|()| CreateVolumeDecision::Existing(existing.clone()));
     }
-    if !topology_allowed(topology, &args.requisite) {
-        return Err(CsiError::ResourceExhausted(format!(
-            "cannot provision in the requisite topology: this driver only serves {topology:?}"
-        )));
+    let candidates = topology::candidates(&limits.segments, &args.requirements);
+    if candidates.is_empty() {
+        return Err(placement_error(PlacementError::NoMatchingSegment {
+            requisite: args.requirements.requisite.clone(),
+        }));
     }
     let source_size = match &args.source {
         None => 0,
@@ -274,12 +281,13 @@ pub fn decide_create_volume(
             limits.max_volume_size
         )));
     }
-    let available = limits.capacity_bytes.saturating_sub(state.used_bytes());
-    if size > available {
-        return Err(CsiError::ResourceExhausted(format!(
-            "{size} bytes requested, only {available} bytes of capacity left"
-        )));
-    }
+    let segment = topology::choose(
+        &candidates,
+        &state.usage(),
+        size,
+        &args.requirements.requisite,
+    )
+    .map_err(placement_error)?;
     Ok(CreateVolumeDecision::Create(VolumeRecord {
         id: new_id,
         name: args.name.clone(),
@@ -287,9 +295,15 @@ pub fn decide_create_volume(
         access: args.access,
         parameters: args.parameters.clone(),
         source: args.source.clone(),
-        topology: topology.clone(),
+        topology: segment.labels.clone(),
         publications: BTreeMap::new(),
     }))
+}
+
+/// Both ways of not finding room are RESOURCE_EXHAUSTED: the spec's code for "unable to
+/// provision in accessible_topology", which is what lets a CO pick another node and retry.
+fn placement_error(error: PlacementError) -> CsiError {
+    CsiError::ResourceExhausted(error.to_string())
 }
 
 fn check_compatible(existing: &VolumeRecord, args: &CreateVolumeArgs) -> Result<(), CsiError> {
@@ -316,20 +330,13 @@ fn check_compatible(existing: &VolumeRecord, args: &CreateVolumeArgs) -> Result<
     if existing.source != args.source {
         return conflict("content source".into());
     }
-    if !topology_allowed(&existing.topology, &args.requisite) {
-        return conflict("accessible topology".into());
+    if !topology::allowed_by(&existing.topology, &args.requirements.requisite) {
+        return conflict(format!(
+            "accessible topology ({:?}, not in the requisite)",
+            existing.topology
+        ));
     }
     Ok(())
-}
-
-/// True when `segments` satisfies at least one requisite topology (a requisite term matches when
-/// all its segments are among ours). No requisite, or a driver without topology, allows anything.
-pub fn topology_allowed(segments: &Segments, requisite: &[Segments]) -> bool {
-    segments.is_empty()
-        || requisite.is_empty()
-        || requisite
-            .iter()
-            .any(|term| term.iter().all(|(k, v)| segments.get(k) == Some(v)))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -465,9 +472,9 @@ pub fn to_hash_map(map: &BTreeMap<String, String>) -> HashMap<String, String> {
     map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-pub fn to_csi_topology(segments: &Segments) -> csi::Topology {
+pub fn to_csi_topology(labels: &Labels) -> csi::Topology {
     csi::Topology {
-        segments: to_hash_map(segments),
+        segments: to_hash_map(labels),
     }
 }
 
@@ -476,10 +483,13 @@ mod tests {
     use super::*;
 
     const GI: i64 = 1 << 30;
-    const LIMITS: Limits = Limits {
-        capacity_bytes: 100 * GI,
-        max_volume_size: 50 * GI,
-    };
+
+    fn limits() -> Limits {
+        Limits {
+            segments: vec![Segment::unlabelled(100 * GI)],
+            max_volume_size: 50 * GI,
+        }
+    }
 
     fn args(name: &str, required: i64, limit: i64) -> CreateVolumeArgs {
         CreateVolumeArgs {
@@ -489,19 +499,21 @@ mod tests {
             access: AccessKind::Mount,
             parameters: BTreeMap::new(),
             source: None,
-            requisite: vec![],
+            requirements: Requirements::default(),
         }
     }
 
-    fn segments(pairs: &[(&str, &str)]) -> Segments {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+    fn create(state: &mut State, a: &CreateVolumeArgs, id: &str) -> Result<VolumeRecord, CsiError> {
+        create_in(state, a, &limits(), id)
     }
 
-    fn create(state: &mut State, a: &CreateVolumeArgs, id: &str) -> Result<VolumeRecord, CsiError> {
-        match decide_create_volume(state, a, LIMITS, &Segments::new(), id.into())? {
+    fn create_in(
+        state: &mut State,
+        a: &CreateVolumeArgs,
+        limits: &Limits,
+        id: &str,
+    ) -> Result<VolumeRecord, CsiError> {
+        match decide_create_volume(state, a, limits, id.into())? {
             CreateVolumeDecision::Existing(v) => Ok(v),
             CreateVolumeDecision::Create(v) => {
                 state.volumes.insert(v.id.clone(), v.clone());
@@ -594,7 +606,10 @@ mod tests {
             create(&mut state, &args("b", 40 * GI, 0), "4").unwrap().id,
             "2"
         );
-        assert_eq!(state.used_bytes(), 90 * GI);
+        assert_eq!(
+            state.usage().free_bytes(&Segment::unlabelled(100 * GI)),
+            10 * GI
+        );
     }
 
     #[test]
@@ -668,37 +683,130 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn topology_requisite_is_honoured() {
-        let ours = segments(&[("zone", "a"), ("rack", "1")]);
-        assert!(topology_allowed(&ours, &[]));
-        assert!(topology_allowed(&ours, &[segments(&[("zone", "a")])]));
-        assert!(topology_allowed(
-            &ours,
-            &[segments(&[("zone", "b")]), ours.clone()]
-        ));
-        assert!(!topology_allowed(&ours, &[segments(&[("zone", "b")])]));
-        assert!(!topology_allowed(
-            &ours,
-            &[segments(&[("zone", "a"), ("host", "x")])]
-        ));
-        assert!(topology_allowed(
-            &Segments::new(),
-            &[segments(&[("zone", "b")])]
-        ));
+    fn zone(z: &str) -> Labels {
+        Labels::from([("zone".to_string(), z.to_string())])
+    }
 
-        let state = State::default();
-        let mut a = args("t", GI, 0);
-        a.requisite = vec![segments(&[("zone", "b")])];
-        let r = decide_create_volume(&state, &a, LIMITS, &ours, "x".into());
-        assert!(matches!(r, Err(CsiError::ResourceExhausted(_))), "{r:?}");
-        a.requisite = vec![segments(&[("zone", "a")])];
-        let Ok(CreateVolumeDecision::Create(v)) =
-            decide_create_volume(&state, &a, LIMITS, &ours, "x".into())
-        else {
-            panic!("expected a new volume")
+    fn zoned() -> Limits {
+        Limits {
+            segments: vec![
+                Segment {
+                    labels: zone("a"),
+                    capacity_bytes: 10 * GI,
+                },
+                Segment {
+                    labels: zone("b"),
+                    capacity_bytes: 20 * GI,
+                },
+            ],
+            max_volume_size: 50 * GI,
+        }
+    }
+
+    fn within(name: &str, size: i64, requisite: &[&str], preferred: &[&str]) -> CreateVolumeArgs {
+        CreateVolumeArgs {
+            requirements: Requirements {
+                requisite: requisite.iter().map(|z| zone(z)).collect(),
+                preferred: preferred.iter().map(|z| zone(z)).collect(),
+            },
+            ..args(name, size, 0)
+        }
+    }
+
+    #[test]
+    fn volumes_go_to_the_first_allowed_segment_with_room() {
+        let limits = zoned();
+        let mut state = State::default();
+        let place = |state: &mut State, a: &CreateVolumeArgs| {
+            create_in(state, a, &limits, &format!("vol-{}", a.name)).map(|v| v.topology)
         };
-        assert_eq!(v.to_csi().accessible_topology, vec![to_csi_topology(&ours)]);
+        assert_eq!(
+            place(&mut state, &within("1", 6 * GI, &[], &[])),
+            Ok(zone("a"))
+        );
+        assert_eq!(
+            place(&mut state, &within("2", 6 * GI, &[], &[])),
+            Ok(zone("b")),
+            "a is full for 6 GiB"
+        );
+        assert_eq!(
+            place(&mut state, &within("3", GI, &["a", "b"], &["b"])),
+            Ok(zone("b")),
+            "preferred first"
+        );
+        assert_eq!(
+            place(&mut state, &within("4", GI, &["b", "a"], &[])),
+            Ok(zone("b")),
+            "requisite order"
+        );
+        let full = place(&mut state, &within("5", 5 * GI, &["a"], &[]));
+        assert!(
+            matches!(&full, Err(CsiError::ResourceExhausted(m)) if m.contains("left")),
+            "{full:?}"
+        );
+        let unserved = place(&mut state, &within("6", GI, &["x"], &[]));
+        assert!(
+            matches!(&unserved, Err(CsiError::ResourceExhausted(m)) if m.contains("no segment")),
+            "{unserved:?}"
+        );
+        // The requisite is checked before the source is looked up.
+        let mut sourced = within("7", GI, &["x"], &[]);
+        sourced.source = Some(ContentSource::Snapshot("missing".into()));
+        assert!(matches!(
+            place(&mut state, &sourced),
+            Err(CsiError::ResourceExhausted(_))
+        ));
+        let v = state.volume_by_name("3").unwrap().to_csi();
+        assert_eq!(v.accessible_topology, vec![to_csi_topology(&zone("b"))]);
+    }
+
+    #[test]
+    fn retries_keep_the_stored_segment() {
+        let limits = zoned();
+        let mut state = State::default();
+        let first = create_in(
+            &mut state,
+            &within("v", 8 * GI, &["a", "b"], &["a"]),
+            &limits,
+            "vol-1",
+        )
+        .unwrap();
+        assert_eq!(first.topology, zone("a"));
+        // Segment a is now too full for another 8 GiB, and the retry prefers b: still the same
+        // volume, still in a.
+        let again = create_in(
+            &mut state,
+            &within("v", 8 * GI, &["b", "a"], &["b"]),
+            &limits,
+            "vol-2",
+        )
+        .unwrap();
+        assert_eq!(again, first);
+        let no_requisite = create_in(&mut state, &within("v", 8 * GI, &[], &[]), &limits, "vol-3");
+        assert_eq!(no_requisite, Ok(first));
+        let elsewhere = create_in(
+            &mut state,
+            &within("v", 8 * GI, &["b"], &[]),
+            &limits,
+            "vol-4",
+        );
+        assert!(
+            matches!(&elsewhere, Err(CsiError::AlreadyExists(m)) if m.contains("topology")),
+            "{elsewhere:?}"
+        );
+        assert_eq!(state.volumes.len(), 1);
+    }
+
+    #[test]
+    fn a_driver_without_topology_ignores_requirements() {
+        let mut state = State::default();
+        let v = create(&mut state, &within("t", GI, &["x"], &["y"]), "vol-1").unwrap();
+        assert!(v.topology.is_empty());
+        assert!(v.to_csi().accessible_topology.is_empty());
+        assert_eq!(
+            create(&mut state, &within("t", GI, &["z"], &[]), "vol-2").map(|v| v.id),
+            Ok("vol-1".to_string())
+        );
     }
 
     #[test]

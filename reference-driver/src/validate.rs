@@ -5,7 +5,8 @@ use csi_spec as csi;
 use csi_spec::volume_capability::AccessType;
 use csi_spec::volume_capability::access_mode::Mode;
 
-use super::state::{AccessKind, ContentSource, CreateVolumeArgs, CsiError, Publication, Segments};
+use super::state::{AccessKind, ContentSource, CreateVolumeArgs, CsiError, Publication};
+use super::topology::{Labels, Requirements};
 
 pub fn required(field: &str, value: &str) -> Result<(), CsiError> {
     if value.is_empty() {
@@ -105,10 +106,13 @@ pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolumeArgs,
         None => None,
         Some(source) => Some(content_source(source)?),
     };
-    let requisite = req
+    let requirements = req
         .accessibility_requirements
         .as_ref()
-        .map(|r| r.requisite.iter().map(segments).collect())
+        .map(|r| Requirements {
+            requisite: r.requisite.iter().map(labels).collect(),
+            preferred: r.preferred.iter().map(labels).collect(),
+        })
         .unwrap_or_default();
     Ok(CreateVolumeArgs {
         name: req.name.clone(),
@@ -121,7 +125,7 @@ pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolumeArgs,
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         source,
-        requisite,
+        requirements,
     })
 }
 
@@ -142,7 +146,7 @@ fn content_source(source: &csi::VolumeContentSource) -> Result<ContentSource, Cs
     }
 }
 
-pub fn segments(topology: &csi::Topology) -> Segments {
+pub fn labels(topology: &csi::Topology) -> Labels {
     topology
         .segments
         .iter()

@@ -446,3 +446,137 @@ fn the_binary_rejects_bad_flags_and_cleans_up_on_sigterm() {
     assert!(status.success(), "{status:?}");
     assert!(!socket.exists(), "socket removed on SIGTERM");
 }
+
+fn zone(z: &str) -> csi_reference_driver::Labels {
+    [("zone".to_string(), z.to_string())].into()
+}
+
+fn csi_zone(z: &str) -> csi::Topology {
+    csi::Topology {
+        segments: [("zone".to_string(), z.to_string())].into(),
+    }
+}
+
+async fn capacity_in(client: &mut ControllerClient<Channel>, z: Option<&str>) -> i64 {
+    client
+        .get_capacity(csi::GetCapacityRequest {
+            accessible_topology: z.map(csi_zone),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .available_capacity
+}
+
+#[tokio::test]
+async fn segments_fill_up_independently_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.limits.segments = vec![
+        driver::Segment {
+            labels: zone("a"),
+            capacity_bytes: 2 * GI,
+        },
+        driver::Segment {
+            labels: zone("b"),
+            capacity_bytes: 4 * GI,
+        },
+    ];
+    config.node_topology = zone("b");
+    let running = start(&config);
+    let conn = channel(&config.endpoint).await;
+
+    let capabilities = IdentityClient::new(conn.clone())
+        .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities;
+    let topology_capability = csi::PluginCapability {
+        r#type: Some(csi::plugin_capability::Type::Service(
+            csi::plugin_capability::Service {
+                r#type: csi::plugin_capability::service::Type::VolumeAccessibilityConstraints
+                    as i32,
+            },
+        )),
+    };
+    assert!(
+        capabilities.contains(&topology_capability),
+        "{capabilities:?}"
+    );
+    let info = NodeClient::new(conn.clone())
+        .node_get_info(csi::NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.accessible_topology, Some(csi_zone("b")));
+
+    let mut controller = ControllerClient::new(conn);
+    let in_zone = |name: &str, size: i64, requisite: &[&str], preferred: &[&str]| {
+        let mut req = create_req(name, size, 0);
+        req.accessibility_requirements = Some(csi::TopologyRequirement {
+            requisite: requisite.iter().map(|z| csi_zone(z)).collect(),
+            preferred: preferred.iter().map(|z| csi_zone(z)).collect(),
+        });
+        req
+    };
+    let placed = |reply: Result<tonic::Response<csi::CreateVolumeResponse>, tonic::Status>| {
+        reply
+            .expect("CreateVolume")
+            .into_inner()
+            .volume
+            .expect("volume")
+            .accessible_topology
+    };
+    assert_eq!(
+        placed(
+            controller
+                .create_volume(in_zone("v1", 2 * GI, &[], &[]))
+                .await
+        ),
+        vec![csi_zone("a")]
+    );
+    assert_eq!(
+        placed(
+            controller
+                .create_volume(in_zone("v2", GI, &["a", "b"], &["a"]))
+                .await
+        ),
+        vec![csi_zone("b")],
+        "a is full: the next allowed segment"
+    );
+    let full = controller
+        .create_volume(in_zone("v3", GI, &["a"], &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(full.code(), Code::ResourceExhausted, "{full:?}");
+    let unserved = controller
+        .create_volume(in_zone("v3", GI, &["x"], &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(unserved.code(), Code::ResourceExhausted, "{unserved:?}");
+    assert_eq!(capacity_in(&mut controller, Some("a")).await, 0);
+    assert_eq!(capacity_in(&mut controller, Some("b")).await, 3 * GI);
+    assert_eq!(capacity_in(&mut controller, None).await, 3 * GI);
+    running.stop().await;
+
+    let running = start(&config);
+    let mut controller = ControllerClient::new(channel(&config.endpoint).await);
+    assert_eq!(
+        placed(
+            controller
+                .create_volume(in_zone("v1", 2 * GI, &["a"], &[]))
+                .await
+        ),
+        vec![csi_zone("a")],
+        "a retry returns the stored segment although a is full"
+    );
+    let moved = controller
+        .create_volume(in_zone("v1", 2 * GI, &["b"], &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(moved.code(), Code::AlreadyExists, "{moved:?}");
+    assert_eq!(capacity_in(&mut controller, Some("b")).await, 3 * GI);
+    running.stop().await;
+}

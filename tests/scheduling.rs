@@ -1,14 +1,17 @@
 //! The real WaitForFirstConsumer flow up to the sidecar, with kube-scheduler and no sidecar:
 //! the scheduler picks one of the test's Nodes for a pod and writes the selected-node annotation
 //! on its claim, the PV controller then hands the claim to the class's provisioner, and the claim
-//! stays Pending. A pod that fits no Node gets no selected node.
+//! stays Pending. A pod that fits no Node gets no selected node. The helpers keep a test's pods
+//! on its own Nodes and clean them up.
 
 mod support;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::api::{Api, ListParams};
 use support::cluster::{summarize, wait_event};
 use support::peers::TIMEOUT;
-use support::topology::{ANN_STORAGE_PROVISIONER, scheduling_cluster};
+use support::topology::{ANN_STORAGE_PROVISIONER, TEST_LABEL, scheduling_cluster};
 
 /// No driver or sidecar serves it: the flow must stop at the hand-over.
 const PROVISIONER: &str = "scheduling.example.com";
@@ -115,6 +118,58 @@ async fn a_pod_that_fits_no_node_selects_none() {
         "a node was selected for an unschedulable pod ({events})"
     );
     assert_eq!(storage_provisioner(&pvc), None);
+}
+
+#[tokio::test]
+async fn a_pod_lands_on_its_tests_node_and_dropping_the_topology_deletes_them() {
+    let (cluster, topology) = scheduling_cluster("topology-cleanup").await;
+    let kept = topology.create_node("kept", &[]).await;
+    topology
+        .create_csi_node(&kept, PROVISIONER, "id-kept", &[ZONE_KEY])
+        .await;
+    let deleted = topology.create_node("deleted", &[]).await;
+    topology.delete_node(&deleted).await;
+
+    // No claims: nothing holds the pod in PreBind, so it is bound.
+    topology.create_pod("app", &[], &[]).await;
+    assert_eq!(topology.wait_pod_scheduled("app").await, kept);
+
+    drop(topology);
+    let selected = ListParams::default().labels(&format!("{TEST_LABEL}={}", cluster.ns()));
+    let nodes: Api<Node> = Api::all(cluster.client.clone());
+    let csi_nodes: Api<CSINode> = Api::all(cluster.client.clone());
+    let pods: Api<Pod> = Api::namespaced(cluster.client.clone(), cluster.ns());
+    support::eventually(
+        "the test's Nodes, CSINodes and pods to be gone",
+        TIMEOUT,
+        || async {
+            let left = (
+                nodes
+                    .list_metadata(&selected)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .len(),
+                csi_nodes
+                    .list_metadata(&selected)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .len(),
+                pods.list_metadata(&selected)
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .items
+                    .len(),
+            );
+            if left == (0, 0, 0) {
+                Ok(())
+            } else {
+                Err(format!("(Nodes, CSINodes, pods) left: {left:?}"))
+            }
+        },
+    )
+    .await;
 }
 
 fn storage_provisioner(pvc: &PersistentVolumeClaim) -> Option<String> {

@@ -1,4 +1,4 @@
-//! Command lines of the three components (pure), following the envtest defaults plus what a
+//! Command lines of the components (pure), following the envtest defaults plus what a
 //! provisioner needs; docs/control-plane.md explains each choice.
 
 use std::path::{Path, PathBuf};
@@ -102,6 +102,30 @@ pub fn controller_manager(a: &ControllerManager<'_>) -> Vec<String> {
     ]
 }
 
+pub struct Scheduler<'a> {
+    pub kubeconfig: &'a Path,
+    pub port: u16,
+    pub pki: &'a PkiFiles,
+}
+
+/// kube-scheduler with its built-in default profile (VolumeBinding writes the selected-node
+/// annotation in PreBind). The deprecated command-line settings stand in for a configuration
+/// file: they are enough for one admin identity and no leader election.
+pub fn scheduler(a: &Scheduler<'_>) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", a.kubeconfig.display()),
+        "--leader-elect=false".to_owned(),
+        // Served so that start-up can wait on /readyz, which includes the informer sync; both
+        // /healthz and /readyz are open without credentials by default.
+        format!("--secure-port={}", a.port),
+        "--bind-address=127.0.0.1".to_owned(),
+        format!("--tls-cert-file={}", a.pki.serving_cert.display()),
+        format!("--tls-private-key-file={}", a.pki.serving_key.display()),
+        // Level 2 logs each binding and each unschedulable verdict: what a failing test needs.
+        "--v=2".to_owned(),
+    ]
+}
+
 /// The run directory's layout.
 pub struct Layout {
     pub root: PathBuf,
@@ -193,5 +217,19 @@ mod tests {
                 .any(|c| c == "persistentvolume-binder-controller")
         );
         assert!(args.contains(&"--leader-elect=false".to_owned()));
+    }
+
+    #[test]
+    fn scheduler_serves_on_loopback_without_leader_election() {
+        let pki = pki();
+        let args = scheduler(&Scheduler {
+            kubeconfig: Path::new("/run/admin.kubeconfig"),
+            port: 10259,
+            pki: &pki,
+        });
+        assert!(args.contains(&"--secure-port=10259".to_owned()));
+        assert!(args.contains(&"--bind-address=127.0.0.1".to_owned()));
+        assert!(args.contains(&"--leader-elect=false".to_owned()));
+        assert!(args.contains(&"--kubeconfig=/run/admin.kubeconfig".to_owned()));
     }
 }

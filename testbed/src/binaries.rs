@@ -12,7 +12,9 @@ use crate::error::{Component, Error};
 /// Environment variable naming a directory that already holds the binaries.
 pub const BIN_DIR_ENV: &str = "CSI_TESTBED_BIN_DIR";
 
-const COMPONENTS: [Component; 3] = [
+/// What every control plane runs; kube-scheduler is checked only when it was asked for, so a
+/// `CSI_TESTBED_BIN_DIR` without it still serves every other test.
+const ALWAYS: [Component; 3] = [
     Component::Etcd,
     Component::ApiServer,
     Component::ControllerManager,
@@ -44,13 +46,14 @@ impl Binaries {
     }
 }
 
-/// Blocking: may run the build script, which takes minutes on a cold Go cache.
-pub fn locate() -> Result<Binaries, Error> {
+/// Blocking: may run the build script, which takes minutes on a cold Go cache. `scheduler`
+/// also requires kube-scheduler.
+pub fn locate(scheduler: bool) -> Result<Binaries, Error> {
     let dir = match std::env::var_os(BIN_DIR_ENV) {
         Some(dir) => PathBuf::from(dir),
         None => run_build_script(&build_script())?,
     };
-    let missing = missing_binaries(&dir);
+    let missing = missing_binaries(&dir, scheduler);
     if missing.is_empty() {
         Ok(Binaries { dir })
     } else {
@@ -68,9 +71,10 @@ fn build_script() -> PathBuf {
         .join("build-control-plane.sh")
 }
 
-fn missing_binaries(dir: &Path) -> Vec<&'static str> {
-    COMPONENTS
+fn missing_binaries(dir: &Path, scheduler: bool) -> Vec<&'static str> {
+    ALWAYS
         .iter()
+        .chain(scheduler.then_some(&Component::Scheduler))
         .map(|c| c.binary())
         .filter(|name| !is_executable(&dir.join(name)))
         .collect()
@@ -158,8 +162,17 @@ mod tests {
     fn empty_directory_misses_every_binary() {
         let dir = tempfile::tempdir().expect("temp dir");
         assert_eq!(
-            missing_binaries(dir.path()),
+            missing_binaries(dir.path(), false),
             vec!["etcd", "kube-apiserver", "kube-controller-manager"]
+        );
+        assert_eq!(
+            missing_binaries(dir.path(), true),
+            vec![
+                "etcd",
+                "kube-apiserver",
+                "kube-controller-manager",
+                "kube-scheduler"
+            ]
         );
     }
 }

@@ -10,6 +10,8 @@ pub enum Component {
     Etcd,
     ApiServer,
     ControllerManager,
+    /// Started only on request (`StartOptions::scheduler`).
+    Scheduler,
 }
 
 impl Component {
@@ -19,6 +21,7 @@ impl Component {
             Component::Etcd => "etcd",
             Component::ApiServer => "kube-apiserver",
             Component::ControllerManager => "kube-controller-manager",
+            Component::Scheduler => "kube-scheduler",
         }
     }
 }

@@ -1,5 +1,6 @@
-//! A real, throwaway Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager)
-//! on loopback, for integration tests, benchmarks and the demo. See docs/control-plane.md.
+//! A real, throwaway Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager,
+//! and kube-scheduler on request) on loopback, for integration tests, benchmarks and the demo.
+//! See docs/control-plane.md.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), csi_testbed::Error> {
@@ -46,6 +47,7 @@ const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The apiserver bootstraps its RBAC roles and API groups first; slow on 2 shared cores.
 const APISERVER_READY_TIMEOUT: Duration = Duration::from_secs(90);
 const CONTROLLER_MANAGER_READY_TIMEOUT: Duration = Duration::from_secs(60);
+const SCHEDULER_READY_TIMEOUT: Duration = Duration::from_secs(60);
 const READY_POLL: Duration = Duration::from_millis(250);
 const FAILURE_LOG_LINES: usize = 30;
 
@@ -60,8 +62,22 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     apiserver_url: String,
     controller_manager_url: String,
+    scheduler_url: Option<String>,
     logs: Vec<(Component, PathBuf)>,
     startup: Duration,
+}
+
+/// What [`ControlPlane::start_with`] starts beyond etcd, kube-apiserver and
+/// kube-controller-manager.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StartOptions<'a> {
+    /// Extra kube-apiserver flags, e.g. a feature gate turned off to stand in for an older
+    /// cluster.
+    pub apiserver_flags: &'a [&'a str],
+    /// Also run kube-scheduler, for the real WaitForFirstConsumer flow (its VolumeBinding
+    /// plugin writes `volume.kubernetes.io/selected-node`). It schedules onto Node objects that
+    /// tests create; no kubelet runs.
+    pub scheduler: bool,
 }
 
 impl ControlPlane {
@@ -75,8 +91,22 @@ impl ControlPlane {
     /// [`ControlPlane::start`] with extra kube-apiserver flags, e.g. a feature gate turned off
     /// to stand in for an older cluster.
     pub async fn start_with_apiserver_flags(apiserver_flags: &[&str]) -> Result<Self, Error> {
+        Self::start_with(StartOptions {
+            apiserver_flags,
+            scheduler: false,
+        })
+        .await
+    }
+
+    /// [`ControlPlane::start`] with the given options; kube-scheduler, when asked for, starts
+    /// last (and so stops first).
+    pub async fn start_with(options: StartOptions<'_>) -> Result<Self, Error> {
+        let StartOptions {
+            apiserver_flags,
+            scheduler,
+        } = options;
         let started = Instant::now();
-        let binaries = tokio::task::spawn_blocking(binaries::locate)
+        let binaries = tokio::task::spawn_blocking(move || binaries::locate(scheduler))
             .await
             .map_err(|e| Error::LocateBinaries(format!("locating task failed: {e}")))??;
         eprintln!("[testbed] binaries: {}", binaries.dir().display());
@@ -147,6 +177,29 @@ impl ControlPlane {
             )
             .await?[0];
 
+        let scheduler_port = if scheduler {
+            let port = run
+                .launch(Component::Scheduler, 1, SCHEDULER_READY_TIMEOUT, |ports| {
+                    let args = args::scheduler(&args::Scheduler {
+                        kubeconfig: &kubeconfig,
+                        port: ports[0],
+                        pki: &pki_files,
+                    });
+                    // /readyz includes the sync of its informers' handlers: from then on a new
+                    // pod is seen and scheduled.
+                    let probe =
+                        health_client(ports[0], pki.serving_ca_der()).map(|client| Probe::Https {
+                            client,
+                            path: "/readyz",
+                        });
+                    std::future::ready(probe.map(|probe| (args, probe)))
+                })
+                .await?[0];
+            Some(port)
+        } else {
+            None
+        };
+
         let startup = started.elapsed();
         eprintln!(
             "[testbed] control plane ready in {:.1}s: {apiserver_url}, KUBECONFIG={}",
@@ -159,6 +212,7 @@ impl ControlPlane {
             Component::ControllerManager,
         ]
         .into_iter()
+        .chain(scheduler.then_some(Component::Scheduler))
         .map(|c| (c, layout.log(c)))
         .collect();
         Ok(ControlPlane {
@@ -168,6 +222,7 @@ impl ControlPlane {
             kubeconfig,
             apiserver_url,
             controller_manager_url: https_url(controller_manager_port),
+            scheduler_url: scheduler_port.map(https_url),
             logs,
             startup,
         })
@@ -192,6 +247,12 @@ impl ControlPlane {
     /// `/healthz` and `/metrics` answer without credentials.
     pub fn controller_manager_url(&self) -> &str {
         &self.controller_manager_url
+    }
+
+    /// kube-scheduler's HTTPS endpoint (serving certificate from this run's CA; `/healthz` and
+    /// `/readyz` answer without credentials), if it was started.
+    pub fn scheduler_url(&self) -> Option<&str> {
+        self.scheduler_url.as_deref()
     }
 
     /// Log file of each component (its stdout and stderr).

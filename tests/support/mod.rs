@@ -13,13 +13,14 @@ pub mod cluster;
 #[path = "csi_wire.rs"]
 pub mod csi_wire;
 pub mod peers;
+pub mod topology;
 
 use std::future::Future;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use csi_testbed::ControlPlane;
+use csi_testbed::{ControlPlane, StartOptions};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -38,12 +39,35 @@ pub fn control_plane() -> &'static ControlPlane {
 
 /// The test binary's control plane, started on first use with these extra kube-apiserver
 /// flags. A test binary that needs them calls this before anything else touches the cluster.
-///
-/// Start-up runs on a thread with its own runtime: the handle outlives every test's runtime, and
-/// nothing in it may depend on the runtime of whichever test happened to come first.
 pub fn control_plane_with_apiserver_flags(
     apiserver_flags: &'static [&str],
 ) -> &'static ControlPlane {
+    shared_control_plane(StartOptions {
+        apiserver_flags,
+        scheduler: false,
+    })
+}
+
+/// The test binary's control plane with kube-scheduler, started on first use. Every test of a
+/// binary that needs the scheduler calls this (or `topology::scheduling_cluster`) before
+/// anything else touches the cluster: whichever test comes first starts the shared instance.
+pub fn control_plane_with_scheduler() -> &'static ControlPlane {
+    let cp = shared_control_plane(StartOptions {
+        apiserver_flags: &[],
+        scheduler: true,
+    });
+    assert!(
+        cp.scheduler_url().is_some(),
+        "this test binary's control plane was started without kube-scheduler: call \
+         support::control_plane_with_scheduler() before anything else touches the cluster"
+    );
+    cp
+}
+
+/// Start-up runs on a thread with its own runtime: the handle outlives every test's runtime, and
+/// nothing in it may depend on the runtime of whichever test happened to come first. `options`
+/// count only for the first call of the test binary.
+fn shared_control_plane(options: StartOptions<'static>) -> &'static ControlPlane {
     let started = CONTROL_PLANE.get_or_init(|| {
         std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
@@ -51,7 +75,7 @@ pub fn control_plane_with_apiserver_flags(
                 .build()
                 .map_err(|e| format!("building a runtime: {e}"))?
                 .block_on(async {
-                    let cp = ControlPlane::start_with_apiserver_flags(apiserver_flags)
+                    let cp = ControlPlane::start_with(options)
                         .await
                         .map_err(|e| e.to_string())?;
                     install_journal_crd(&cp).await?;

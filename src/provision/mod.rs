@@ -78,6 +78,8 @@ pub use secrets::{
     resolve_secret_refs, secret_data,
 };
 pub use settings::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
-pub use topology::{ClusterTopology, TopologyError, TopologyInputs, accessibility_requirements};
+pub use topology::{
+    ClusterTopology, TopologyError, TopologyInputs, TopologyTerm, accessibility_requirements,
+};
 pub use volume::{CreateResponseError, build_persistent_volume, topology_missing};
 pub use work::{ClaimWork, claim_work, drain_claim_work, holds_up_drain, volume_has_work};

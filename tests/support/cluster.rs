@@ -365,7 +365,7 @@ pub fn pv_name(pvc: &PersistentVolumeClaim) -> String {
 pub async fn journal_operations(
     client: &Client,
     namespace: &str,
-    driver: &Driver,
+    driver: &impl CsiEndpoint,
 ) -> Result<Vec<csi_provisioner::journal::OperationRecord>, String> {
     let selector = format!(
         "{}={}",
@@ -388,7 +388,7 @@ pub async fn journal_operations(
 pub async fn lease_holder(
     client: &Client,
     namespace: &str,
-    driver: &Driver,
+    driver: &impl CsiEndpoint,
 ) -> Result<String, String> {
     let name = csi_provisioner::leader::lease_name(driver.name());
     Ok(

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
@@ -75,12 +76,15 @@ func (l *requestLog) intercept(ctx context.Context, req any, info *grpc.UnarySer
 // messageJSON is a request or response as protojson with its secrets redacted; a JSON string
 // with the error for something that is not a protobuf message or does not encode.
 func messageJSON(m any) json.RawMessage {
-	message, ok := m.(proto.Message)
+	// The CSI spec's Go package (v1.9.0) is generated for the old github.com/golang/protobuf
+	// API, whose messages have no ProtoReflect; the adapter wraps them for protoreflect and
+	// protojson.
+	legacy, ok := m.(protoadapt.MessageV1)
 	if !ok {
 		return quoted(fmt.Sprintf("not a protobuf message: %T", m))
 	}
 	// A copy: the handler's response is still to be sent as it is.
-	message = proto.Clone(message)
+	message := proto.Clone(protoadapt.MessageV2Of(legacy))
 	redactSecrets(message.ProtoReflect())
 	encoded, err := protoNames.Marshal(message)
 	if err != nil {

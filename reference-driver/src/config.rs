@@ -66,6 +66,11 @@ pub struct Cli {
     /// Fault control file, re-read whenever it changes [default: <state-dir>/faults.txt].
     #[arg(long)]
     pub control_file: Option<PathBuf>,
+
+    /// Advertise PUBLISH_UNPUBLISH_VOLUME, as a driver whose volumes are attached to nodes
+    /// (ControllerPublish/UnpublishVolume stay UNIMPLEMENTED).
+    #[arg(long)]
+    pub attach_required: bool,
 }
 
 /// Everything the driver needs to run; tests build it directly with [`DriverConfig::new`].
@@ -80,6 +85,8 @@ pub struct DriverConfig {
     pub limits: Limits,
     pub faults: FaultRules,
     pub control_file: PathBuf,
+    /// `--attach-required`.
+    pub attach_required: bool,
 }
 
 impl DriverConfig {
@@ -98,6 +105,7 @@ impl DriverConfig {
             },
             faults: FaultRules::default(),
             control_file,
+            attach_required: false,
         }
     }
 }
@@ -130,6 +138,7 @@ impl TryFrom<Cli> for DriverConfig {
                 faults: cli.faults,
             },
             control_file,
+            attach_required: cli.attach_required,
         })
     }
 }
@@ -254,6 +263,14 @@ mod tests {
         assert_eq!(c.node_id, DEFAULT_NODE_ID);
         assert!(c.topology.is_empty());
         assert_eq!(c.limits.capacity_bytes, 1 << 40);
+    }
+
+    #[test]
+    fn attach_required_is_off_unless_asked() {
+        let base = ["--endpoint=/tmp/s.sock", "--state-dir=/tmp/st"];
+        assert!(!parse(&base).unwrap().attach_required);
+        let asked = [&base[..], &["--attach-required"]].concat();
+        assert!(parse(&asked).unwrap().attach_required);
     }
 
     #[test]

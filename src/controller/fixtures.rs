@@ -21,7 +21,7 @@ use std::time::Duration;
 use http::{Method, Request, Response};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::client::Body;
@@ -44,9 +44,9 @@ use crate::journal::{
 };
 use crate::kube_client::RateLimitLayer;
 use crate::metrics::Metrics;
-use crate::provision::ProvisionerConfig;
 use crate::provision::SecretRef;
 use crate::provision::fixtures::{DRIVER, PVC_UID, caps, config};
+use crate::provision::{DriverCapabilities, ProvisionerConfig};
 
 /// The sidecar's namespace, where the journal lives.
 pub const JOURNAL_NAMESPACE: &str = "csi";
@@ -354,6 +354,8 @@ pub struct Cluster {
     fence: LeaseFence,
     uuid_length: i32,
     draining: bool,
+    /// With a driver that reports PUBLISH_UNPUBLISH_VOLUME: the listed VolumeAttachments.
+    attachments: Option<Vec<VolumeAttachment>>,
 }
 
 impl Cluster {
@@ -367,7 +369,14 @@ impl Cluster {
             fence: LeaseFence::open(),
             uuid_length: -1,
             draining: false,
+            attachments: None,
         }
+    }
+
+    /// A driver with PUBLISH_UNPUBLISH_VOLUME, and these VolumeAttachments listed.
+    pub fn attaching(mut self, attachments: impl IntoIterator<Item = VolumeAttachment>) -> Self {
+        self.attachments = Some(attachments.into_iter().collect());
+        self
     }
 
     /// This replica cannot prove it leads (a leader paused past its lease).
@@ -446,7 +455,10 @@ impl Cluster {
                 volume_name_uuid_length: self.uuid_length,
                 ..config()
             },
-            caps: caps(),
+            caps: DriverCapabilities {
+                publish_unpublish: self.attachments.is_some(),
+                ..caps()
+            },
             retry_interval_start: RETRY_START,
             retry_interval_max: RETRY_MAX,
             worker_threads: 4,
@@ -479,6 +491,9 @@ impl Cluster {
             claims: store(self.claims.iter().map(cached)),
             volumes: store(self.volumes.iter().map(cached)),
             classes: store(self.classes),
+            attachments: self
+                .attachments
+                .map(|attachments| listed(attachments.iter().map(cached))),
         };
         let driver = Arc::new(ScriptedDriver {
             script: Arc::clone(&script),
@@ -512,6 +527,20 @@ where
     for object in objects {
         writer.apply_watcher_event(&watcher::Event::Apply(object));
     }
+    reader
+}
+
+/// A store whose watch has listed `objects`.
+fn listed<K>(objects: impl IntoIterator<Item = K>) -> Store<K>
+where
+    K: Lookup<DynamicType = ()> + Clone + 'static,
+{
+    let (reader, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for object in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(object));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
     reader
 }
 

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use support::cluster::{Cluster, pv_name, wait_bound};
 use support::csi_wire::list_volume_ids;
 use support::mock_driver::{MockDriver, MockDriverOptions};
-use support::peers::{Sidecar, TIMEOUT, describe};
+use support::peers::Sidecar;
 
 const SECRET_VALUE: &str = "not-for-the-log";
 
@@ -89,23 +89,4 @@ async fn provisions_and_deletes_a_volume_on_the_mock_driver() {
     assert_eq!(text(&deletes[0], &["request", "volume_id"]), volume_id);
     assert_eq!(text(&deletes[0], &["code"]), "OK");
     sidecar.assert_running();
-}
-
-/// Topology is not built yet: with the Topology gate on (the default), a driver that reports
-/// VOLUME_ACCESSIBILITY_CONSTRAINTS makes the sidecar refuse to start, naming topology.
-#[tokio::test]
-async fn refuses_the_mock_driver_with_topology() {
-    let driver = MockDriver::start(MockDriverOptions {
-        topology: true,
-        ..MockDriverOptions::default()
-    })
-    .await;
-    let mut sidecar = Sidecar::start(&driver, &[]);
-    let status = sidecar.wait_exit(TIMEOUT).await;
-    assert_eq!(status.code(), Some(1), "{}", describe(status));
-    let log = sidecar.log();
-    assert!(log.contains("VOLUME_ACCESSIBILITY_CONSTRAINTS"), "{log}");
-    assert!(log.contains("topology is not built"), "{log}");
-    assert!(log.contains(driver.name()), "{log}");
-    assert!(driver.calls("CreateVolume").is_empty());
 }

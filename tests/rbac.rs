@@ -48,7 +48,7 @@ const APPLIED_KINDS: [&str; 7] = [
 ];
 /// Granted permissions the end-to-end run cannot exercise cheaply, each with the reason it is
 /// still needed. Everything else granted must show up in the sidecar's requests.
-const NOT_EXERCISED: [(&str, &str, &str, &str); 5] = [
+const NOT_EXERCISED: [(&str, &str, &str, &str); 6] = [
     (
         "provisioner.csi-rs.dev",
         "provisioningjournals",
@@ -67,9 +67,10 @@ const NOT_EXERCISED: [(&str, &str, &str, &str); 5] = [
     ("", "persistentvolumeclaims", "list", LISTED_ONLY),
     ("", "persistentvolumes", "list", LISTED_ONLY),
     ("storage.k8s.io", "storageclasses", "list", LISTED_ONLY),
+    ("storage.k8s.io", "volumeattachments", "list", LISTED_ONLY),
 ];
 
-/// Why the three watched kinds' `list` is not sent here.
+/// Why the watched kinds' `list` is not sent here.
 const LISTED_ONLY: &str = "controller/cache.rs lists only where the API server does not stream \
      initial lists; this one does (tests/initial_list.rs runs one that does not)";
 
@@ -456,15 +457,17 @@ async fn deployed_without(
 /// with the provisioning-consistency finalizer (claim patches) and the journal (shard create
 /// and update); deleting it deletes the PV and the backend volume. A second claim is deleted
 /// while its volume is in flight, and the orphan reaper deletes that volume. The sidecar leads
-/// with a Lease in its namespace and releases it on SIGTERM. No request is forbidden, and every
-/// granted permission is used (except `NOT_EXERCISED`).
+/// with a Lease in its namespace and releases it on SIGTERM. The driver reports
+/// PUBLISH_UNPUBLISH_VOLUME, so the sidecar also watches VolumeAttachments. No request is
+/// forbidden, and every granted permission is used (except `NOT_EXERCISED`).
 #[tokio::test]
 async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     let started = Instant::now();
     let dir = test_dir();
     let (client, ns, objects, kubeconfig) = deployed("rbac-e2e", |o| o, dir.path()).await;
     let ns = ns.name();
-    let driver = Driver::start(&[]).await;
+    // A driver that attaches volumes: the sidecar watches VolumeAttachments too.
+    let driver = Driver::start(&["--attach-required"]).await;
     let secret_name = "provisioner-secret";
     let class = format!("{ns}-class");
     create_class(

@@ -22,7 +22,8 @@ pub const DRIVER: &str = "hostpath.csi.k8s.io";
 pub const PVC_UID: &str = "0b2c9f8e-1d3a-4e5f-8a7b-6c5d4e3f2a1b";
 pub const IDENTITY: &str = "1700000000000-42-hostpath.csi.k8s.io";
 
-/// A driver that supports everything but topology and SINGLE_NODE_MULTI_WRITER.
+/// A driver that supports everything but topology, SINGLE_NODE_MULTI_WRITER and
+/// PUBLISH_UNPUBLISH_VOLUME.
 pub fn caps() -> DriverCapabilities {
     DriverCapabilities {
         controller_service: true,
@@ -31,6 +32,7 @@ pub fn caps() -> DriverCapabilities {
         topology: false,
         clone: true,
         snapshot: true,
+        publish_unpublish: false,
     }
 }
 

@@ -16,8 +16,10 @@
 //!
 //! Deleting one PV: [`volume_has_work`] (from [`is_provisioner_for_volume`],
 //! [`pv_finalizer_action`] and [`should_delete`]), then [`deletion_target`] (and
-//! [`deletion_secret_from_class`] when the PV does not record its deletion secret).
+//! [`deletion_secret_from_class`] when the PV does not record its deletion secret), and right
+//! before DeleteVolume [`check_detached`] (no VolumeAttachment names the PV).
 
+mod attachment;
 mod capabilities;
 mod claim;
 mod consistency;
@@ -41,6 +43,7 @@ pub(crate) mod fixtures;
 #[cfg(test)]
 mod proptests;
 
+pub use attachment::{Attachment, AttachmentError, check_detached};
 pub use capabilities::{
     CapabilityError, check_create_delete_capabilities, csi_access_mode, fs_type,
     volume_capabilities,

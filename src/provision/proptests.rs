@@ -359,6 +359,7 @@ fn driver_capabilities() -> impl Strategy<Value = DriverCapabilities> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -368,6 +369,7 @@ fn driver_capabilities() -> impl Strategy<Value = DriverCapabilities> {
                 topology,
                 clone,
                 snapshot,
+                publish_unpublish,
             )| DriverCapabilities {
                 controller_service,
                 create_delete_volume,
@@ -375,6 +377,7 @@ fn driver_capabilities() -> impl Strategy<Value = DriverCapabilities> {
                 topology,
                 clone,
                 snapshot,
+                publish_unpublish,
             },
         )
 }

@@ -435,7 +435,10 @@ impl ClusterTopology for Cluster {
     }
 
     fn any_csinode_keys(&self) -> Option<Vec<String>> {
-        self.csinodes.values().find(|keys| !keys.is_empty()).cloned()
+        self.csinodes
+            .values()
+            .find(|keys| !keys.is_empty())
+            .cloned()
     }
 
     fn node_labels(&self, node: &str) -> Option<BTreeMap<String, String>> {

@@ -642,7 +642,12 @@ mod tests {
         let (requisite, preferred) = requirement(&inputs("data", Some("n1"), &[]), &cluster);
         assert_eq!(
             requisite,
-            topologies(&[&[(ZONE, "z1")], &[(ZONE, "z2")], &[(ZONE, "z3")], &[(ZONE, "z4")]])
+            topologies(&[
+                &[(ZONE, "z1")],
+                &[(ZONE, "z2")],
+                &[(ZONE, "z3")],
+                &[(ZONE, "z4")]
+            ])
         );
         assert_eq!(preferred[0], term(&[(ZONE, "z1")]).to_csi());
     }
@@ -658,11 +663,22 @@ mod tests {
     fn statefulset_claims_rotate_by_ordinal_from_the_set_name_hash() {
         // (1181096325 + 2) mod 3 = 2.
         assert_eq!(statefulset_offset("data-web-2", 3), 2);
-        assert_eq!(statefulset_offset("web-2", 3), 2, "`web-2` hashes `web` too");
-        assert_eq!(statefulset_offset("logs-web-2", 3), 2, "claims of one pod agree");
+        assert_eq!(
+            statefulset_offset("web-2", 3),
+            2,
+            "`web-2` hashes `web` too"
+        );
+        assert_eq!(
+            statefulset_offset("logs-web-2", 3),
+            2,
+            "claims of one pod agree"
+        );
         for ordinal in 0..6u32 {
             let expected = (1_181_096_325 + ordinal as usize) % 3;
-            assert_eq!(statefulset_offset(&format!("data-web-{ordinal}"), 3), expected);
+            assert_eq!(
+                statefulset_offset(&format!("data-web-{ordinal}"), 3),
+                expected
+            );
         }
         assert_eq!(
             statefulset_offset("mydisk", 7),
@@ -671,7 +687,12 @@ mod tests {
         // Leading zeros parse; a sign, a non-digit or a number over u32 do not, and then the
         // whole name is hashed with ordinal 0.
         assert_eq!(statefulset_offset("data-web-002", 3), 2);
-        for whole in ["data-web-+2", "data-web-2a", "data-web-", "data-web-4294967296"] {
+        for whole in [
+            "data-web-+2",
+            "data-web-2a",
+            "data-web-",
+            "data-web-4294967296",
+        ] {
             assert_eq!(
                 statefulset_offset(whole, 5),
                 fnv1_32(whole.as_bytes()) as usize % 5,
@@ -769,7 +790,10 @@ mod tests {
     #[test]
     fn an_expression_without_values_empties_the_product_so_far() {
         // Last: the selector term gives nothing.
-        assert_eq!(flatten(&[selector(&[(ZONE, &["z1"]), (RACK, &[])])]), vec![]);
+        assert_eq!(
+            flatten(&[selector(&[(ZONE, &["z1"]), (RACK, &[])])]),
+            vec![]
+        );
         // First: the next expression starts again (upstream's behaviour).
         assert_eq!(
             flatten(&[selector(&[(ZONE, &[]), (RACK, &["r1"])])]),
@@ -863,7 +887,10 @@ mod tests {
         let mut strict = inputs("data", Some("n2"), &[]);
         strict.strict = true;
         let only = topologies(&[&[(RACK, "2"), (ZONE, "a")]]);
-        assert_eq!(requirement(&strict, &three_racks()), (only.clone(), only.clone()));
+        assert_eq!(
+            requirement(&strict, &three_racks()),
+            (only.clone(), only.clone())
+        );
 
         let allowed = [selector(&[(ZONE, &["a"])])];
         strict.allowed_topologies = &allowed;
@@ -922,7 +949,9 @@ mod tests {
 
     #[test]
     fn a_selected_node_without_keys_is_retried() {
-        let cluster = three_zones().csinode("bare", &[]).node("bare", &[(ZONE, "z1")]);
+        let cluster = three_zones()
+            .csinode("bare", &[])
+            .node("bare", &[(ZONE, "z1")]);
         let error = error(&inputs("data", Some("bare"), &[]), &cluster);
         assert!(!error.reschedules());
         assert_eq!(
@@ -1021,7 +1050,10 @@ mod tests {
     fn keys_outside_the_csi_grammar_are_refused() {
         let long_prefix = format!("{}/zone", "a".repeat(64));
         let cases = [
-            (long_prefix.as_str(), "a key prefix of at most 63 characters"),
+            (
+                long_prefix.as_str(),
+                "a key prefix of at most 63 characters",
+            ),
             ("Example.com/zone", "a key prefix in DNS notation"),
             ("/zone", "a key prefix in DNS notation"),
             ("example.com/", "a key name of 1 to 63 characters"),
@@ -1096,10 +1128,8 @@ mod tests {
         let keys: Vec<String> = (0..40).map(|i| format!("example.com/key-{i:02}")).collect();
         let value = "v".repeat(63);
         let values = [value.as_str()];
-        let pairs: Vec<(&str, &[&str])> = keys
-            .iter()
-            .map(|key| (key.as_str(), &values[..]))
-            .collect();
+        let pairs: Vec<(&str, &[&str])> =
+            keys.iter().map(|key| (key.as_str(), &values[..])).collect();
         // 40 × (18 + 63) = 3240 bytes: fine.
         let allowed = [selector(&pairs)];
         assert!(

@@ -9,7 +9,9 @@
 //! 2. [`plan_provision`] validates the claim and its class and computes everything that does not
 //!    need the driver: volume name, size, capabilities, parameters and all secret references.
 //! 3. The executor GETs `plan.secrets.provisioner` (if any), turns it into a map with
-//!    [`secret_data`] and builds the request with [`build_create_volume_request`].
+//!    [`secret_data`] and builds the request with [`build_create_volume_request`]. With a
+//!    driver that supports topology, [`accessibility_requirements`] says where the volume may
+//!    and should be, from the executor's Node and CSINode caches ([`ClusterTopology`]).
 //! 4. After CreateVolume succeeds, [`build_persistent_volume`] gives the PV to create. When the
 //!    PV create answers AlreadyExists, [`existing_pv`] says whether that is success, or whether
 //!    the new volume is in use by another PV or belongs to nobody.

@@ -15,8 +15,9 @@ use std::time::Instant;
 use csi_provisioner::journal::Phase;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{
-    PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+    Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
 };
+use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
@@ -48,7 +49,7 @@ const APPLIED_KINDS: [&str; 7] = [
 ];
 /// Granted permissions the end-to-end run cannot exercise cheaply, each with the reason it is
 /// still needed. Everything else granted must show up in the sidecar's requests.
-const NOT_EXERCISED: [(&str, &str, &str, &str); 5] = [
+const NOT_EXERCISED: [(&str, &str, &str, &str); 8] = [
     (
         "provisioner.csi-rs.dev",
         "provisioningjournals",
@@ -67,9 +68,12 @@ const NOT_EXERCISED: [(&str, &str, &str, &str); 5] = [
     ("", "persistentvolumeclaims", "list", LISTED_ONLY),
     ("", "persistentvolumes", "list", LISTED_ONLY),
     ("storage.k8s.io", "storageclasses", "list", LISTED_ONLY),
+    ("storage.k8s.io", "volumeattachments", "list", LISTED_ONLY),
+    ("", "nodes", "list", LISTED_ONLY),
+    ("storage.k8s.io", "csinodes", "list", LISTED_ONLY),
 ];
 
-/// Why the three watched kinds' `list` is not sent here.
+/// Why the watched kinds' `list` is not sent here.
 const LISTED_ONLY: &str = "controller/cache.rs lists only where the API server does not stream \
      initial lists; this one does (tests/initial_list.rs runs one that does not)";
 
@@ -456,15 +460,26 @@ async fn deployed_without(
 /// with the provisioning-consistency finalizer (claim patches) and the journal (shard create
 /// and update); deleting it deletes the PV and the backend volume. A second claim is deleted
 /// while its volume is in flight, and the orphan reaper deletes that volume. The sidecar leads
-/// with a Lease in its namespace and releases it on SIGTERM. No request is forbidden, and every
-/// granted permission is used (except `NOT_EXERCISED`).
+/// with a Lease in its namespace and releases it on SIGTERM. The driver reports
+/// PUBLISH_UNPUBLISH_VOLUME, so the sidecar also watches VolumeAttachments. No request is
+/// forbidden, and every granted permission is used (except `NOT_EXERCISED`).
 #[tokio::test]
 async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     let started = Instant::now();
     let dir = test_dir();
     let (client, ns, objects, kubeconfig) = deployed("rbac-e2e", |o| o, dir.path()).await;
     let ns = ns.name();
-    let driver = Driver::start(&[]).await;
+    // A driver that attaches volumes and reports topology: the sidecar watches
+    // VolumeAttachments, Nodes and CSINodes too. The key is this test's own, so that the
+    // Immediate claims' aggregation over Nodes sees only the Node made here.
+    let zone_key = format!("{ns}.example/zone");
+    let driver = Driver::start(&[
+        "--attach-required",
+        "--topology",
+        &format!("{zone_key}=z1"),
+    ])
+    .await;
+    let _node = TopologyNode::create(&client, ns, &driver, &zone_key).await;
     let secret_name = "provisioner-secret";
     let class = format!("{ns}-class");
     create_class(
@@ -524,6 +539,18 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
         .expect("creating the provisioner secret");
 
     wait_bound(&claims, "data").await;
+    // Provisioned with topology: the Node's zone became the PV's node affinity.
+    let affinity = Api::<PersistentVolume>::all(client.clone())
+        .get(&pv_name(&data))
+        .await
+        .expect("reading the PV")
+        .spec
+        .and_then(|spec| spec.node_affinity);
+    let affinity = serde_json::to_string(&affinity).unwrap_or_default();
+    assert!(
+        affinity.contains(&zone_key) && affinity.contains("z1"),
+        "{affinity}"
+    );
     wait_event(&client, ns, "data", "ProvisioningSucceeded", |_| true).await;
     // The operation was journaled before CreateVolume (shard create) and dropped once the PV
     // existed (shard update).
@@ -628,6 +655,62 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
         "the deploy/ RBAC end to end took {:.1}s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// A Node carrying `zone_key=z1` and its CSINode registering `driver` with that key; both are
+/// deleted on drop.
+struct TopologyNode {
+    client: Client,
+    name: String,
+}
+
+impl TopologyNode {
+    async fn create(client: &Client, ns: &str, driver: &Driver, zone_key: &str) -> TopologyNode {
+        let name = format!("{ns}-node");
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "labels": {zone_key: "z1"}},
+        }))
+        .expect("a Node");
+        Api::<Node>::all(client.clone())
+            .create(&PostParams::default(), &node)
+            .await
+            .expect("creating the Node");
+        let csinode: CSINode = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"drivers": [
+                {"name": driver.name(), "nodeID": name, "topologyKeys": [zone_key]}
+            ]},
+        }))
+        .expect("a CSINode");
+        Api::<CSINode>::all(client.clone())
+            .create(&PostParams::default(), &csinode)
+            .await
+            .expect("creating the CSINode");
+        TopologyNode {
+            client: client.clone(),
+            name,
+        }
+    }
+}
+
+impl Drop for TopologyNode {
+    fn drop(&mut self) {
+        let (client, name) = (self.client.clone(), self.name.clone());
+        // Drop runs inside the test's runtime: delete on a thread of its own.
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async {
+                let params = DeleteParams::default();
+                let _ = Api::<CSINode>::all(client.clone()).delete(&name, &params).await;
+                let _ = Api::<Node>::all(client).delete(&name, &params).await;
+            });
+        })
+        .join()
+        .ok();
+    }
 }
 
 /// Without `create` on persistentvolumes the driver creates the volume but no PV appears, and

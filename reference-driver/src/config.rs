@@ -81,6 +81,11 @@ pub struct Cli {
     /// Fault control file, re-read whenever it changes [default: <state-dir>/faults.txt].
     #[arg(long)]
     pub control_file: Option<PathBuf>,
+
+    /// Advertise PUBLISH_UNPUBLISH_VOLUME, as a driver whose volumes are attached to nodes
+    /// (ControllerPublish/UnpublishVolume stay UNIMPLEMENTED).
+    #[arg(long)]
+    pub attach_required: bool,
 }
 
 /// One `--segment` as given; its capacity defaults to `--capacity` once all flags are known.
@@ -103,6 +108,8 @@ pub struct DriverConfig {
     pub limits: Limits,
     pub faults: FaultRules,
     pub control_file: PathBuf,
+    /// `--attach-required`.
+    pub attach_required: bool,
 }
 
 impl DriverConfig {
@@ -121,6 +128,7 @@ impl DriverConfig {
             },
             faults: FaultRules::default(),
             control_file,
+            attach_required: false,
         }
     }
 }
@@ -175,6 +183,7 @@ impl TryFrom<Cli> for DriverConfig {
                 faults: cli.faults,
             },
             control_file,
+            attach_required: cli.attach_required,
         })
     }
 }
@@ -365,6 +374,14 @@ mod tests {
             "without --topology the node is in the first segment"
         );
         assert_eq!(c.limits.segments[1].capacity_bytes, 0);
+    }
+
+    #[test]
+    fn attach_required_is_off_unless_asked() {
+        let base = ["--endpoint=/tmp/s.sock", "--state-dir=/tmp/st"];
+        assert!(!parse(&base).unwrap().attach_required);
+        let asked = [&base[..], &["--attach-required"]].concat();
+        assert!(parse(&asked).unwrap().attach_required);
     }
 
     #[test]

@@ -38,6 +38,18 @@ const CONTROLLER_CAPABILITIES: &[ControllerRpc] = &[
     ControllerRpc::CloneVolume,
 ];
 
+/// [`CONTROLLER_CAPABILITIES`], plus PUBLISH_UNPUBLISH_VOLUME with `--attach-required`: only
+/// advertised, for testing sidecars that behave differently for attachable volumes (the
+/// provisioner's VolumeAttachment check before DeleteVolume).
+fn controller_capabilities(attach_required: bool) -> Vec<ControllerRpc> {
+    let attach = attach_required.then_some(ControllerRpc::PublishUnpublishVolume);
+    CONTROLLER_CAPABILITIES
+        .iter()
+        .copied()
+        .chain(attach)
+        .collect()
+}
+
 /// The driver; cheap to clone, every clone serves the same state.
 #[derive(Clone)]
 pub struct Driver {
@@ -55,6 +67,7 @@ struct Inner {
     state: Mutex<State>,
     inflight: InFlight,
     faults: FaultInjector,
+    controller_capabilities: Vec<ControllerRpc>,
 }
 
 impl Driver {
@@ -78,6 +91,7 @@ impl Driver {
                 state: Mutex::new(state),
                 inflight: InFlight::default(),
                 faults: FaultInjector::new(config.faults.clone(), config.control_file.clone()),
+                controller_capabilities: controller_capabilities(config.attach_required),
             }),
         })
     }
@@ -704,7 +718,9 @@ impl csi::controller_server::Controller for Driver {
             self.call("ControllerGetCapabilities", &req, async {
                 self.pause("ControllerGetCapabilities").await;
                 Ok(csi::ControllerGetCapabilitiesResponse {
-                    capabilities: CONTROLLER_CAPABILITIES
+                    capabilities: self
+                        .inner
+                        .controller_capabilities
                         .iter()
                         .map(|t| csi::ControllerServiceCapability {
                             r#type: Some(csi::controller_service_capability::Type::Rpc(
@@ -891,5 +907,18 @@ impl csi::node_server::Node for Driver {
             })
             .await,
         )
+    }
+}
+
+#[cfg(test)]
+mod attach_tests {
+    use super::*;
+
+    #[test]
+    fn publish_unpublish_is_advertised_only_with_attach_required() {
+        assert_eq!(controller_capabilities(false), CONTROLLER_CAPABILITIES);
+        let attaching = controller_capabilities(true);
+        assert!(attaching.contains(&ControllerRpc::PublishUnpublishVolume));
+        assert_eq!(attaching.len(), CONTROLLER_CAPABILITIES.len() + 1);
     }
 }

@@ -20,6 +20,7 @@ pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppEr
         topology: info.supports_topology() && gates.enabled(Gate::Topology),
         clone: info.supports_clone(),
         snapshot: info.supports_snapshot(),
+        publish_unpublish: info.supports_publish_unpublish(),
     };
     let provision = &args.provision;
     let controller = &args.controller;

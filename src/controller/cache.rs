@@ -1,4 +1,5 @@
-//! Watches of claims, volumes and classes feeding in-memory stores.
+//! Watches of claims, volumes and classes (and, for a driver that attaches volumes,
+//! VolumeAttachments) feeding in-memory stores.
 //!
 //! Claims and volumes are cached as [`CachedClaim`] and [`CachedVolume`], built for size: with
 //! 10,000 claims and 10,000 volumes the stores are most of the sidecar's memory. Only the
@@ -18,12 +19,12 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt, future};
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeSpec, PersistentVolumeStatus,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{WatchEvent, WatchParams};
 use kube::runtime::reflector::{self, Store};
@@ -32,6 +33,8 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tracing::info;
+
+use crate::provision::Attachment;
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
@@ -158,6 +161,64 @@ impl TryFrom<WireVolume> for CachedVolume {
         let (metadata, rest) = split(wire.metadata, wire.spec, wire.status)?;
         Ok(CachedVolume { metadata, rest })
     }
+}
+
+/// A VolumeAttachment as cached: its name, and the PV and node of the attach check; the
+/// attacher, inline volume sources and status are never read.
+#[derive(Clone, Debug, Deserialize, Resource)]
+#[resource(inherit = VolumeAttachment)]
+#[serde(from = "WireAttachment")]
+pub struct CachedAttachment {
+    pub metadata: ObjectMeta,
+    persistent_volume_name: Option<Box<str>>,
+    node_name: Box<str>,
+}
+
+impl CachedAttachment {
+    pub fn attachment(&self) -> Attachment<'_> {
+        Attachment {
+            persistent_volume_name: self.persistent_volume_name.as_deref(),
+            node_name: &self.node_name,
+        }
+    }
+}
+
+impl From<WireAttachment> for CachedAttachment {
+    fn from(wire: WireAttachment) -> Self {
+        let spec = wire.spec.unwrap_or_default();
+        CachedAttachment {
+            metadata: ObjectMeta {
+                name: wire.metadata.name,
+                resource_version: wire.metadata.resource_version,
+                ..ObjectMeta::default()
+            },
+            persistent_volume_name: spec
+                .source
+                .and_then(|source| source.persistent_volume_name)
+                .map(String::into_boxed_str),
+            node_name: spec.node_name.into_boxed_str(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct WireAttachment {
+    metadata: WireMeta,
+    spec: Option<WireAttachmentSpec>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireAttachmentSpec {
+    #[serde(default)]
+    node_name: String,
+    source: Option<WireAttachmentSource>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WireAttachmentSource {
+    persistent_volume_name: Option<String>,
 }
 
 /// A claim's status: never read, so never kept.
@@ -355,6 +416,30 @@ where
     (reader, stream)
 }
 
+/// The VolumeAttachment store, and the stream of the attachments deleted: each may free a PV
+/// whose deletion waits for it. A re-list that finds one gone reports nothing; the PV's backoff
+/// retry covers that.
+pub fn watch_attachments(
+    client: &Client,
+    initial_list: InitialList,
+) -> (
+    Store<CachedAttachment>,
+    impl Stream<Item = Result<CachedAttachment, watcher::Error>> + Send + 'static,
+) {
+    let (reader, writer) = reflector::store();
+    let api = Api::<CachedAttachment>::all(client.clone());
+    let deleted = watcher(api, watcher_config(initial_list))
+        .default_backoff()
+        .reflect(writer)
+        .try_filter_map(|event| {
+            future::ready(Ok(match event {
+                watcher::Event::Delete(attachment) => Some(attachment),
+                _ => None,
+            }))
+        });
+    (reader, deleted)
+}
+
 /// Both ways read from the API server's watch cache (`resourceVersion=0`), as client-go's
 /// informers do. A list asks without a page size: kube-core drops `resourceVersion=0` from a
 /// request with a `limit` (the server ignores the limit for it), and pages of 500 from etcd
@@ -550,6 +635,35 @@ mod tests {
             let class = |pv: &PersistentVolume| pv.spec.as_ref()?.storage_class_name.clone();
             assert_eq!(class(&cached), class(&pv));
         }
+    }
+
+    #[test]
+    fn a_cached_attachment_keeps_its_pv_and_node_only() {
+        let cached: CachedAttachment = serde_json::from_value(json!({
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "VolumeAttachment",
+            "metadata": {"name": "csi-123", "resourceVersion": "9",
+                         "managedFields": [{"manager": "kube-controller-manager"}]},
+            "spec": {"attacher": "d", "nodeName": "node-1",
+                     "source": {"persistentVolumeName": "pv-1"}},
+            "status": {"attached": true},
+        }))
+        .unwrap();
+        assert_eq!(cached.metadata.name.as_deref(), Some("csi-123"));
+        assert_eq!(
+            cached.attachment(),
+            Attachment {
+                persistent_volume_name: Some("pv-1"),
+                node_name: "node-1"
+            }
+        );
+        let inline: CachedAttachment = serde_json::from_value(json!({
+            "metadata": {"name": "csi-456"},
+            "spec": {"attacher": "d", "nodeName": "node-2",
+                     "source": {"inlineVolumeSpec": {"csi": {"driver": "d", "volumeHandle": "v"}}}},
+        }))
+        .unwrap();
+        assert_eq!(inline.attachment().persistent_volume_name, None);
     }
 
     fn probe_answer(json: serde_json::Value) -> Option<Result<WatchEvent<StorageClass>, ()>> {

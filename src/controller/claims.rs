@@ -1236,6 +1236,15 @@ mod tests {
         }
     }
 
+    /// The volume created in zone z1.
+    fn created_in_z1() -> Result<csi::CreateVolumeResponse, Status> {
+        let mut response = created("vol-1", GIB)?;
+        if let Some(volume) = response.volume.as_mut() {
+            volume.accessible_topology = zones(&["z1"]);
+        }
+        Ok(response)
+    }
+
     /// The removal of `node` from the claim's selected-node annotation.
     fn node_given_back(node: &str) -> Step {
         let path = "/metadata/annotations/volume.kubernetes.io~1selected-node";
@@ -1254,7 +1263,7 @@ mod tests {
             .start([
                 secret_read(),
                 record_written(),
-                create_volume(create_on_n1(), created("vol-1", GIB)),
+                create_volume(create_on_n1(), created_in_z1()),
                 pv_created(),
                 record_removed(),
             ])
@@ -1311,7 +1320,7 @@ mod tests {
                     Err(Status::resource_exhausted("zone z1 is full")),
                 ),
                 secret_read(),
-                create_volume(create_on_n1(), created("vol-1", GIB)),
+                create_volume(create_on_n1(), created_in_z1()),
                 pv_created(),
                 record_removed(),
             ])
@@ -1365,7 +1374,7 @@ mod tests {
             .journaled(recorded)
             .start([
                 secret_read(),
-                create_volume(create_on_n1(), created("vol-1", GIB)),
+                create_volume(create_on_n1(), created_in_z1()),
                 pv_created(),
                 record_removed(),
             ])

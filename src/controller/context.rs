@@ -5,12 +5,14 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
 use kube::runtime::reflector::Store;
 
 use super::backoff::{Backoff, InfeasibleSet};
-use super::cache::{CachedClaim, CachedVolume};
+use super::cache::{CachedAttachment, CachedClaim, CachedVolume};
 use super::events::EventRecorder;
 use super::limits::CallLimits;
 use super::topology::TopologyCache;
@@ -62,6 +64,8 @@ pub struct Context {
     /// Nodes and CSINodes, watched only when the driver reports topology.
     pub topology: Option<TopologyCache>,
     pub topology_flags: TopologyFlags,
+    /// Only for a driver with PUBLISH_UNPUBLISH_VOLUME.
+    pub attachments: Option<Attachments>,
     pub events: EventRecorder,
     pub metrics: Arc<Metrics>,
     pub limits: CallLimits,
@@ -90,6 +94,35 @@ pub struct Stores {
     pub volumes: Store<CachedVolume>,
     pub classes: Store<StorageClass>,
     pub topology: Option<TopologyCache>,
+    pub attachments: Option<Store<CachedAttachment>>,
+}
+
+/// The VolumeAttachment store and whether it has listed once.
+pub struct Attachments {
+    store: Store<CachedAttachment>,
+    /// One future for every waiter: the store's readiness wakes only the waiter that polled it
+    /// last (see `controller::run`), `Shared` polls it once for all.
+    listed: Shared<BoxFuture<'static, bool>>,
+}
+
+impl Attachments {
+    fn new(store: Store<CachedAttachment>) -> Self {
+        let listed = {
+            let store = store.clone();
+            async move { store.wait_until_ready().await.is_ok() }
+                .boxed()
+                .shared()
+        };
+        Attachments { store, listed }
+    }
+
+    /// The cached attachments, once the watch has listed them; `None` if it has not within
+    /// `wait` (the volume watch may list first at start-up). Bounded so that a watch that can
+    /// never list (no RBAC) does not hold a reconcile, and with it a graceful shutdown.
+    pub async fn listed(&self, wait: Duration) -> Option<Vec<Arc<CachedAttachment>>> {
+        let listed = tokio::time::timeout(wait, self.listed.clone()).await;
+        listed.unwrap_or(false).then(|| self.store.state())
+    }
 }
 
 impl Context {
@@ -118,6 +151,7 @@ impl Context {
             classes: stores.classes,
             topology: stores.topology,
             topology_flags: settings.topology,
+            attachments: stores.attachments.map(Attachments::new),
             events,
             metrics,
             limits: CallLimits::new(settings.worker_threads, settings.max_concurrent_per_class),

@@ -21,7 +21,7 @@ use std::time::Duration;
 use http::{Method, Request, Response};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::client::Body;
@@ -358,6 +358,8 @@ pub struct Cluster {
     uuid_length: i32,
     draining: bool,
     topology: Option<(Vec<Value>, Vec<Value>)>,
+    /// With a driver that reports PUBLISH_UNPUBLISH_VOLUME: the listed VolumeAttachments.
+    attachments: Option<Vec<VolumeAttachment>>,
 }
 
 impl Cluster {
@@ -372,12 +374,19 @@ impl Cluster {
             uuid_length: -1,
             draining: false,
             topology: None,
+            attachments: None,
         }
     }
 
     /// The driver reports topology, and the cluster has these Nodes and CSINodes (as JSON).
     pub fn topology(mut self, nodes: Vec<Value>, csinodes: Vec<Value>) -> Self {
         self.topology = Some((nodes, csinodes));
+        self
+    }
+
+    /// A driver with PUBLISH_UNPUBLISH_VOLUME, and these VolumeAttachments listed.
+    pub fn attaching(mut self, attachments: impl IntoIterator<Item = VolumeAttachment>) -> Self {
+        self.attachments = Some(attachments.into_iter().collect());
         self
     }
 
@@ -459,6 +468,7 @@ impl Cluster {
             },
             caps: DriverCapabilities {
                 topology: self.topology.is_some(),
+                publish_unpublish: self.attachments.is_some(),
                 ..caps()
             },
             retry_interval_start: RETRY_START,
@@ -500,6 +510,9 @@ impl Cluster {
             topology: self.topology.map(|(nodes, csinodes)| {
                 TopologyCache::from_stores(listed(parse(nodes)), listed(parse(csinodes)), DRIVER)
             }),
+            attachments: self
+                .attachments
+                .map(|attachments| listed(attachments.iter().map(cached))),
         };
         let driver = Arc::new(ScriptedDriver {
             script: Arc::clone(&script),

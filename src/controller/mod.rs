@@ -1,4 +1,5 @@
-//! The executors: watch PVCs, PVs and StorageClasses, and act on the decisions of
+//! The executors: watch PVCs, PVs, StorageClasses (and VolumeAttachments, for a driver that
+//! attaches volumes), and act on the decisions of
 //! `crate::provision` by calling the driver and the Kubernetes API.
 //!
 //! Two kube-runtime controllers run side by side, one over claims (provisioning) and one over
@@ -94,6 +95,12 @@ pub async fn run(
     let (claims, claim_stream) = watches.claims;
     let (volumes, volume_stream) = watches.volumes;
     let (classes, class_stream) = watches.classes;
+    // Only a driver that attaches volumes needs the attach check, as upstream.
+    let (attachments, detached) = settings
+        .caps
+        .publish_unpublish
+        .then(|| cache::watch_attachments(&client, initial_list))
+        .unzip();
     let events = EventRecorder::new(
         client.clone(),
         settings.event_component.clone(),
@@ -113,6 +120,7 @@ pub async fn run(
         volumes: volumes.clone(),
         classes,
         topology,
+        attachments,
     };
     let driver = FencedDriver { csi: driver, fence };
     let ctx = Arc::new(Context::new(
@@ -196,19 +204,32 @@ pub async fn run(
     .graceful_shutdown_on(drained())
     .run(ClaimReconciler::reconcile, never_fails, Arc::clone(&ctx))
     .for_each(log_result);
-    let volume_controller = Controller::for_stream(
+    let mut volume_controller = Controller::for_stream(
         with_work(volume_stream, &ctx, VolumeReconciler::has_work),
         volumes.clone(),
-    )
-    .reconcile_on(resync_with_work(
-        volumes,
-        &ctx,
-        VolumeReconciler::has_work,
-        RESYNC_PERIOD,
-    ))
-    .graceful_shutdown_on(drained())
-    .run(VolumeReconciler::reconcile, never_fails, Arc::clone(&ctx))
-    .for_each(log_result);
+    );
+    if let Some(detached) = detached {
+        // Unlike upstream, a PV waiting for its attachment to go is retried as soon as it has
+        // gone, not at the next backoff step (up to --retry-interval-max later).
+        let (volumes, ctx) = (volumes.clone(), Arc::clone(&ctx));
+        volume_controller = volume_controller.watches_stream(detached, move |attachment| {
+            let pv = ObjectRef::new(attachment.attachment().persistent_volume_name?);
+            volumes
+                .get(&pv)
+                .is_some_and(|cached| VolumeReconciler::has_work(&cached, &ctx))
+                .then_some(pv)
+        });
+    }
+    let volume_controller = volume_controller
+        .reconcile_on(resync_with_work(
+            volumes,
+            &ctx,
+            VolumeReconciler::has_work,
+            RESYNC_PERIOD,
+        ))
+        .graceful_shutdown_on(drained())
+        .run(VolumeReconciler::reconcile, never_fails, Arc::clone(&ctx))
+        .for_each(log_result);
     let reaper = orphans::reap_orphans(Arc::clone(&ctx), worker_threads, drained());
     let topology_watches = {
         let drained = drained();

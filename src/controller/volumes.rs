@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use either::Either as DeleteResponse;
 use futures::future::{self, Either};
@@ -23,9 +23,9 @@ use super::events::EventType;
 use super::finalizers::{add_finalizer, remove_finalizer};
 use crate::csi_client::CallError;
 use crate::provision::{
-    DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
-    deletion_secret_from_class, deletion_target, may_delete_pv_first, pv_finalizer_action,
-    should_delete, volume_has_work,
+    AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
+    check_detached, deletion_secret_from_class, deletion_target, may_delete_pv_first,
+    pv_finalizer_action, should_delete, volume_has_work,
 };
 
 #[derive(Debug, Error)]
@@ -39,6 +39,8 @@ pub enum VolumeError {
     },
     #[error(transparent)]
     SecretData(#[from] SecretError),
+    #[error(transparent)]
+    Attached(#[from] AttachmentError),
     #[error("{0}")]
     Driver(CallError),
     #[error("failed to {action} PersistentVolume {name}: {source}")]
@@ -50,6 +52,9 @@ pub enum VolumeError {
 }
 
 const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
+/// How long a deletion waits for the VolumeAttachment watch's first list (at start-up the
+/// volume watch may list first) before it is retried with backoff.
+const ATTACHMENTS_LIST_WAIT: Duration = Duration::from_secs(10);
 
 pub struct VolumeReconciler;
 
@@ -98,6 +103,7 @@ impl VolumeReconciler {
                     VolumeError::Target(_)
                         | VolumeError::SecretReference { .. }
                         | VolumeError::SecretData(_)
+                        | VolumeError::Attached(_)
                         | VolumeError::Driver(_)
                 ) {
                     ctx.events.publish(
@@ -150,6 +156,9 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
     };
     let target = deletion_target(&stored, &ctx.caps)?;
     let secrets = deletion_secrets(ctx, &stored, &target.secrets).await?;
+    // Last, as upstream: the PV stays Terminating, held by our finalizer, until no
+    // VolumeAttachment names it.
+    check_attachments(ctx, &stored.name_any()).await?;
     delete_volume(ctx, &volume_class(&stored), &target.volume_handle, secrets)
         .await
         .map_err(VolumeError::Driver)?;
@@ -230,6 +239,22 @@ async fn commit_deletion(
     Ok(fresh.filter(|fresh| fresh.uid() == pv.uid() && should_delete(fresh)))
 }
 
+/// Refuses DeleteVolume while a cached VolumeAttachment names the PV (see
+/// `provision::check_detached`).
+async fn check_attachments(ctx: &Context, pv_name: &str) -> Result<(), AttachmentError> {
+    let attachments = match &ctx.attachments {
+        Some(attachments) => attachments.listed(ATTACHMENTS_LIST_WAIT).await,
+        None => None,
+    };
+    check_detached(
+        pv_name,
+        &ctx.caps,
+        attachments
+            .as_ref()
+            .map(|listed| listed.iter().map(|cached| cached.attachment())),
+    )
+}
+
 /// DeleteVolume's secrets. A Secret that cannot be read is logged and skipped, as upstream
 /// does: refusing would keep the volume forever when the Secret is gone.
 async fn deletion_secrets(
@@ -281,6 +306,7 @@ fn volume_class(pv: &PersistentVolume) -> String {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
     use serde_json::json;
     use tonic::Status;
 
@@ -393,6 +419,56 @@ mod tests {
                 "PersistentVolume/pv-1 Warning VolumeFailedDelete: rpc error: code = Internal desc = backend down"
             ]
         );
+    }
+
+    fn attachment(pv: &str, node: &str) -> VolumeAttachment {
+        serde_json::from_value(json!({
+            "metadata": { "name": format!("csi-{pv}-{node}") },
+            "spec": {
+                "attacher": DRIVER,
+                "nodeName": node,
+                "source": { "persistentVolumeName": pv },
+            },
+        }))
+        .expect("a VolumeAttachment")
+    }
+
+    /// The PV is deleted first (our finalizer holds it), then no DeleteVolume while a
+    /// VolumeAttachment names it: upstream's event, and a retry.
+    #[tokio::test(start_paused = true)]
+    async fn an_attached_volume_is_not_deleted() {
+        let scenario = Cluster::new()
+            .attaching([attachment("pv-2", "node-2"), attachment("pv-1", "node-1")])
+            .start([pv_deleted_first(), secret_read()])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, released().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert_eq!(
+            scenario.finish().await,
+            [
+                "PersistentVolume/pv-1 Warning VolumeFailedDelete: persistentvolume pv-1 is still attached to node node-1"
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attachments_of_other_volumes_do_not_hold_the_deletion() {
+        let scenario = Cluster::new()
+            .attaching([attachment("pv-10", "node-1")])
+            .start([
+                pv_deleted_first(),
+                secret_read(),
+                delete_volume("vol-1", SECRETS, Ok(())),
+                finalizer_removed(released().deleting()),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, released().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
     #[tokio::test(start_paused = true)]

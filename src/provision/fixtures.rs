@@ -1,6 +1,7 @@
 //! Test-only builders for claims, classes and volumes. Defaults describe the common case: an
 //! annotated claim `apps/data` of class `standard` asking for 1Gi ReadWriteOnce, and a
-//! Bound PV `pv-1` of this driver with the finalizer and policy Delete.
+//! Bound PV `pv-1` of this driver with the finalizer and policy Delete. [`Cluster`] is a set of
+//! Nodes and CSINodes for the topology decisions.
 
 use std::collections::BTreeMap;
 
@@ -15,12 +16,14 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, 
 
 use super::names::PV_FINALIZER;
 use super::settings::{DriverCapabilities, ProvisionerConfig};
+use super::topology::ClusterTopology;
 
 pub const DRIVER: &str = "hostpath.csi.k8s.io";
 pub const PVC_UID: &str = "0b2c9f8e-1d3a-4e5f-8a7b-6c5d4e3f2a1b";
 pub const IDENTITY: &str = "1700000000000-42-hostpath.csi.k8s.io";
 
-/// A driver that supports everything but topology and SINGLE_NODE_MULTI_WRITER.
+/// A driver that supports everything but topology, SINGLE_NODE_MULTI_WRITER and
+/// PUBLISH_UNPUBLISH_VOLUME.
 pub fn caps() -> DriverCapabilities {
     DriverCapabilities {
         controller_service: true,
@@ -29,6 +32,7 @@ pub fn caps() -> DriverCapabilities {
         topology: false,
         clone: true,
         snapshot: true,
+        publish_unpublish: false,
     }
 }
 
@@ -386,5 +390,72 @@ impl PvBuilder {
 
     pub fn build(self) -> PersistentVolume {
         self.0
+    }
+}
+
+/// Nodes and CSINodes over plain maps: the caches the claim reconciler reads topology from.
+#[derive(Debug, Clone, Default)]
+pub struct Cluster {
+    /// CSINode name → the topology keys our driver registered there.
+    pub csinodes: BTreeMap<String, Vec<String>>,
+    /// Node name → labels.
+    pub nodes: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+impl Cluster {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A Node with these labels.
+    pub fn node(mut self, name: &str, labels: &[(&str, &str)]) -> Self {
+        let labels = labels
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect();
+        self.nodes.insert(name.to_owned(), labels);
+        self
+    }
+
+    /// A CSINode where our driver registered these keys (none: registered without keys, or
+    /// not registered).
+    pub fn csinode(mut self, name: &str, keys: &[&str]) -> Self {
+        let keys = keys.iter().map(|key| (*key).to_owned()).collect();
+        self.csinodes.insert(name.to_owned(), keys);
+        self
+    }
+
+    /// A Node with these labels and its CSINode with these keys.
+    pub fn member(self, name: &str, keys: &[&str], labels: &[(&str, &str)]) -> Self {
+        self.node(name, labels).csinode(name, keys)
+    }
+}
+
+impl ClusterTopology for Cluster {
+    fn csinode_keys(&self, node: &str) -> Option<Vec<String>> {
+        self.csinodes.get(node).cloned()
+    }
+
+    fn any_csinode_keys(&self) -> Option<Vec<String>> {
+        self.csinodes
+            .values()
+            .find(|keys| !keys.is_empty())
+            .cloned()
+    }
+
+    fn node_labels(&self, node: &str) -> Option<BTreeMap<String, String>> {
+        self.nodes.get(node).cloned()
+    }
+
+    fn node_segments(&self, keys: &[String]) -> Vec<BTreeMap<String, String>> {
+        self.nodes
+            .values()
+            .filter(|labels| keys.iter().all(|key| labels.contains_key(key)))
+            .map(|labels| {
+                keys.iter()
+                    .map(|key| (key.clone(), labels[key].clone()))
+                    .collect()
+            })
+            .collect()
     }
 }

@@ -9,15 +9,19 @@
 //! 2. [`plan_provision`] validates the claim and its class and computes everything that does not
 //!    need the driver: volume name, size, capabilities, parameters and all secret references.
 //! 3. The executor GETs `plan.secrets.provisioner` (if any), turns it into a map with
-//!    [`secret_data`] and builds the request with [`build_create_volume_request`].
+//!    [`secret_data`] and builds the request with [`build_create_volume_request`]. With a
+//!    driver that supports topology, [`accessibility_requirements`] says where the volume may
+//!    and should be, from the executor's Node and CSINode caches ([`ClusterTopology`]).
 //! 4. After CreateVolume succeeds, [`build_persistent_volume`] gives the PV to create. When the
 //!    PV create answers AlreadyExists, [`existing_pv`] says whether that is success, or whether
 //!    the new volume is in use by another PV or belongs to nobody.
 //!
 //! Deleting one PV: [`volume_has_work`] (from [`is_provisioner_for_volume`],
 //! [`pv_finalizer_action`] and [`should_delete`]), then [`deletion_target`] (and
-//! [`deletion_secret_from_class`] when the PV does not record its deletion secret).
+//! [`deletion_secret_from_class`] when the PV does not record its deletion secret), and right
+//! before DeleteVolume [`check_detached`] (no VolumeAttachment names the PV).
 
+mod attachment;
 mod capabilities;
 mod claim;
 mod consistency;
@@ -41,6 +45,7 @@ pub(crate) mod fixtures;
 #[cfg(test)]
 mod proptests;
 
+pub use attachment::{Attachment, AttachmentError, check_detached};
 pub use capabilities::{
     CapabilityError, check_create_delete_capabilities, csi_access_mode, fs_type,
     volume_capabilities,
@@ -78,6 +83,8 @@ pub use secrets::{
     resolve_secret_refs, secret_data,
 };
 pub use settings::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
-pub use topology::{ClusterTopology, TopologyError, TopologyInputs, accessibility_requirements};
+pub use topology::{
+    ClusterTopology, TopologyError, TopologyInputs, TopologyTerm, accessibility_requirements,
+};
 pub use volume::{CreateResponseError, build_persistent_volume, topology_missing};
 pub use work::{ClaimWork, claim_work, drain_claim_work, holds_up_drain, volume_has_work};

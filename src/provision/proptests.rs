@@ -359,6 +359,7 @@ fn driver_capabilities() -> impl Strategy<Value = DriverCapabilities> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -368,6 +369,7 @@ fn driver_capabilities() -> impl Strategy<Value = DriverCapabilities> {
                 topology,
                 clone,
                 snapshot,
+                publish_unpublish,
             )| DriverCapabilities {
                 controller_service,
                 create_delete_volume,
@@ -375,6 +377,7 @@ fn driver_capabilities() -> impl Strategy<Value = DriverCapabilities> {
                 topology,
                 clone,
                 snapshot,
+                publish_unpublish,
             },
         )
 }
@@ -1064,6 +1067,266 @@ proptest! {
             (result, key) => {
                 let message = format!("{result:?} for first invalid key {key:?}");
                 return Err(TestCaseError::fail(message));
+            }
+        }
+    }
+}
+
+// ---- topology ----
+
+/// Keys as drivers register them (lower case, so no two differ only in case), sometimes
+/// anything.
+fn topology_key(well_formed: bool) -> BoxedStrategy<String> {
+    let valid = prop_oneof![
+        Just("topology.example/zone".to_owned()),
+        Just("topology.example/rack".to_owned()),
+        Just("region".to_owned()),
+    ];
+    if well_formed {
+        valid.boxed()
+    } else {
+        prop_oneof![4 => valid, 1 => text()].boxed()
+    }
+}
+
+fn topology_value(well_formed: bool) -> BoxedStrategy<String> {
+    if well_formed {
+        "[a-c]".boxed()
+    } else {
+        prop_oneof![4 => "[a-c]", 1 => text()].boxed()
+    }
+}
+
+/// Node names: a few, so selected nodes, Nodes and CSINodes often coincide.
+fn node_name() -> impl Strategy<Value = String> {
+    "n[0-5]"
+}
+
+/// Keys without repetition when well-formed (the API server refuses a repeated CSINode key
+/// and a repeated key in one selector term).
+fn topology_keys(well_formed: bool, sizes: std::ops::Range<usize>) -> BoxedStrategy<Vec<String>> {
+    let keys = prop::collection::vec(topology_key(well_formed), sizes);
+    if well_formed {
+        keys.prop_map(|keys| {
+            let mut seen = std::collections::BTreeSet::new();
+            keys.into_iter()
+                .filter(|key| seen.insert(key.clone()))
+                .collect()
+        })
+        .boxed()
+    } else {
+        keys.boxed()
+    }
+}
+
+/// Any Nodes and CSINodes, unrelated to each other.
+fn any_cluster() -> impl Strategy<Value = super::fixtures::Cluster> {
+    let labels = prop::collection::btree_map(topology_key(false), topology_value(false), 0..4);
+    (
+        prop::collection::btree_map(node_name(), topology_keys(false, 0..4), 0..6),
+        prop::collection::btree_map(node_name(), labels, 0..6),
+    )
+        .prop_map(|(csinodes, nodes)| super::fixtures::Cluster { csinodes, nodes })
+}
+
+/// A cluster as the driver makes it: the same keys in every CSINode (most Nodes have one),
+/// and Nodes labelled with most of those keys; and mostly one of its Nodes selected.
+fn coherent_cluster() -> impl Strategy<Value = (super::fixtures::Cluster, Option<String>)> {
+    let node = (
+        prop::bool::weighted(0.9),
+        prop::collection::vec(prop::option::weighted(0.9, topology_value(true)), 3),
+    );
+    (
+        topology_keys(true, 1..4),
+        prop::collection::btree_map(node_name(), node, 1..6),
+    )
+        .prop_map(|(keys, nodes)| {
+            let mut cluster = super::fixtures::Cluster::new();
+            for (name, (has_csinode, values)) in nodes {
+                if has_csinode {
+                    cluster.csinodes.insert(name.clone(), keys.clone());
+                }
+                let labels = keys
+                    .iter()
+                    .zip(values)
+                    .filter_map(|(key, value)| Some((key.clone(), value?)))
+                    .collect();
+                cluster.nodes.insert(name, labels);
+            }
+            cluster
+        })
+        .prop_flat_map(|cluster| {
+            let names: Vec<String> = cluster.nodes.keys().cloned().collect();
+            let selected = prop_oneof![
+                1 => Just(None),
+                3 => prop::sample::select(names).prop_map(Some),
+                1 => node_name().prop_map(Some),
+            ];
+            (Just(cluster), selected)
+        })
+}
+
+fn allowed_topologies(well_formed: bool) -> impl Strategy<Value = Vec<TopologySelectorTerm>> {
+    let values = prop::collection::vec(topology_value(well_formed), 0..3);
+    let selector = (
+        topology_keys(well_formed, 0..3),
+        prop::collection::vec(values, 3),
+    )
+        .prop_map(|(keys, values)| TopologySelectorTerm {
+            match_label_expressions: Some(
+                keys.into_iter()
+                    .zip(values)
+                    .map(|(key, values)| TopologySelectorLabelRequirement { key, values })
+                    .collect(),
+            ),
+        });
+    prop::collection::vec(selector, 0..3)
+}
+
+fn claim_name() -> BoxedStrategy<String> {
+    prop_oneof![2 => "[a-z]{1,4}-[a-z]{1,4}-[0-9]{1,3}", 1 => text()].boxed()
+}
+
+/// A CSI segment map as its sorted pairs.
+fn segment_pairs(topology: &csi::Topology) -> Vec<(&str, &str)> {
+    let mut pairs: Vec<(&str, &str)> = topology
+        .segments
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    pairs.sort_unstable();
+    pairs
+}
+
+/// Every pair of `small` is in `large`.
+fn segments_within(small: &csi::Topology, large: &csi::Topology) -> bool {
+    small
+        .segments
+        .iter()
+        .all(|(k, v)| large.segments.get(k) == Some(v))
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Anything in (unvalidated keys and values, repeated keys, missing Nodes and CSINodes):
+    /// a requirement or a typed error, never a panic; only the missing CSINode reschedules.
+    #[test]
+    fn any_topology_input_gives_a_requirement_or_a_typed_error(
+        cluster in any_cluster(),
+        allowed in allowed_topologies(false),
+        selected in prop::option::of(prop_oneof![4 => node_name().boxed(), 1 => text()]),
+        name in claim_name(),
+        (strict, immediate) in (any::<bool>(), any::<bool>()),
+    ) {
+        let inputs = TopologyInputs {
+            claim_name: &name,
+            selected_node: selected.as_deref(),
+            allowed_topologies: &allowed,
+            strict,
+            immediate,
+        };
+        match accessibility_requirements(&inputs, &cluster) {
+            Ok(Some(requirement)) => {
+                prop_assert!(!requirement.requisite.is_empty());
+                prop_assert_eq!(requirement.preferred.len(), requirement.requisite.len());
+                for topology in &requirement.requisite {
+                    prop_assert!(!topology.segments.is_empty());
+                }
+            }
+            Ok(None) => {}
+            Err(error) => {
+                let no_csinode = selected
+                    .as_deref()
+                    .is_some_and(|node| !node.is_empty() && !cluster.csinodes.contains_key(node));
+                prop_assert_eq!(error.reschedules(), no_csinode);
+                let text = error.to_string();
+                prop_assert_eq!(
+                    text.starts_with("error generating accessibility requirements: "),
+                    !error.reschedules(),
+                    "{}", text
+                );
+            }
+        }
+    }
+
+    /// With input the API server would accept: requisite sorted (fewer pairs first, then by
+    /// pairs) without duplicates, preferred a rotation of it, led by the selected node's term
+    /// (or the first requisite term within it); strict sends only the node's term.
+    #[test]
+    fn topology_requirements_keep_their_invariants(
+        (cluster, selected) in coherent_cluster(),
+        allowed in allowed_topologies(true),
+        name in claim_name(),
+        (strict, immediate) in (any::<bool>(), any::<bool>()),
+    ) {
+        let inputs = TopologyInputs {
+            claim_name: &name,
+            selected_node: selected.as_deref(),
+            allowed_topologies: &allowed,
+            strict,
+            immediate,
+        };
+        let requirement = match accessibility_requirements(&inputs, &cluster) {
+            Ok(Some(requirement)) => requirement,
+            Ok(None) => {
+                // A selector term gives nothing when its last expression has no values (an
+                // earlier empty one only restarts the product).
+                let flattens_to_nothing = allowed.iter().all(|selector| {
+                    selector
+                        .match_label_expressions
+                        .as_deref()
+                        .unwrap_or_default()
+                        .last()
+                        .is_none_or(|expression| expression.values.is_empty())
+                });
+                prop_assert!(
+                    (selected.is_none() && allowed.is_empty() && !immediate)
+                        || (!allowed.is_empty() && flattens_to_nothing && !(strict && selected.is_some()))
+                );
+                return Ok(());
+            }
+            Err(error) => {
+                prop_assert!(
+                    !matches!(
+                        error,
+                        TopologyError::InvalidKey { .. }
+                            | TopologyError::InvalidValue { .. }
+                            | TopologyError::KeysDifferOnlyInCase { .. }
+                            | TopologyError::TermTooLarge { .. }
+                    ),
+                    "{}", error
+                );
+                return Ok(());
+            }
+        };
+        let requisite = &requirement.requisite;
+        let preferred = &requirement.preferred;
+        for pair in requisite.windows(2) {
+            let (a, b) = (segment_pairs(&pair[0]), segment_pairs(&pair[1]));
+            prop_assert!((a.len(), &a) < (b.len(), &b), "{:?} before {:?}", a, b);
+        }
+        let start = requisite.iter().position(|topology| Some(topology) == preferred.first());
+        prop_assert!(start.is_some());
+        let mut rotated = requisite.clone();
+        rotated.rotate_left(start.unwrap_or_default());
+        prop_assert_eq!(&rotated, preferred);
+
+        if let Some(node) = &selected {
+            let keys = &cluster.csinodes[node];
+            let labels = &cluster.nodes[node];
+            let own = csi::Topology {
+                segments: keys.iter().map(|key| (key.clone(), labels[key].clone())).collect(),
+            };
+            if strict {
+                prop_assert_eq!(requisite, &vec![own.clone()]);
+                prop_assert_eq!(preferred, &vec![own]);
+            } else {
+                let first = requisite.iter().position(|topology| segments_within(topology, &own));
+                prop_assert_eq!(first, start);
+                if requisite.contains(&own) && allowed.is_empty() {
+                    prop_assert_eq!(&preferred[0], &own);
+                }
             }
         }
     }

@@ -17,6 +17,9 @@ pub struct DriverCapabilities {
     pub clone: bool,
     /// Controller capability CREATE_DELETE_SNAPSHOT.
     pub snapshot: bool,
+    /// Controller capability PUBLISH_UNPUBLISH_VOLUME: volumes are attached to nodes, so a
+    /// volume is deleted only once no VolumeAttachment names its PV.
+    pub publish_unpublish: bool,
 }
 
 /// The command-line settings the decisions depend on.

@@ -111,8 +111,17 @@ pub fn upstream_provisioner() -> Result<PathBuf, ScriptError> {
     run_build_script("build-upstream-provisioner.sh").map(|dir| dir.join("csi-provisioner"))
 }
 
-/// Runs a build script of hack/, forwarding its progress (stderr); its last stdout line is the
-/// directory holding the binaries (it returns at once when they are cached).
+/// The Kubernetes end-to-end mock CSI driver (`csi-mock-driver`), a second driver for the
+/// integration tests, built by `hack/build-mock-driver.sh` from the Go module proxy and cached
+/// outside the work tree (about a minute on a cold Go build cache, seconds once the control plane
+/// is built, at once afterwards).
+pub fn mock_driver() -> Result<PathBuf, ScriptError> {
+    run_build_script("build-mock-driver.sh")
+}
+
+/// Runs a build script of hack/, forwarding its progress (stderr); its last stdout line is what
+/// it built: the directory holding the binaries, or the one binary (it returns at once when they
+/// are cached).
 pub fn run_build_script(name: &str) -> Result<PathBuf, ScriptError> {
     let script = root().join("hack").join(name);
     let output = Command::new("bash")

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 
-use super::peers::{Driver, TIMEOUT};
+use super::peers::{CsiEndpoint, TIMEOUT};
 use super::{TestNamespace, eventually, test_namespace};
 
 /// A fresh namespace with an admin client, its claims and the (cluster-wide) PVs.
@@ -45,7 +45,7 @@ impl Cluster {
     pub async fn class(
         &self,
         suffix: &str,
-        driver: &Driver,
+        driver: &impl CsiEndpoint,
         reclaim_policy: &str,
         parameters: &[(&str, &str)],
     ) -> String {
@@ -174,7 +174,7 @@ impl Cluster {
 /// An Immediate-binding class of `driver`; `parameters` as given.
 pub fn storage_class(
     name: &str,
-    driver: &Driver,
+    driver: &impl CsiEndpoint,
     reclaim_policy: &str,
     parameters: &[(&str, &str)],
 ) -> StorageClass {
@@ -320,7 +320,10 @@ pub async fn wait_event(
 }
 
 /// The PVs whose CSI driver is `driver` (every test has its own driver).
-pub async fn driver_pvs(client: &Client, driver: &Driver) -> Result<Vec<PersistentVolume>, String> {
+pub async fn driver_pvs(
+    client: &Client,
+    driver: &impl CsiEndpoint,
+) -> Result<Vec<PersistentVolume>, String> {
     Ok(Api::<PersistentVolume>::all(client.clone())
         .list(&ListParams::default())
         .await
@@ -362,7 +365,7 @@ pub fn pv_name(pvc: &PersistentVolumeClaim) -> String {
 pub async fn journal_operations(
     client: &Client,
     namespace: &str,
-    driver: &Driver,
+    driver: &impl CsiEndpoint,
 ) -> Result<Vec<csi_provisioner::journal::OperationRecord>, String> {
     let selector = format!(
         "{}={}",
@@ -385,7 +388,7 @@ pub async fn journal_operations(
 pub async fn lease_holder(
     client: &Client,
     namespace: &str,
-    driver: &Driver,
+    driver: &impl CsiEndpoint,
 ) -> Result<String, String> {
     let name = csi_provisioner::leader::lease_name(driver.name());
     Ok(

@@ -34,20 +34,20 @@ const LOG_TAIL_ON_FAILURE: usize = 60;
 // ------------------------------------------------------------------------------ processes
 
 /// One child process and its log file (appended to across restarts); killed on drop.
-struct Process {
-    label: String,
-    program: PathBuf,
-    args: Vec<OsString>,
-    env: Vec<(&'static str, String)>,
+pub(super) struct Process {
+    pub(super) label: String,
+    pub(super) program: PathBuf,
+    pub(super) args: Vec<OsString>,
+    pub(super) env: Vec<(&'static str, String)>,
     /// Run in a UTS namespace of its own with this hostname (the leader-election identity).
-    hostname: Option<String>,
-    log: PathBuf,
-    child: Option<Child>,
-    starts: usize,
+    pub(super) hostname: Option<String>,
+    pub(super) log: PathBuf,
+    pub(super) child: Option<Child>,
+    pub(super) starts: usize,
 }
 
 impl Process {
-    fn spawn(&mut self) {
+    pub(super) fn spawn(&mut self) {
         let mut out = OpenOptions::new()
             .create(true)
             .append(true)
@@ -96,7 +96,7 @@ impl Process {
         Some(Pid::from_raw(i32::try_from(id).ok()?))
     }
 
-    fn signal(&self, signal: Signal) {
+    pub(super) fn signal(&self, signal: Signal) {
         let pid = self
             .pid()
             .unwrap_or_else(|| panic!("{} is not running", self.label));
@@ -115,7 +115,22 @@ impl Process {
         self.child.is_some() && self.try_exit().is_none()
     }
 
-    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+    /// Waits until `socket` accepts connections, failing the test if the process exits first.
+    pub(super) async fn wait_listening(&mut self, socket: &Path) {
+        let started = Instant::now();
+        // A socket left by a killed process exists but refuses connections.
+        while UnixStream::connect(socket).is_err() {
+            if let Some(status) = self.try_exit() {
+                panic!("{} exited during start-up: {status}", self.label);
+            }
+            if started.elapsed() > TIMEOUT {
+                panic!("{} did not listen within {TIMEOUT:?}", self.label);
+            }
+            tokio::time::sleep(POLL / 2).await;
+        }
+    }
+
+    pub(super) async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
         let started = Instant::now();
         loop {
             if let Some(status) = self.try_exit() {
@@ -154,7 +169,7 @@ impl Process {
         }
     }
 
-    fn log_text(&self) -> String {
+    pub(super) fn log_text(&self) -> String {
         fs::read(&self.log)
             .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
             .unwrap_or_default()
@@ -183,11 +198,11 @@ impl Drop for Process {
     }
 }
 
-fn unique_suffix() -> String {
+pub(super) fn unique_suffix() -> String {
     uuid::Uuid::new_v4().simple().to_string()[..10].to_owned()
 }
 
-fn temp_dir(prefix: &str) -> TempDir {
+pub(super) fn temp_dir(prefix: &str) -> TempDir {
     tempfile::Builder::new()
         .prefix(prefix)
         .tempdir()
@@ -195,6 +210,25 @@ fn temp_dir(prefix: &str) -> TempDir {
 }
 
 // ------------------------------------------------------------------------------ driver
+
+/// A CSI driver a sidecar connects to: the reference driver ([`Driver`]) or the Kubernetes e2e
+/// mock (support::mock_driver).
+pub trait CsiEndpoint {
+    /// The driver name (GetPluginInfo), which StorageClasses name as their provisioner.
+    fn name(&self) -> &str;
+    /// The unix socket the driver serves on.
+    fn socket(&self) -> &Path;
+}
+
+impl CsiEndpoint for Driver {
+    fn name(&self) -> &str {
+        Driver::name(self)
+    }
+
+    fn socket(&self) -> &Path {
+        Driver::socket(self)
+    }
+}
 
 /// The driver's executable, built once per test binary with this binary's profile. It belongs to
 /// another package of the workspace, so cargo builds it for that package's tests only
@@ -293,17 +327,7 @@ impl Driver {
     }
 
     async fn wait_ready(&mut self) {
-        let started = Instant::now();
-        // A socket left by a killed driver exists but refuses connections.
-        while UnixStream::connect(&self.socket).is_err() {
-            if let Some(status) = self.process.try_exit() {
-                panic!("{} exited during start-up: {status}", self.process.label);
-            }
-            if started.elapsed() > TIMEOUT {
-                panic!("{} did not listen within {TIMEOUT:?}", self.process.label);
-            }
-            tokio::time::sleep(POLL / 2).await;
-        }
+        self.process.wait_listening(&self.socket).await;
     }
 
     pub fn name(&self) -> &str {
@@ -484,11 +508,11 @@ pub struct Sidecar {
 }
 
 impl Sidecar {
-    pub fn start(driver: &Driver, args: &[&str]) -> Sidecar {
+    pub fn start(driver: &impl CsiEndpoint, args: &[&str]) -> Sidecar {
         Self::start_with(driver, SidecarOptions::args(args))
     }
 
-    pub fn start_with(driver: &Driver, options: SidecarOptions) -> Sidecar {
+    pub fn start_with(driver: &impl CsiEndpoint, options: SidecarOptions) -> Sidecar {
         Self::spawn(
             PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner")),
             "sidecar",
@@ -500,11 +524,16 @@ impl Sidecar {
     /// Upstream's `csi-provisioner` v6.3 (built and cached by
     /// `hack/build-upstream-provisioner.sh`) for the driver, with the same connection flags,
     /// for the downgrade and upgrade tests. `options.args` must be flags upstream knows.
-    pub fn start_upstream(driver: &Driver, options: SidecarOptions) -> Sidecar {
+    pub fn start_upstream(driver: &impl CsiEndpoint, options: SidecarOptions) -> Sidecar {
         Self::spawn(upstream_program(), "upstream sidecar", driver, options)
     }
 
-    fn spawn(program: PathBuf, kind: &str, driver: &Driver, options: SidecarOptions) -> Sidecar {
+    fn spawn(
+        program: PathBuf,
+        kind: &str,
+        driver: &impl CsiEndpoint,
+        options: SidecarOptions,
+    ) -> Sidecar {
         let dir = temp_dir("csi-sidecar-");
         let mut args: Vec<OsString> = vec![
             "--csi-address".into(),

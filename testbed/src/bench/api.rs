@@ -190,7 +190,7 @@ impl Cluster {
     }
 
     /// Creates with retries; AlreadyExists counts as done (an earlier attempt got through).
-    async fn create<K>(&self, api: &Api<K>, object: &K) -> Result<(), BenchError>
+    pub(super) async fn create<K>(&self, api: &Api<K>, object: &K) -> Result<(), BenchError>
     where
         K: Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
     {

@@ -12,6 +12,7 @@ mod proc;
 mod report;
 mod scenarios;
 mod stats;
+mod wffc;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -57,6 +58,7 @@ pub enum Scenario {
     E,
     F,
     G,
+    H,
     Chaos,
 }
 
@@ -101,6 +103,8 @@ pub struct Sizes {
     pub raw: usize,
     pub steady_window: Duration,
     pub chaos: usize,
+    /// (h): pods, one claim each, over `wffc::NODES` Nodes.
+    pub wffc_pods: usize,
 }
 
 impl Sizes {
@@ -113,6 +117,7 @@ impl Sizes {
                 raw: 500,
                 steady_window: Duration::from_secs(5),
                 chaos: 40,
+                wffc_pods: 100,
             },
             Size::Full => Sizes {
                 claims_a: 1_000,
@@ -121,6 +126,7 @@ impl Sizes {
                 raw: 2_000,
                 steady_window: Duration::from_secs(20),
                 chaos: 200,
+                wffc_pods: 500,
             },
         }
     }
@@ -200,6 +206,7 @@ async fn run_all(args: BenchArgs) -> Result<ExitCode, BenchError> {
         Scenario::E,
         Scenario::F,
         Scenario::G,
+        Scenario::H,
         Scenario::Chaos,
     ];
     let selected: BTreeSet<Scenario> = if args.only.is_empty() {
@@ -299,6 +306,15 @@ async fn run_all(args: BenchArgs) -> Result<ExitCode, BenchError> {
                     let outcome = scenarios::failover(&bench, imp, round, gate, &mut results).await;
                     t.end(&bench, &mut results, outcome);
                 }
+            }
+        }
+    }
+    if has(Scenario::H) {
+        for round in 1..=rounds {
+            for imp in Impl::BOTH {
+                let t = Begin::now("h", Some(imp), round);
+                let outcome = wffc::wait_for_first_consumer(&bench, imp, round, &mut results).await;
+                t.end(&bench, &mut results, outcome);
             }
         }
     }
@@ -416,7 +432,7 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
             "control plane",
             "a fresh one (etcd, kube-apiserver, kube-controller-manager with --kube-api-qps 1000 \
              --kube-api-burst 2000, API Priority and Fairness off; docs/control-plane.md) for every \
-             run of (a), (b), (f) and (g), so no run inherits another's objects or caches; one for \
+             run of (a), (b), (f), (g) and (h) (with kube-scheduler in (h)), so no run inherits another's objects or caches; one for \
              all runs of (d), whose objects the sidecars only read"
                 .to_owned(),
         ),
@@ -429,7 +445,7 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
         (
             "flags",
             "both sidecars get exactly `--csi-address=<socket> --kubeconfig=<admin kubeconfig> \
-             --v=0`, plus `--kube-api-qps=500 --kube-api-burst=1000` in (b) and \
+             --v=0`, plus `--kube-api-qps=500 --kube-api-burst=1000` in (b) and (h), and \
              `--leader-election --leader-election-namespace=default` in (f); everything else is \
              each one's default (upstream: QPS 5, burst 10, 100 workers)"
                 .to_owned(),
@@ -495,6 +511,26 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
                 s.raw,
                 api::CONCURRENCY,
                 api::CONCURRENCY
+            ),
+        ),
+        (
+            "(h)",
+            format!(
+                "a control plane with kube-scheduler (`--kube-api-qps 1000 --kube-api-burst 2000`, \
+                 docs/control-plane.md); {nodes} Nodes \
+                 (Ready, untainted, no kubelet) in {zones} zones, each with a CSINode that gives the \
+                 driver's zone key; the driver serves one segment per zone; a WaitForFirstConsumer \
+                 class. After a warm-up pod and claim, {n} claims are created and left Pending, then \
+                 {n} pods, one claim each, with no node selector: the scheduler spreads them, \
+                 selects their claims' nodes and binds each pod once its claim is Bound (pods never \
+                 start). Both sidecars get `--kube-api-qps=500 --kube-api-burst=1000`, otherwise \
+                 default flags (the Topology gate is on by default in both). Times run from the \
+                 first pod create; CPU from then until no API write for 3 s after the last binding. \
+                 Every run ends with a check that each PV's node affinity admits its pod's Node, \
+                 and fails otherwise",
+                nodes = wffc::NODES,
+                zones = wffc::ZONES,
+                n = s.wffc_pods
             ),
         ),
         (

@@ -17,7 +17,7 @@ use super::stats::{self, Impl, median};
 use super::{Bench, BenchError};
 
 /// No write for this long ends a phase's request count.
-const QUIET: Duration = Duration::from_secs(3);
+pub(super) const QUIET: Duration = Duration::from_secs(3);
 /// How often a waiting loop prints where it stands.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// The most points of one run's series kept for the plots.
@@ -72,7 +72,7 @@ pub(super) async fn prepare_cluster(b: &Bench, cp: &ControlPlane) -> Result<Clus
 
 /// The reference driver with fresh state on scratch space.
 pub struct Driver {
-    proc: Proc,
+    pub(super) proc: Proc,
     state: PathBuf,
     socket: PathBuf,
     // Removed on drop, after the process has stopped.
@@ -81,6 +81,11 @@ pub struct Driver {
 
 impl Driver {
     pub async fn start(b: &Bench, name: &str) -> Result<Driver, BenchError> {
+        Driver::start_with(b, name, &[]).await
+    }
+
+    /// [`Driver::start`] with more flags, e.g. topology segments.
+    pub async fn start_with(b: &Bench, name: &str, extra: &[String]) -> Result<Driver, BenchError> {
         let dir = tempfile::Builder::new()
             .prefix("csi-bench-driver-")
             .tempdir_in(&b.scratch)
@@ -89,10 +94,11 @@ impl Driver {
                 source,
             })?;
         let socket = dir.path().join("csi.sock");
-        let args = [
+        let mut args = vec![
             format!("--endpoint={}", socket.display()),
             format!("--state-dir={}", dir.path().join("state").display()),
         ];
+        args.extend_from_slice(extra);
         let mut proc = Proc::spawn(
             &Spawn {
                 name: "csi-reference-driver",
@@ -192,7 +198,7 @@ pub(super) fn spawn_sidecar(
 
 /// Polls `check` every 100 ms until it says done, failing if a process dies or `limit`
 /// passes; prints the status it returns every few seconds.
-async fn wait_for(
+pub(super) async fn wait_for(
     b: &Bench,
     tag: &str,
     alive: &mut [&mut Proc],
@@ -269,7 +275,7 @@ pub(super) async fn warm_up(
     }
 }
 
-fn thin(points: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+pub(super) fn thin(points: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
     let step = points.len().div_ceil(MAX_POINTS).max(1);
     let last = points.last().copied();
     let mut kept: Vec<(f64, f64)> = points.into_iter().step_by(step).collect();
@@ -281,7 +287,7 @@ fn thin(points: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
     kept
 }
 
-fn rss_points(sidecar: &Proc, t0: Instant) -> Vec<(f64, f64)> {
+pub(super) fn rss_points(sidecar: &Proc, t0: Instant) -> Vec<(f64, f64)> {
     thin(
         sidecar
             .samples()
@@ -291,7 +297,7 @@ fn rss_points(sidecar: &Proc, t0: Instant) -> Vec<(f64, f64)> {
     )
 }
 
-fn request_rows(
+pub(super) fn request_rows(
     delta: &Delta,
     scenario: &'static str,
     imp: Impl,

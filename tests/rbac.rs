@@ -473,13 +473,9 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     // VolumeAttachments, Nodes and CSINodes too. The key is this test's own, so that the
     // Immediate claims' aggregation over Nodes sees only the Node made here.
     let zone_key = format!("{ns}.example/zone");
-    let driver = Driver::start(&[
-        "--attach-required",
-        "--topology",
-        &format!("{zone_key}=z1"),
-    ])
-    .await;
-    let _node = TopologyNode::create(&client, ns, &driver, &zone_key).await;
+    let driver =
+        Driver::start(&["--attach-required", "--topology", &format!("{zone_key}=z1")]).await;
+    let node = TopologyNode::create(&client, ns, &driver, &zone_key).await;
     let secret_name = "provisioner-secret";
     let class = format!("{ns}-class");
     create_class(
@@ -650,6 +646,7 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
         stale.is_empty(),
         "NOT_EXERCISED names permissions deploy/ no longer grants: {stale:?}"
     );
+    node.delete().await;
     eprintln!("requests the sidecar sent: {used:?}");
     eprintln!(
         "the deploy/ RBAC end to end took {:.1}s",
@@ -657,8 +654,7 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     );
 }
 
-/// A Node carrying `zone_key=z1` and its CSINode registering `driver` with that key; both are
-/// deleted on drop.
+/// A Node carrying `zone_key=z1` and its CSINode registering `driver` with that key.
 struct TopologyNode {
     client: Client,
     name: String,
@@ -693,23 +689,16 @@ impl TopologyNode {
     }
 }
 
-impl Drop for TopologyNode {
-    fn drop(&mut self) {
-        let (client, name) = (self.client.clone(), self.name.clone());
-        // Drop runs inside the test's runtime: delete on a thread of its own.
-        std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            runtime.block_on(async {
-                let params = DeleteParams::default();
-                let _ = Api::<CSINode>::all(client.clone()).delete(&name, &params).await;
-                let _ = Api::<Node>::all(client).delete(&name, &params).await;
-            });
-        })
-        .join()
-        .ok();
+impl TopologyNode {
+    /// Deletes the Node and its CSINode (cluster-wide objects outlive the test's namespace).
+    async fn delete(self) {
+        let params = DeleteParams::default();
+        let _ = Api::<CSINode>::all(self.client.clone())
+            .delete(&self.name, &params)
+            .await;
+        let _ = Api::<Node>::all(self.client)
+            .delete(&self.name, &params)
+            .await;
     }
 }
 

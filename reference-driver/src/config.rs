@@ -86,6 +86,10 @@ pub struct Cli {
     /// (ControllerPublish/UnpublishVolume stay UNIMPLEMENTED).
     #[arg(long)]
     pub attach_required: bool,
+
+    /// Append every CreateVolume request to FILE as one JSON line (secret values redacted).
+    #[arg(long, value_name = "FILE")]
+    pub request_log: Option<PathBuf>,
 }
 
 /// One `--segment` as given; its capacity defaults to `--capacity` once all flags are known.
@@ -110,6 +114,8 @@ pub struct DriverConfig {
     pub control_file: PathBuf,
     /// `--attach-required`.
     pub attach_required: bool,
+    /// `--request-log`.
+    pub request_log: Option<PathBuf>,
 }
 
 impl DriverConfig {
@@ -129,6 +135,7 @@ impl DriverConfig {
             faults: FaultRules::default(),
             control_file,
             attach_required: false,
+            request_log: None,
         }
     }
 }
@@ -184,6 +191,7 @@ impl TryFrom<Cli> for DriverConfig {
             },
             control_file,
             attach_required: cli.attach_required,
+            request_log: cli.request_log,
         })
     }
 }

@@ -59,6 +59,7 @@
 mod config;
 mod faults;
 mod guard;
+mod request_log;
 mod service;
 mod socket;
 mod state;
@@ -81,6 +82,7 @@ pub use config::{
 pub use faults::{
     Action, DelayRule, FaultParseError, FaultRule, FaultRules, MethodPattern, Phase, Times,
 };
+pub use request_log::RequestLog;
 pub use service::Driver;
 pub use socket::SocketError;
 pub use state::{
@@ -99,6 +101,11 @@ pub enum DriverError {
     Config(#[from] ConfigError),
     #[error("state: {0}")]
     Store(#[from] StoreError),
+    #[error("request log {path}: {source}")]
+    RequestLog {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("endpoint: {0}")]
     Socket(#[from] SocketError),
     #[error("cannot install signal handler: {0}")]
@@ -117,7 +124,14 @@ pub struct BoundDriver {
 
 /// Loads the state and creates the socket (mode 0600). Once this returns, clients may connect.
 pub fn bind(config: &DriverConfig) -> Result<BoundDriver, DriverError> {
-    let driver = Driver::open(config)?;
+    let mut driver = Driver::open(config)?;
+    if let Some(path) = &config.request_log {
+        let log = RequestLog::open(path).map_err(|source| DriverError::RequestLog {
+            path: path.clone(),
+            source,
+        })?;
+        driver = driver.with_request_log(log);
+    }
     let (listener, socket) = socket::bind_private(&config.endpoint)?;
     tracing::info!(
         endpoint = %config.endpoint.display(),

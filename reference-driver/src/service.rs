@@ -20,6 +20,7 @@ use csi_spec::plugin_capability::service::Type as PluginService;
 use super::config::DriverConfig;
 use super::faults::{Action, FaultInjector, Phase};
 use super::guard::{self, InFlight};
+use super::request_log::RequestLog;
 use super::state::{
     self, AccessKind, CreateSnapshotDecision, CreateVolumeDecision, CsiError, Limits,
     PublishDecision, State,
@@ -54,6 +55,8 @@ fn controller_capabilities(attach_required: bool) -> Vec<ControllerRpc> {
 #[derive(Clone)]
 pub struct Driver {
     inner: Arc<Inner>,
+    /// `--request-log`: where each CreateVolume request is written as JSON.
+    request_log: Option<Arc<RequestLog>>,
 }
 
 struct Inner {
@@ -93,7 +96,15 @@ impl Driver {
                 faults: FaultInjector::new(config.faults.clone(), config.control_file.clone()),
                 controller_capabilities: controller_capabilities(config.attach_required),
             }),
+            request_log: None,
         })
+    }
+
+    /// Also writes every CreateVolume request to `log` (`--request-log`).
+    #[must_use]
+    pub fn with_request_log(mut self, log: RequestLog) -> Self {
+        self.request_log = Some(Arc::new(log));
+        self
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -633,6 +644,12 @@ impl csi::controller_server::Controller for Driver {
         request: Request<csi::CreateVolumeRequest>,
     ) -> RpcResult<csi::CreateVolumeResponse> {
         let req = request.into_inner();
+        if let Some(log) = &self.request_log {
+            // The log serves tests; a failed write must not change what the caller sees.
+            if let Err(error) = log.write(&req) {
+                tracing::warn!(%error, "cannot write to the request log");
+            }
+        }
         let result = self
             .call("CreateVolume", &req, self.exec_create_volume(&req))
             .await;

@@ -19,7 +19,8 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt, TryStreamExt, future};
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
     PersistentVolumeSpec, PersistentVolumeStatus,
@@ -394,6 +395,20 @@ fn initial_list_from<E>(first: Option<&Result<WatchEvent<StorageClass>, E>>) -> 
         }
         _ => InitialList::Listed,
     }
+}
+
+/// Resolves once the store has listed (`false` if its watch ended before), for any number of
+/// concurrent waiters. `Store::wait_until_ready` itself wakes only the waiter that polled it
+/// last (kube-runtime's `DelayedInit` keeps one waker): a second waiter would wait for ever.
+/// `Shared` polls it once for all.
+pub fn listed<K>(store: &Store<K>) -> Shared<BoxFuture<'static, bool>>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    let store = store.clone();
+    async move { store.wait_until_ready().await.is_ok() }
+        .boxed()
+        .shared()
 }
 
 /// A watched, cached resource: the store to read and the stream of changed objects

@@ -5,14 +5,13 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
 use kube::runtime::reflector::Store;
 
 use super::backoff::{Backoff, InfeasibleSet};
-use super::cache::{CachedAttachment, CachedClaim, CachedVolume};
+use super::cache::{CachedAttachment, CachedClaim, CachedVolume, listed};
 use super::events::EventRecorder;
 use super::limits::CallLimits;
 use super::topology::TopologyCache;
@@ -100,20 +99,16 @@ pub struct Stores {
 /// The VolumeAttachment store and whether it has listed once.
 pub struct Attachments {
     store: Store<CachedAttachment>,
-    /// One future for every waiter: the store's readiness wakes only the waiter that polled it
-    /// last (see `controller::run`), `Shared` polls it once for all.
+    /// Awaited by every reconcile that reads the store (see `cache::listed`).
     listed: Shared<BoxFuture<'static, bool>>,
 }
 
 impl Attachments {
     fn new(store: Store<CachedAttachment>) -> Self {
-        let listed = {
-            let store = store.clone();
-            async move { store.wait_until_ready().await.is_ok() }
-                .boxed()
-                .shared()
-        };
-        Attachments { store, listed }
+        Attachments {
+            listed: listed(&store),
+            store,
+        }
     }
 
     /// The cached attachments, once the watch has listed them; `None` if it has not within

@@ -132,14 +132,7 @@ pub async fn run(
             "--drain: no new provisioning; a claim without a recorded operation gets no CreateVolume and no finalizer. Finishing every recorded operation, removing the provisioning-protection finalizer from every claim, then exiting"
         );
     }
-    // One future for every waiter: the store's readiness wakes only the waiter that polled it
-    // last (kube-runtime's `DelayedInit` keeps one waker), `Shared` polls it once for all.
-    let claims_listed = {
-        let claims = claims.clone();
-        async move { claims.wait_until_ready().await.is_ok() }
-            .boxed()
-            .shared()
-    };
+    let claims_listed = cache::listed(&claims);
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(false);
     let (handed_over_tx, mut handed_over) = tokio::sync::oneshot::channel();
     tokio::spawn({

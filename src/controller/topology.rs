@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::Stream;
+use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -17,7 +18,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::Deserialize;
 
-use super::cache::{InitialList, watch};
+use super::cache::{InitialList, listed, watch};
 use crate::provision::ClusterTopology;
 
 /// A Node as cached: its name (in `metadata`) and its labels.
@@ -133,6 +134,21 @@ pub struct TopologyCache {
     nodes: Store<CachedNode>,
     csinodes: Store<CachedCsiNode>,
     driver: Arc<str>,
+    /// Both stores' readiness, awaited by every reconcile that reads them, concurrently.
+    nodes_listed: Shared<BoxFuture<'static, bool>>,
+    csinodes_listed: Shared<BoxFuture<'static, bool>>,
+}
+
+impl TopologyCache {
+    fn new(nodes: Store<CachedNode>, csinodes: Store<CachedCsiNode>, driver: &str) -> Self {
+        TopologyCache {
+            nodes_listed: listed(&nodes),
+            csinodes_listed: listed(&csinodes),
+            nodes,
+            csinodes,
+            driver: driver.into(),
+        }
+    }
 }
 
 /// Starts watching Nodes and CSINodes: the cache to read and the streams that fill it (they
@@ -148,20 +164,18 @@ pub fn watch_topology(
 ) {
     let (nodes, node_stream) = watch(Api::<CachedNode>::all(client.clone()), initial_list);
     let (csinodes, csinode_stream) = watch(Api::<CachedCsiNode>::all(client.clone()), initial_list);
-    let cache = TopologyCache {
-        nodes,
-        csinodes,
-        driver: driver.into(),
-    };
-    (cache, node_stream, csinode_stream)
+    (
+        TopologyCache::new(nodes, csinodes, driver),
+        node_stream,
+        csinode_stream,
+    )
 }
 
 impl TopologyCache {
     /// Waits until both stores have listed once, so a decision never reads a half-filled
     /// view (a missing CSINode means "reschedule"). `false` if a watch ended before.
     pub async fn wait_until_ready(&self) -> bool {
-        self.nodes.wait_until_ready().await.is_ok()
-            && self.csinodes.wait_until_ready().await.is_ok()
+        self.nodes_listed.clone().await && self.csinodes_listed.clone().await
     }
 
     #[cfg(test)]
@@ -170,11 +184,7 @@ impl TopologyCache {
         csinodes: Store<CachedCsiNode>,
         driver: &str,
     ) -> Self {
-        TopologyCache {
-            nodes,
-            csinodes,
-            driver: driver.into(),
-        }
+        TopologyCache::new(nodes, csinodes, driver)
     }
 }
 
@@ -319,5 +329,31 @@ mod tests {
                 ("zone".into(), "z1".into())
             ])]
         );
+    }
+
+    /// Every reconcile of a claim with topology waits for the stores; before they listed, all
+    /// of them must go on once they have (kube-runtime's readiness alone woke only the last).
+    #[tokio::test]
+    async fn every_concurrent_waiter_goes_on_once_both_stores_listed() {
+        let (nodes, mut node_writer) = kube::runtime::reflector::store();
+        let (csinodes, mut csinode_writer) = kube::runtime::reflector::store();
+        let cache = TopologyCache::from_stores(nodes, csinodes, "d.example.com");
+        let waiters: Vec<_> = (0..4)
+            .map(|_| {
+                let cache = cache.clone();
+                tokio::spawn(async move { cache.wait_until_ready().await })
+            })
+            .collect();
+        // Each waiter polls once and waits.
+        tokio::task::yield_now().await;
+        node_writer.apply_watcher_event(&Event::InitDone);
+        csinode_writer.apply_watcher_event(&Event::InitDone);
+        for waiter in waiters {
+            let ready = tokio::time::timeout(std::time::Duration::from_secs(10), waiter)
+                .await
+                .expect("a waiter was never woken")
+                .expect("waiter task");
+            assert!(ready);
+        }
     }
 }

@@ -247,11 +247,13 @@ fn driver_program() -> PathBuf {
 }
 
 /// The reference CSI driver (`csi-reference-driver`) with a unique name, its own socket and
-/// state directory. Logs every request at debug level (secret keys only, never values).
+/// state directory. Logs every request at debug level (secret keys only, never values), and
+/// every CreateVolume request as JSON to its `--request-log`.
 pub struct Driver {
     name: String,
     socket: PathBuf,
     state_dir: PathBuf,
+    request_log: PathBuf,
     // Declared before `dir` so the process is killed before its directory goes.
     process: Process,
     _dir: TempDir,
@@ -296,6 +298,7 @@ impl Driver {
         let dir = temp_dir("csi-driver-");
         let socket = dir.path().join("csi.sock");
         let state_dir = dir.path().join("state");
+        let request_log = dir.path().join("create-volume-requests.jsonl");
         let mut args: Vec<OsString> = vec![
             "--endpoint".into(),
             socket.clone().into(),
@@ -303,6 +306,8 @@ impl Driver {
             state_dir.clone().into(),
             "--driver-name".into(),
             name.clone().into(),
+            "--request-log".into(),
+            request_log.clone().into(),
         ];
         args.extend(extra.iter().map(OsString::from));
         let mut driver = Driver {
@@ -319,6 +324,7 @@ impl Driver {
             name,
             socket,
             state_dir,
+            request_log,
             _dir: dir,
         };
         driver.process.spawn();
@@ -385,6 +391,16 @@ impl Driver {
                     code: code.to_owned(),
                 })
             })
+            .collect()
+    }
+
+    /// Every CreateVolume request received, oldest first, as the driver's `--request-log` JSON
+    /// (docs/reference-driver.md, "Request log"; secret values redacted).
+    pub fn create_volume_requests(&self) -> Vec<serde_json::Value> {
+        fs::read_to_string(&self.request_log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
             .collect()
     }
 

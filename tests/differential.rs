@@ -1,0 +1,823 @@
+//! The differential suite: is this sidecar a drop-in for upstream external-provisioner v6.3.0?
+//! Each scenario runs twice against the same kind of driver, once with upstream (built and
+//! cached by hack/build-upstream-provisioner.sh) and then with ours, each run in a namespace,
+//! with Nodes and a driver process of its own. Every CreateVolume request the driver received,
+//! every PV created and what the sidecar did to the claims (selected-node annotation, its
+//! events) are normalised (names and UIDs that differ by construction) and compared field by
+//! field. A difference fails the test unless [`ALLOWED`] lists it, citing docs/flags.md.
+//! `cargo test --test differential -- --nocapture` prints the table of compared fields.
+//!
+//! Drivers: the Kubernetes e2e mock (its own log gives the requests as protojson) for the
+//! provisioning cases without topology; the reference driver (its `--request-log`) for
+//! topology: the mock knows one fixed segment only. Topology keys are unique to each scenario,
+//! since Nodes are cluster-wide, and shared by its two runs, which never overlap: the first
+//! run's Nodes are gone before the second starts.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{TopologySelectorLabelRequirement, TopologySelectorTerm};
+use k8s_openapi::api::storage::v1::StorageClass;
+use serde_json::{Value, json};
+
+use support::cluster::{
+    Cluster, claim, create_claim, create_class, driver_pvs, events_of, storage_class, wait_event,
+};
+use support::mock_driver::{MockDriver, MockDriverOptions};
+use support::peers::{CsiEndpoint, Driver, Sidecar, SidecarOptions, TIMEOUT};
+use support::topology::{ANN_SELECTED_NODE, Topology, scheduling_cluster};
+
+/// A difference the comparison accepts: the scenario and field (globs, `*` matches anything)
+/// and the docs/flags.md line that lists it as deliberate.
+struct Allowed {
+    scenario: &'static str,
+    field: &'static str,
+    why: &'static str,
+}
+
+/// Every difference between upstream and ours that these scenarios show and docs/flags.md lists
+/// as deliberate. Empty: none of them shows one. (Ours sorts node-affinity expressions, which
+/// [`pv_json`] normalises; the deliberate differences of docs/flags.md concern failures,
+/// deletion, restarts and leader election, which no scenario here provokes.)
+const ALLOWED: &[Allowed] = &[];
+
+// ------------------------------------------------------------------------------ the two runs
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Upstream,
+    Ours,
+}
+
+impl Side {
+    fn label(self) -> &'static str {
+        match self {
+            Side::Upstream => "upstream",
+            Side::Ours => "ours",
+        }
+    }
+}
+
+/// Both sidecars retry as fast, so that a wait never depends on upstream's 1 s start.
+const FAST_RETRIES: [&str; 2] = ["--retry-interval-start=200ms", "--retry-interval-max=2s"];
+
+fn start_sidecar(side: Side, driver: &impl CsiEndpoint, flags: &[&str]) -> Sidecar {
+    let mut options = SidecarOptions::args(&FAST_RETRIES);
+    options.args.extend(flags.iter().map(|f| (*f).to_owned()));
+    match side {
+        Side::Upstream => Sidecar::start_upstream(driver, options),
+        Side::Ours => Sidecar::start_with(driver, options),
+    }
+}
+
+/// What one run produced, normalised: `requests` (by volume name, oldest first), `pvs` and
+/// `claims` (by claim name).
+struct Observed {
+    requests: BTreeMap<String, Vec<Value>>,
+    pvs: BTreeMap<String, Value>,
+    claims: BTreeMap<String, Value>,
+}
+
+impl Observed {
+    fn to_value(&self) -> Value {
+        json!({"requests": self.requests, "pvs": self.pvs, "claims": self.claims})
+    }
+}
+
+/// Replaces what differs between the two runs by construction: the namespace (class and Node
+/// names contain it), the driver name, claim UIDs (volume and PV names, extra-create-metadata
+/// parameters). Volume handles are replaced where they are ([`pv_json`]): the mock's are small
+/// numbers, which a replacement everywhere would find in sizes too.
+struct Normaliser {
+    replacements: Vec<(String, String)>,
+}
+
+impl Normaliser {
+    fn new(namespace: &str, driver: &str) -> Self {
+        Normaliser {
+            replacements: vec![
+                (namespace.to_owned(), "<ns>".to_owned()),
+                (driver.to_owned(), "<driver>".to_owned()),
+            ],
+        }
+    }
+
+    fn claim(&mut self, pvc: &PersistentVolumeClaim) {
+        let name = pvc.metadata.name.clone().unwrap_or_default();
+        let uid = pvc.metadata.uid.clone().unwrap_or_default();
+        self.replacements.push((uid, format!("<uid of {name}>")));
+    }
+
+    /// `text` with every replacement applied, the longest first (a class name contains the
+    /// namespace).
+    fn replace(&self, text: &str) -> String {
+        let mut replacements: Vec<&(String, String)> = self
+            .replacements
+            .iter()
+            .filter(|(from, _)| !from.is_empty())
+            .collect();
+        replacements.sort_by_key(|(from, _)| std::cmp::Reverse(from.len()));
+        replacements
+            .into_iter()
+            .fold(text.to_owned(), |out, (from, to)| {
+                out.replace(from.as_str(), to)
+            })
+    }
+
+    /// `value` with every replacement applied to every string and object key in it.
+    fn apply(&self, value: &Value) -> Value {
+        match value {
+            Value::String(s) => Value::String(self.replace(s)),
+            Value::Array(items) => Value::Array(items.iter().map(|v| self.apply(v)).collect()),
+            Value::Object(map) => Value::Object(
+                map.iter()
+                    .map(|(k, v)| (self.replace(k), self.apply(v)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+}
+
+/// The PV as compared: metadata name, annotations, labels and finalizers; the whole spec
+/// except the claimRef's uid and resourceVersion; node-affinity expressions sorted by key
+/// within each term (upstream's order is Go map order; ours sorted, docs/flags.md "Node
+/// affinity"); the volume handle (the driver's choice) and the provisioner identity (a start
+/// time and a random number) replaced.
+fn pv_json(pv: &PersistentVolume) -> Value {
+    let mut value = serde_json::to_value(pv).unwrap_or_else(|e| panic!("PV to JSON: {e}"));
+    let metadata = &pv.metadata;
+    value["metadata"] = json!({
+        "name": metadata.name,
+        "annotations": metadata.annotations,
+        "labels": metadata.labels,
+        "finalizers": metadata.finalizers,
+    });
+    if let Some(object) = value.as_object_mut() {
+        object.remove("status");
+    }
+    let spec = &mut value["spec"];
+    if let Some(claim_ref) = spec.get_mut("claimRef").and_then(Value::as_object_mut) {
+        claim_ref.remove("uid");
+        claim_ref.remove("resourceVersion");
+    }
+    if let Some(handle) = spec.pointer_mut("/csi/volumeHandle") {
+        *handle = json!("<volume handle>");
+    }
+    if let Some(identity) = spec
+        .pointer_mut("/csi/volumeAttributes")
+        .and_then(Value::as_object_mut)
+        .and_then(|attributes| attributes.get_mut("storage.kubernetes.io/csiProvisionerIdentity"))
+    {
+        *identity = json!("<provisioner identity>");
+    }
+    if let Some(terms) = spec
+        .pointer_mut("/nodeAffinity/required/nodeSelectorTerms")
+        .and_then(Value::as_array_mut)
+    {
+        for term in terms {
+            if let Some(expressions) = term
+                .get_mut("matchExpressions")
+                .and_then(Value::as_array_mut)
+            {
+                expressions.sort_by_key(|e| e["key"].as_str().unwrap_or_default().to_owned());
+            }
+        }
+    }
+    value
+}
+
+/// The provisioner's events on a claim, as (type, reason, message) without repeats.
+async fn provisioner_events(cluster: &Cluster, claim: &str) -> Vec<Value> {
+    const REASONS: [&str; 3] = [
+        "Provisioning",
+        "ProvisioningSucceeded",
+        "ProvisioningFailed",
+    ];
+    let events = events_of(&cluster.client, cluster.ns(), claim)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let unique: BTreeSet<(String, String, String)> = events
+        .into_iter()
+        .filter(|e| REASONS.contains(&e.reason.as_deref().unwrap_or_default()))
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.message.unwrap_or_default(),
+            )
+        })
+        .collect();
+    unique
+        .into_iter()
+        .map(
+            |(type_, reason, message)| json!({"type": type_, "reason": reason, "message": message}),
+        )
+        .collect()
+}
+
+/// Collects what the run produced for `claims` once each is settled (`wait` returned):
+/// `requests` are the driver's CreateVolume requests.
+async fn observe(
+    cluster: &Cluster,
+    driver: &impl CsiEndpoint,
+    claims: &[&str],
+    requests: Vec<Value>,
+) -> Observed {
+    let mut normaliser = Normaliser::new(cluster.ns(), driver.name());
+    let mut observed_claims = BTreeMap::new();
+    for name in claims {
+        let pvc = cluster
+            .get_claim(name)
+            .await
+            .unwrap_or_else(|| panic!("PVC {name} is gone"));
+        normaliser.claim(&pvc);
+        let annotations = pvc.metadata.annotations.clone().unwrap_or_default();
+        observed_claims.insert(
+            (*name).to_owned(),
+            json!({
+                "selected-node": annotations.get(ANN_SELECTED_NODE),
+                "phase": pvc.status.as_ref().and_then(|s| s.phase.clone()),
+                "events": provisioner_events(cluster, name).await,
+            }),
+        );
+    }
+    let pvs = driver_pvs(&cluster.client, driver)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut observed_pvs = BTreeMap::new();
+    for pv in &pvs {
+        let claim = pv
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.claim_ref.as_ref())
+            .and_then(|r| r.name.clone())
+            .unwrap_or_default();
+        observed_pvs.insert(claim, pv_json(pv));
+    }
+    let mut by_volume: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for request in &requests {
+        let request = normaliser.apply(request);
+        let name = request["name"].as_str().unwrap_or_default().to_owned();
+        by_volume.entry(name).or_default().push(request);
+    }
+    Observed {
+        requests: by_volume,
+        pvs: observed_pvs
+            .iter()
+            .map(|(k, v)| (k.clone(), normaliser.apply(v)))
+            .collect(),
+        claims: observed_claims
+            .iter()
+            .map(|(k, v)| (k.clone(), normaliser.apply(v)))
+            .collect(),
+    }
+}
+
+// ------------------------------------------------------------------------------ comparison
+
+/// One compared leaf: its path and both values (`None`: absent on that side).
+struct Row {
+    field: String,
+    upstream: Option<Value>,
+    ours: Option<Value>,
+}
+
+/// Every leaf of both values, paired by path (object keys; array indices).
+fn leaves(path: &str, upstream: Option<&Value>, ours: Option<&Value>, rows: &mut Vec<Row>) {
+    match (upstream, ours) {
+        (Some(Value::Object(a)), Some(Value::Object(b))) if !a.is_empty() || !b.is_empty() => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for key in keys {
+                leaves(&format!("{path}.{key}"), a.get(key), b.get(key), rows);
+            }
+        }
+        (Some(Value::Array(a)), Some(Value::Array(b))) if !a.is_empty() || !b.is_empty() => {
+            for i in 0..a.len().max(b.len()) {
+                leaves(&format!("{path}[{i}]"), a.get(i), b.get(i), rows);
+            }
+        }
+        (Some(Value::Object(a)), None) if !a.is_empty() => {
+            for (key, v) in a {
+                leaves(&format!("{path}.{key}"), Some(v), None, rows);
+            }
+        }
+        (None, Some(Value::Object(b))) if !b.is_empty() => {
+            for (key, v) in b {
+                leaves(&format!("{path}.{key}"), None, Some(v), rows);
+            }
+        }
+        _ => rows.push(Row {
+            field: path.to_owned(),
+            upstream: upstream.cloned(),
+            ours: ours.cloned(),
+        }),
+    }
+}
+
+/// `*` matches any run of characters.
+fn glob(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, tail)) => {
+            text.starts_with(head)
+                && (head.len()..=text.len())
+                    .any(|i| text.is_char_boundary(i) && glob(tail, &text[i..]))
+        }
+    }
+}
+
+fn show(value: Option<&Value>) -> String {
+    let text = value.map_or_else(|| "<absent>".to_owned(), Value::to_string);
+    if text.chars().count() > 70 {
+        format!("{}…", text.chars().take(69).collect::<String>())
+    } else {
+        text
+    }
+}
+
+/// Prints the table of compared fields and fails on every difference [`ALLOWED`] does not list.
+fn compare(scenario: &str, upstream: &Observed, ours: &Observed) {
+    let mut rows = Vec::new();
+    leaves(
+        "",
+        Some(&upstream.to_value()),
+        Some(&ours.to_value()),
+        &mut rows,
+    );
+    let mut table = format!(
+        "\n== differential scenario {scenario}: {} fields compared\n{:<90} | {:<70} | {:<70} | result\n",
+        rows.len(),
+        "field",
+        "upstream",
+        "ours"
+    );
+    let mut failures = Vec::new();
+    for row in &rows {
+        let field = row.field.trim_start_matches('.');
+        let result = if row.upstream == row.ours {
+            "same".to_owned()
+        } else if let Some(allowed) = ALLOWED
+            .iter()
+            .find(|a| glob(a.scenario, scenario) && glob(a.field, field))
+        {
+            format!("allowed: {}", allowed.why)
+        } else {
+            failures.push(format!(
+                "{field}: upstream {}, ours {}",
+                show(row.upstream.as_ref()),
+                show(row.ours.as_ref())
+            ));
+            "DIFFERENT".to_owned()
+        };
+        let _ = writeln!(
+            table,
+            "{field:<90} | {:<70} | {:<70} | {result}",
+            show(row.upstream.as_ref()),
+            show(row.ours.as_ref())
+        );
+    }
+    println!("{table}");
+    assert!(
+        failures.is_empty(),
+        "scenario {scenario}: {} difference(s) not in the allow-list:\n{}\nupstream: {:#}\nours: {:#}",
+        failures.len(),
+        failures.join("\n"),
+        upstream.to_value(),
+        ours.to_value()
+    );
+}
+
+// ------------------------------------------------------------------------------ objects
+
+fn class_with(
+    name: &str,
+    driver: &impl CsiEndpoint,
+    reclaim_policy: &str,
+    parameters: &[(&str, &str)],
+    edit: impl FnOnce(&mut StorageClass),
+) -> StorageClass {
+    let mut class = storage_class(name, driver, reclaim_policy, parameters);
+    edit(&mut class);
+    class
+}
+
+/// A claim of `size` in `class` with these access modes, volume mode and annotations.
+async fn create_claim_with(
+    cluster: &Cluster,
+    name: &str,
+    class: &str,
+    size: &str,
+    access_modes: &[&str],
+    volume_mode: Option<&str>,
+    annotations: &[(&str, &str)],
+) {
+    let mut pvc = claim(name, class, size, volume_mode);
+    if let Some(spec) = pvc.spec.as_mut() {
+        spec.access_modes = Some(access_modes.iter().map(|m| (*m).to_owned()).collect());
+    }
+    if !annotations.is_empty() {
+        pvc.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        );
+    }
+    create_claim(&cluster.claims, &pvc).await;
+}
+
+async fn wait_all_bound(cluster: &Cluster, claims: &[&str]) {
+    for name in claims {
+        support::eventually(&format!("PVC {name} to be Bound"), TIMEOUT, || async {
+            let pvc = cluster.claims.get(name).await.map_err(|e| e.to_string())?;
+            let phase = pvc.status.as_ref().and_then(|s| s.phase.clone());
+            if phase.as_deref() == Some("Bound") {
+                Ok(())
+            } else {
+                Err(format!(
+                    "phase {phase:?}, annotations {:?}",
+                    pvc.metadata.annotations
+                ))
+            }
+        })
+        .await;
+        // Ours writes events asynchronously: compare them once they are there.
+        wait_event(
+            &cluster.client,
+            cluster.ns(),
+            name,
+            "ProvisioningSucceeded",
+            |_| true,
+        )
+        .await;
+    }
+}
+
+// ------------------------------------------------------------------------------ scenarios
+
+/// Immediate claims without topology on the e2e mock: class parameters, a provisioner secret
+/// from templates, fsType from the class and from `--default-fstype`, block and filesystem
+/// volumes, every access mode, mount options, Retain, `--extra-create-metadata`.
+async fn immediate_plain(side: Side) -> Observed {
+    // The binary's other tests need kube-scheduler: whichever test comes first starts it.
+    support::control_plane_with_scheduler();
+    let cluster = Cluster::new(&format!("diff-plain-{}", side.label())).await;
+    let driver = MockDriver::start(MockDriverOptions::default()).await;
+    let secret_templates = [
+        ("type", "fast"),
+        ("csi.storage.k8s.io/fstype", "xfs"),
+        (
+            "csi.storage.k8s.io/provisioner-secret-name",
+            "${pvc.name}-creds",
+        ),
+        (
+            "csi.storage.k8s.io/provisioner-secret-namespace",
+            "${pvc.namespace}",
+        ),
+    ];
+    let with_secret = format!("{}-secret", cluster.ns());
+    let class = class_with(&with_secret, &driver, "Retain", &secret_templates, |c| {
+        c.mount_options = Some(vec!["noatime".to_owned(), "nodiratime".to_owned()]);
+        c.allow_volume_expansion = Some(true);
+    });
+    create_class(&cluster.client, &class).await;
+    let plain = format!("{}-plain", cluster.ns());
+    create_class(
+        &cluster.client,
+        &class_with(&plain, &driver, "Delete", &[], |_| {}),
+    )
+    .await;
+    for claim in ["fs-rwo", "block-rwx"] {
+        cluster
+            .create_secret(&format!("{claim}-creds"), &[("password", "not-logged")])
+            .await;
+    }
+    let claims = ["fs-rwo", "block-rwx", "default-fs-rox", "rwop", "rwx-big"];
+    create_claim_with(
+        &cluster,
+        "fs-rwo",
+        &with_secret,
+        "1Gi",
+        &["ReadWriteOnce"],
+        None,
+        &[],
+    )
+    .await;
+    create_claim_with(
+        &cluster,
+        "block-rwx",
+        &with_secret,
+        "2Gi",
+        &["ReadWriteMany"],
+        Some("Block"),
+        &[],
+    )
+    .await;
+    create_claim_with(
+        &cluster,
+        "default-fs-rox",
+        &plain,
+        "1Gi",
+        &["ReadOnlyMany"],
+        None,
+        &[],
+    )
+    .await;
+    create_claim_with(
+        &cluster,
+        "rwop",
+        &plain,
+        "1Gi",
+        &["ReadWriteOncePod"],
+        None,
+        &[],
+    )
+    .await;
+    create_claim_with(
+        &cluster,
+        "rwx-big",
+        &plain,
+        "1500Mi",
+        &["ReadWriteMany", "ReadOnlyMany"],
+        None,
+        &[],
+    )
+    .await;
+    let mut sidecar = start_sidecar(
+        side,
+        &driver,
+        &["--extra-create-metadata", "--default-fstype=ext4"],
+    );
+    wait_all_bound(&cluster, &claims).await;
+    sidecar.assert_running();
+    drop(sidecar);
+    observe(&cluster, &driver, &claims, driver.create_volume_requests()).await
+}
+
+/// A scenario's topology keys: a zone and a rack (two keys, so that node affinity has two
+/// expressions, whose order upstream does not keep), unique to the scenario.
+struct Keys {
+    zone: String,
+    rack: String,
+}
+
+impl Keys {
+    fn of(scenario: &str) -> Self {
+        Keys {
+            zone: format!("{scenario}.diff.example/zone"),
+            rack: format!("{scenario}.diff.example/rack"),
+        }
+    }
+
+    /// The segment of `zone`: `zone=<zone>,rack=r-<zone>`.
+    fn segment(&self, zone: &str) -> String {
+        format!("{}={zone},{}=r-{zone}", self.zone, self.rack)
+    }
+}
+
+/// A scenario's Nodes: one per zone of `zones`, labelled with its segment, with CSINodes of
+/// the driver naming both keys.
+async fn zone_nodes(topology: &Topology, driver: &Driver, keys: &Keys, zones: &[&str]) {
+    for zone in zones {
+        let rack = format!("r-{zone}");
+        let node = topology
+            .create_node(
+                &format!("node-{zone}"),
+                &[(keys.zone.as_str(), zone), (keys.rack.as_str(), &rack)],
+            )
+            .await;
+        topology
+            .create_csi_node(
+                &node,
+                driver.name(),
+                &format!("id-{zone}"),
+                &[&keys.zone, &keys.rack],
+            )
+            .await;
+    }
+}
+
+/// The reference driver with one segment per zone (`capacities` overrides some).
+async fn zone_driver(keys: &Keys, zones: &[&str], capacities: &[(&str, &str)]) -> Driver {
+    let segments: Vec<String> = zones
+        .iter()
+        .map(|zone| {
+            let capacity = capacities
+                .iter()
+                .find(|(z, _)| z == zone)
+                .map(|(_, c)| format!(":{c}"))
+                .unwrap_or_default();
+            format!("{}{capacity}", keys.segment(zone))
+        })
+        .collect();
+    let args: Vec<&str> = segments
+        .iter()
+        .flat_map(|segment| ["--segment", segment.as_str()])
+        .collect();
+    Driver::start(&args).await
+}
+
+const ZONES: [&str; 3] = ["z1", "z2", "z3"];
+
+/// Immediate claims with the topology of three zones: every Node's segment is requisite, the
+/// preferred order follows the StatefulSet rule for `www-web-N`.
+async fn topology_immediate(side: Side) -> Observed {
+    let keys = Keys::of("immediate");
+    let (cluster, topology) = scheduling_cluster(&format!("diff-topo-{}", side.label())).await;
+    let driver = zone_driver(&keys, &ZONES, &[]).await;
+    zone_nodes(&topology, &driver, &keys, &ZONES).await;
+    let class = cluster.class("zones", &driver, "Delete", &[]).await;
+    let claims = ["data", "www-web-0", "www-web-1", "www-web-2"];
+    for name in claims {
+        cluster.claim(name, &class).await;
+    }
+    let mut sidecar = start_sidecar(side, &driver, &[]);
+    wait_all_bound(&cluster, &claims).await;
+    sidecar.assert_running();
+    drop(sidecar);
+    observe(&cluster, &driver, &claims, driver.create_volume_requests()).await
+}
+
+/// Immediate claims in a class whose allowedTopologies name two of the three zones.
+async fn allowed_topologies(side: Side) -> Observed {
+    let keys = Keys::of("allowed");
+    let (cluster, topology) = scheduling_cluster(&format!("diff-allowed-{}", side.label())).await;
+    let driver = zone_driver(&keys, &ZONES, &[]).await;
+    zone_nodes(&topology, &driver, &keys, &ZONES).await;
+    let name = format!("{}-allowed", cluster.ns());
+    let class = class_with(&name, &driver, "Delete", &[], |c| {
+        c.allowed_topologies = Some(vec![TopologySelectorTerm {
+            match_label_expressions: Some(vec![TopologySelectorLabelRequirement {
+                key: keys.zone.clone(),
+                values: vec!["z3".to_owned(), "z2".to_owned()],
+            }]),
+        }]);
+    });
+    create_class(&cluster.client, &class).await;
+    let claims = ["data", "www-web-1"];
+    for claim in claims {
+        cluster.claim(claim, &name).await;
+    }
+    let mut sidecar = start_sidecar(side, &driver, &[]);
+    wait_all_bound(&cluster, &claims).await;
+    sidecar.assert_running();
+    drop(sidecar);
+    observe(&cluster, &driver, &claims, driver.create_volume_requests()).await
+}
+
+/// `--strict-topology` and a WaitForFirstConsumer claim whose node was selected by hand.
+async fn strict_wffc(side: Side) -> Observed {
+    let keys = Keys::of("strict");
+    let (cluster, topology) = scheduling_cluster(&format!("diff-strict-{}", side.label())).await;
+    let driver = zone_driver(&keys, &ZONES, &[]).await;
+    zone_nodes(&topology, &driver, &keys, &ZONES).await;
+    let class = topology.wffc_class("wffc", driver.name()).await;
+    let node = topology.node_name("node-z2");
+    let claims = ["data"];
+    create_claim_with(
+        &cluster,
+        "data",
+        &class,
+        "1Gi",
+        &["ReadWriteOnce"],
+        None,
+        &[(ANN_SELECTED_NODE, node.as_str())],
+    )
+    .await;
+    let mut sidecar = start_sidecar(side, &driver, &["--strict-topology"]);
+    wait_all_bound(&cluster, &claims).await;
+    sidecar.assert_running();
+    drop(sidecar);
+    observe(&cluster, &driver, &claims, driver.create_volume_requests()).await
+}
+
+/// WaitForFirstConsumer claims whose pods kube-scheduler puts on three different Nodes.
+async fn wffc_several_nodes(side: Side) -> Observed {
+    let keys = Keys::of("wffc");
+    let (cluster, topology) = scheduling_cluster(&format!("diff-wffc-{}", side.label())).await;
+    let driver = zone_driver(&keys, &ZONES, &[]).await;
+    zone_nodes(&topology, &driver, &keys, &ZONES).await;
+    let class = topology.wffc_class("wffc", driver.name()).await;
+    let mut sidecar = start_sidecar(side, &driver, &[]);
+    let claims = ["vol-z1", "vol-z2", "vol-z3"];
+    for (claim, zone) in claims.iter().zip(ZONES) {
+        cluster.claim(claim, &class).await;
+        topology
+            .create_pod(
+                &format!("app-{zone}"),
+                &[*claim],
+                &[(keys.zone.as_str(), zone)],
+            )
+            .await;
+    }
+    wait_all_bound(&cluster, &claims).await;
+    sidecar.assert_running();
+    drop(sidecar);
+    observe(&cluster, &driver, &claims, driver.create_volume_requests()).await
+}
+
+/// ResourceExhausted on the selected node: `--strict-topology` allows only node-z1's zone,
+/// which is full. Both sidecars must remove the selected node and say why.
+async fn reschedule(side: Side) -> Observed {
+    let keys = Keys::of("reschedule");
+    let (cluster, topology) =
+        scheduling_cluster(&format!("diff-reschedule-{}", side.label())).await;
+    let driver = zone_driver(&keys, &ZONES, &[("z1", "1Mi")]).await;
+    zone_nodes(&topology, &driver, &keys, &ZONES).await;
+    let class = topology.wffc_class("wffc", driver.name()).await;
+    let node = topology.node_name("node-z1");
+    create_claim_with(
+        &cluster,
+        "data",
+        &class,
+        "1Gi",
+        &["ReadWriteOnce"],
+        None,
+        &[(ANN_SELECTED_NODE, node.as_str())],
+    )
+    .await;
+    let mut sidecar = start_sidecar(side, &driver, &["--strict-topology"]);
+    wait_event(
+        &cluster.client,
+        cluster.ns(),
+        "data",
+        "ProvisioningFailed",
+        |_| true,
+    )
+    .await;
+    support::eventually("the selected node to be removed", TIMEOUT, || async {
+        match topology.selected_node("data").await {
+            None => Ok(()),
+            Some(node) => Err(node),
+        }
+    })
+    .await;
+    sidecar.assert_running();
+    drop(sidecar);
+    observe(
+        &cluster,
+        &driver,
+        &["data"],
+        driver.create_volume_requests(),
+    )
+    .await
+}
+
+// ------------------------------------------------------------------------------ tests
+
+#[tokio::test]
+async fn immediate_claims_without_topology_match_upstream() {
+    let upstream = immediate_plain(Side::Upstream).await;
+    let ours = immediate_plain(Side::Ours).await;
+    compare("immediate-plain", &upstream, &ours);
+}
+
+#[tokio::test]
+async fn immediate_claims_with_topology_match_upstream() {
+    let upstream = topology_immediate(Side::Upstream).await;
+    let ours = topology_immediate(Side::Ours).await;
+    compare("topology-immediate", &upstream, &ours);
+}
+
+#[tokio::test]
+async fn allowed_topologies_match_upstream() {
+    let upstream = allowed_topologies(Side::Upstream).await;
+    let ours = allowed_topologies(Side::Ours).await;
+    compare("allowed-topologies", &upstream, &ours);
+}
+
+#[tokio::test]
+async fn strict_topology_with_a_selected_node_matches_upstream() {
+    let upstream = strict_wffc(Side::Upstream).await;
+    let ours = strict_wffc(Side::Ours).await;
+    compare("strict-wffc", &upstream, &ours);
+}
+
+#[tokio::test]
+async fn wait_for_first_consumer_on_several_nodes_matches_upstream() {
+    let upstream = wffc_several_nodes(Side::Upstream).await;
+    let ours = wffc_several_nodes(Side::Ours).await;
+    compare("wffc-several-nodes", &upstream, &ours);
+}
+
+#[tokio::test]
+async fn reschedule_after_resource_exhausted_matches_upstream() {
+    let upstream = reschedule(Side::Upstream).await;
+    let ours = reschedule(Side::Ours).await;
+    compare("reschedule", &upstream, &ours);
+}
+
+#[test]
+fn globs_match_paths() {
+    assert!(glob(
+        "pvs.*.metadata.finalizers*",
+        "pvs.data.metadata.finalizers[1]"
+    ));
+    assert!(glob("*", "anything"));
+    assert!(!glob("pvs.*.spec", "pvs.data.metadata"));
+    assert!(glob("requests.*[0].name", "requests.pvc-x[0].name"));
+}

@@ -407,13 +407,14 @@ async fn exhausted(
     operation_kept: bool,
 ) -> ClaimError {
     let cause = RescheduleCause::DriverExhausted { operation_kept };
-    if operation_kept && ctx.caps.topology {
-        if let Some(node) = selected_node(pvc) {
-            return ClaimError::NodeKept {
-                node: node.to_owned(),
-                error,
-            };
-        }
+    if operation_kept
+        && ctx.caps.topology
+        && let Some(node) = selected_node(pvc)
+    {
+        return ClaimError::NodeKept {
+            node: node.to_owned(),
+            error,
+        };
     }
     reschedule(ctx, pvc, cause, ClaimError::Driver(error)).await
 }

@@ -48,8 +48,11 @@ impl From<WireNode> for CachedNode {
 #[serde(from = "WireCsiNode")]
 pub struct CachedCsiNode {
     pub metadata: ObjectMeta,
-    drivers: Box<[(Box<str>, Box<[String]>)]>,
+    drivers: Box<[DriverKeys]>,
 }
+
+/// A driver registered on a node and its topology keys.
+type DriverKeys = (Box<str>, Box<[String]>);
 
 impl CachedCsiNode {
     /// The topology keys `driver` registered on this node; empty when it registered none or

@@ -66,9 +66,21 @@ async fn zone_driver(key: &str, zones: &[&str], extra: &[&str]) -> Driver {
     Driver::start(&strs(&flags)).await
 }
 
-/// A sidecar with quick retries and `extra` flags.
-fn sidecar(driver: &impl CsiEndpoint, extra: &[&str]) -> Sidecar {
-    Sidecar::start(driver, &[&RETRIES[..], extra].concat())
+/// A sidecar with quick retries and `extra` flags, once it runs its controllers. Claims created
+/// while a sidecar was still starting were seen never to reach it (about 1 run in 3 of this
+/// binary; no log line of the sidecar names them, no CreateVolume): an open start-up issue,
+/// kept out of these tests' way.
+async fn sidecar(driver: &impl CsiEndpoint, extra: &[&str]) -> Sidecar {
+    let sidecar = Sidecar::start(driver, &[&RETRIES[..], extra].concat());
+    support::eventually("the sidecar to start its controllers", TIMEOUT, || async {
+        if sidecar.has_loaded_journal() {
+            Ok(())
+        } else {
+            Err("journal not loaded".to_owned())
+        }
+    })
+    .await;
+    sidecar
 }
 
 /// One Node `node-<zone>` per zone, labelled `key=<zone>`, with its CSINode registering
@@ -198,7 +210,7 @@ async fn immediate_claims_require_every_zone_and_prefer_by_the_statefulset_rule(
     let key = zone_key(&cluster);
     let driver = zone_driver(&key, &ZONES, &[]).await;
     zone_nodes(&topology, driver.name(), &key, &ZONES).await;
-    let _sidecar = sidecar(&driver, &[]);
+    let _sidecar = sidecar(&driver, &[]).await;
     let class = cluster.class("imm", &driver, "Delete", &[]).await;
 
     let claims = cluster.claims_named("data-web", &class, 3).await;
@@ -233,7 +245,7 @@ async fn immediate_topology_off_sends_no_requirements() {
     let key = zone_key(&cluster);
     let driver = zone_driver(&key, &ZONES, &[]).await;
     zone_nodes(&topology, driver.name(), &key, &ZONES).await;
-    let _sidecar = sidecar(&driver, &["--immediate-topology=false"]);
+    let _sidecar = sidecar(&driver, &["--immediate-topology=false"]).await;
     let class = cluster.class("imm", &driver, "Delete", &[]).await;
 
     cluster.claim("data", &class).await;
@@ -250,7 +262,7 @@ async fn allowed_topologies_confine_an_immediate_claim_to_their_zone() {
     let key = zone_key(&cluster);
     let driver = zone_driver(&key, &ZONES, &[]).await;
     zone_nodes(&topology, driver.name(), &key, &ZONES).await;
-    let _sidecar = sidecar(&driver, &[]);
+    let _sidecar = sidecar(&driver, &[]).await;
     let class = class_allowing(&cluster, "z2", &driver, "Immediate", &[(&key, &["z2"])]).await;
 
     cluster.claim("data", &class).await;
@@ -278,7 +290,7 @@ async fn scheduled_claim_case(prefix: &str, strict: bool) {
     let driver = zone_driver(&key, &ZONES, &[]).await;
     let nodes = zone_nodes(&topology, driver.name(), &key, &ZONES).await;
     let flags: &[&str] = if strict { &["--strict-topology"] } else { &[] };
-    let _sidecar = sidecar(&driver, flags);
+    let _sidecar = sidecar(&driver, flags).await;
     let class = topology.wffc_class("wffc", driver.name()).await;
     cluster.claim("data", &class).await;
 
@@ -336,7 +348,7 @@ async fn a_full_zone_gives_the_node_back_and_the_pod_lands_in_another() {
     .await;
     let first = zone_nodes(&topology, driver.name(), &key, &["za"]).await;
     let first = first.keys().next().expect("one node").clone();
-    let _sidecar = sidecar(&driver, &[]);
+    let _sidecar = sidecar(&driver, &[]).await;
     let class = topology.wffc_class("wffc", driver.name()).await;
     cluster.claim("data", &class).await;
 
@@ -402,7 +414,7 @@ async fn a_node_whose_volume_may_exist_is_kept_after_resource_exhausted() {
     )
     .await;
     let nodes = zone_nodes(&topology, driver.name(), &key, &["za", "zb"]).await;
-    let mut sidecar = sidecar(&driver, &[]);
+    let mut sidecar = sidecar(&driver, &[]).await;
     let class = topology.wffc_class("wffc", driver.name()).await;
     cluster.claim("data", &class).await;
 
@@ -445,7 +457,7 @@ async fn a_claim_whose_pod_is_deleted_during_create_volume_is_still_provisioned(
     let key = zone_key(&cluster);
     let driver = zone_driver(&key, &["za"], &["--delay", "CreateVolume=5s"]).await;
     zone_nodes(&topology, driver.name(), &key, &["za"]).await;
-    let _sidecar = sidecar(&driver, &[]);
+    let _sidecar = sidecar(&driver, &[]).await;
     let class = topology.wffc_class("wffc", driver.name()).await;
     let volume = pv_name(&cluster.claim("data", &class).await);
 
@@ -488,7 +500,7 @@ async fn bad_input_allowed_topology_on_a_key_the_driver_lacks() {
     topology
         .create_csi_node(&node, driver.name(), "id", &[&key])
         .await;
-    let mut sidecar = sidecar(&driver, &[]);
+    let mut sidecar = sidecar(&driver, &[]).await;
     let class = class_allowing(
         &cluster,
         "rack",
@@ -516,7 +528,7 @@ async fn bad_input_a_selected_node_without_csinode_is_given_back() {
     let (cluster, topology) = scheduling_cluster("topo-bad-ghost").await;
     let key = zone_key(&cluster);
     let driver = zone_driver(&key, &["za"], &[]).await;
-    let mut sidecar = sidecar(&driver, &[]);
+    let mut sidecar = sidecar(&driver, &[]).await;
     let class = topology.wffc_class("wffc", driver.name()).await;
     let ghost = topology.node_name("ghost");
 
@@ -548,7 +560,7 @@ async fn bad_input_a_node_without_one_of_the_csinode_keys() {
     topology
         .create_csi_node(&node, driver.name(), "id", &[&key, &rack])
         .await;
-    let mut sidecar = sidecar(&driver, &[]);
+    let mut sidecar = sidecar(&driver, &[]).await;
     let class = topology.wffc_class("wffc", driver.name()).await;
 
     claim_on_node(&cluster, "data", &class, &node).await;
@@ -571,7 +583,7 @@ async fn bad_input_strict_topology_and_a_node_outside_the_allowed_topologies() {
     let driver = zone_driver(&key, &ZONES, &[]).await;
     let nodes = zone_nodes(&topology, driver.name(), &key, &["z1"]).await;
     let node = nodes.keys().next().expect("one node").clone();
-    let mut sidecar = sidecar(&driver, &["--strict-topology"]);
+    let mut sidecar = sidecar(&driver, &["--strict-topology"]).await;
     let class = class_allowing(
         &cluster,
         "z2",
@@ -595,15 +607,7 @@ async fn bad_input_a_driver_that_returns_no_accessible_topology() {
     let key = zone_key(&cluster);
     let mut driver = zone_driver(&key, &["z1"], &[]).await;
     zone_nodes(&topology, driver.name(), &key, &["z1"]).await;
-    let mut sidecar = sidecar(&driver, &[]);
-    support::eventually("the sidecar to start its controllers", TIMEOUT, || async {
-        if sidecar.has_loaded_journal() {
-            Ok(())
-        } else {
-            Err("journal not loaded".to_owned())
-        }
-    })
-    .await;
+    let mut sidecar = sidecar(&driver, &[]).await;
     // The sidecar learned at start that the driver has topology; the driver now runs without
     // any, so it ignores the requirements and returns volumes without accessible topology.
     driver.restart_with(&[]).await;
@@ -647,7 +651,7 @@ async fn bad_input_a_node_label_value_the_csi_spec_forbids() {
     topology
         .create_csi_node(&node, driver.name(), "id", &[&key])
         .await;
-    let mut sidecar = sidecar(&driver, &[]);
+    let mut sidecar = sidecar(&driver, &[]).await;
     let class = topology.wffc_class("wffc", driver.name()).await;
     cluster.claim("data", &class).await;
 
@@ -712,7 +716,7 @@ async fn mock_driver_immediate_and_wffc_claims_get_its_segment() {
     topology
         .create_csi_node(&node, driver.name(), "mock-node-id", &[MOCK_KEY])
         .await;
-    let mut sidecar = sidecar(&driver, &[]);
+    let mut sidecar = sidecar(&driver, &[]).await;
     let immediate = cluster.class("imm", &driver, "Delete", &[]).await;
     let wffc = topology.wffc_class("wffc", driver.name()).await;
 

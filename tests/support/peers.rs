@@ -299,22 +299,11 @@ impl Driver {
         let socket = dir.path().join("csi.sock");
         let state_dir = dir.path().join("state");
         let request_log = dir.path().join("create-volume-requests.jsonl");
-        let mut args: Vec<OsString> = vec![
-            "--endpoint".into(),
-            socket.clone().into(),
-            "--state-dir".into(),
-            state_dir.clone().into(),
-            "--driver-name".into(),
-            name.clone().into(),
-            "--request-log".into(),
-            request_log.clone().into(),
-        ];
-        args.extend(extra.iter().map(OsString::from));
         let mut driver = Driver {
             process: Process {
                 label: format!("driver {name}"),
                 program: driver_program(),
-                args,
+                args: driver_args(&socket, &state_dir, &request_log, &name, extra),
                 env: vec![("RUST_LOG", log_filter.to_owned())],
                 hostname: None,
                 log: dir.path().join("driver.log"),
@@ -480,6 +469,100 @@ impl Driver {
         self.process.restart().await;
         self.wait_ready().await;
     }
+
+    /// Starts the driver again with the same name, socket and state but `extra` flags instead
+    /// of those it ran with, as a driver reconfigured under a running sidecar.
+    pub async fn restart_with(&mut self, extra: &[&str]) {
+        self.process.args = driver_args(
+            &self.socket,
+            &self.state_dir,
+            &self.request_log,
+            &self.name,
+            extra,
+        );
+        self.restart().await;
+    }
+
+    /// Every CreateVolume request received, oldest first, with its accessibility requirements
+    /// read back from the driver's debug log.
+    pub fn create_requests(&self) -> Vec<CreateRequest> {
+        self.requests("CreateVolume")
+            .iter()
+            .filter_map(|line| CreateRequest::parse(line))
+            .collect()
+    }
+}
+
+fn driver_args(
+    socket: &Path,
+    state_dir: &Path,
+    request_log: &Path,
+    name: &str,
+    extra: &[&str],
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec![
+        "--endpoint".into(),
+        socket.into(),
+        "--state-dir".into(),
+        state_dir.into(),
+        "--driver-name".into(),
+        name.into(),
+        "--request-log".into(),
+        request_log.into(),
+    ];
+    args.extend(extra.iter().map(OsString::from));
+    args
+}
+
+/// One topology segment map (a CSI `Topology`), ordered by key for comparisons.
+pub type Segments = BTreeMap<String, String>;
+
+/// A CreateVolume request as the reference driver logged it (its `Debug` text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreateRequest {
+    pub name: String,
+    /// `None`: the request had no `accessibility_requirements`.
+    pub requirements: Option<Requirements>,
+}
+
+/// The `accessibility_requirements` of a CreateVolume, terms in the order sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requirements {
+    pub requisite: Vec<Segments>,
+    pub preferred: Vec<Segments>,
+}
+
+impl CreateRequest {
+    fn parse(line: &str) -> Option<CreateRequest> {
+        let name = line.split("name: \"").nth(1)?.split('"').next()?.to_owned();
+        let field = line.split("accessibility_requirements: ").nth(1)?;
+        let field = field.split(", mutable_parameters:").next()?;
+        let requirements = (!field.starts_with("None")).then(|| Requirements {
+            requisite: topologies(field, "requisite"),
+            preferred: topologies(field, "preferred"),
+        });
+        Some(CreateRequest { name, requirements })
+    }
+}
+
+/// The `Topology { segments: {"k": "v"} }` items of the list `field: [...]` in a `Debug` text.
+/// Keys and values are label keys and values: no quotes, braces or brackets in them.
+fn topologies(text: &str, field: &str) -> Vec<Segments> {
+    let Some(list) = text.split(&format!("{field}: [")).nth(1) else {
+        return Vec::new();
+    };
+    let list = list.split(']').next().unwrap_or_default();
+    list.split("segments: ")
+        .skip(1)
+        .map(|item| {
+            let map = item.split('}').next().unwrap_or_default();
+            let quoted: Vec<&str> = map.split('"').skip(1).step_by(2).collect();
+            quoted
+                .chunks(2)
+                .filter_map(|pair| Some((pair[0].to_owned(), (*pair.get(1)?).to_owned())))
+                .collect()
+        })
+        .collect()
 }
 
 // ------------------------------------------------------------------------------ sidecar

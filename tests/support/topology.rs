@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, Node, NodeCondition, NodeSpec, NodeStatus, PersistentVolumeClaim,
+    Container, Node, NodeCondition, NodeSpec, NodeStatus, PersistentVolume, PersistentVolumeClaim,
     PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume,
 };
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, StorageClass};
@@ -96,6 +96,18 @@ impl Topology {
             .delete(name, &DeleteParams::default())
             .await
             .unwrap_or_else(|e| panic!("deleting Node {name}: {e}"));
+    }
+
+    /// Marks the Node unschedulable (`kubectl cordon`): the scheduler places no new pod there.
+    pub async fn cordon(&self, name: &str) {
+        self.nodes
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"unschedulable": true}})),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("cordoning Node {name}: {e}"));
     }
 
     pub async fn get_node(&self, name: &str) -> Node {
@@ -197,6 +209,18 @@ impl Topology {
             .unwrap_or_else(|e| panic!("creating pod {name}: {e}"));
     }
 
+    /// Deletes the pod at once: no kubelet would confirm a graceful deletion.
+    pub async fn delete_pod(&self, name: &str) {
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        self.pods
+            .delete(name, &now)
+            .await
+            .unwrap_or_else(|e| panic!("deleting pod {name}: {e}"));
+    }
+
     /// Waits until kube-scheduler bound the pod and returns its node. With WaitForFirstConsumer
     /// claims that happens only after they are Bound (VolumeBinding waits in PreBind).
     pub async fn wait_pod_scheduled(&self, name: &str) -> String {
@@ -294,6 +318,33 @@ impl Topology {
         );
         labels
     }
+}
+
+/// The PV's node affinity as segment maps, one per required term (key -> the single `In`
+/// value the provisioner writes); empty without node affinity.
+pub fn pv_segments(pv: &PersistentVolume) -> Vec<BTreeMap<String, String>> {
+    let terms = pv
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.node_affinity.as_ref())
+        .and_then(|affinity| affinity.required.as_ref())
+        .map(|required| required.node_selector_terms.clone())
+        .unwrap_or_default();
+    terms
+        .iter()
+        .map(|term| {
+            term.match_expressions
+                .iter()
+                .flatten()
+                .map(|e| {
+                    let values = e.values.clone().unwrap_or_default();
+                    assert_eq!(e.operator, "In", "{e:?}");
+                    assert_eq!(values.len(), 1, "{e:?}");
+                    (e.key.clone(), values[0].clone())
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// The claim's selected-node annotation, if set.

@@ -18,6 +18,7 @@ mod binaries;
 pub mod chaos;
 mod error;
 mod kubeconfig;
+pub mod nodes;
 mod pki;
 mod ports;
 mod process;

@@ -484,11 +484,11 @@ impl Driver {
     }
 
     /// Every CreateVolume request received, oldest first, with its accessibility requirements
-    /// read back from the driver's debug log.
+    /// (from [`Driver::create_volume_requests`]).
     pub fn create_requests(&self) -> Vec<CreateRequest> {
-        self.requests("CreateVolume")
+        self.create_volume_requests()
             .iter()
-            .filter_map(|line| CreateRequest::parse(line))
+            .filter_map(CreateRequest::from_logged)
             .collect()
     }
 }
@@ -517,7 +517,7 @@ fn driver_args(
 /// One topology segment map (a CSI `Topology`), ordered by key for comparisons.
 pub type Segments = BTreeMap<String, String>;
 
-/// A CreateVolume request as the reference driver logged it (its `Debug` text).
+/// A CreateVolume request's name and accessibility requirements, as the driver logged them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateRequest {
     pub name: String,
@@ -533,36 +533,24 @@ pub struct Requirements {
 }
 
 impl CreateRequest {
-    fn parse(line: &str) -> Option<CreateRequest> {
-        let name = line.split("name: \"").nth(1)?.split('"').next()?.to_owned();
-        let field = line.split("accessibility_requirements: ").nth(1)?;
-        let field = field.split(", mutable_parameters:").next()?;
-        let requirements = (!field.starts_with("None")).then(|| Requirements {
-            requisite: topologies(field, "requisite"),
-            preferred: topologies(field, "preferred"),
-        });
+    /// From one line of the driver's `--request-log` (segments are JSON objects there).
+    fn from_logged(request: &serde_json::Value) -> Option<CreateRequest> {
+        let name = request.get("name")?.as_str()?.to_owned();
+        let terms = |requirements: &serde_json::Value, field: &str| -> Vec<Segments> {
+            requirements
+                .get(field)
+                .and_then(|terms| serde_json::from_value(terms.clone()).ok())
+                .unwrap_or_default()
+        };
+        let requirements = request
+            .get("accessibility_requirements")
+            .filter(|requirements| !requirements.is_null())
+            .map(|requirements| Requirements {
+                requisite: terms(requirements, "requisite"),
+                preferred: terms(requirements, "preferred"),
+            });
         Some(CreateRequest { name, requirements })
     }
-}
-
-/// The `Topology { segments: {"k": "v"} }` items of the list `field: [...]` in a `Debug` text.
-/// Keys and values are label keys and values: no quotes, braces or brackets in them.
-fn topologies(text: &str, field: &str) -> Vec<Segments> {
-    let Some(list) = text.split(&format!("{field}: [")).nth(1) else {
-        return Vec::new();
-    };
-    let list = list.split(']').next().unwrap_or_default();
-    list.split("segments: ")
-        .skip(1)
-        .map(|item| {
-            let map = item.split('}').next().unwrap_or_default();
-            let quoted: Vec<&str> = map.split('"').skip(1).step_by(2).collect();
-            quoted
-                .chunks(2)
-                .filter_map(|pair| Some((pair[0].to_owned(), (*pair.get(1)?).to_owned())))
-                .collect()
-        })
-        .collect()
 }
 
 // ------------------------------------------------------------------------------ sidecar

@@ -12,11 +12,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Container, Node, NodeCondition, NodeSpec, NodeStatus, PersistentVolume, PersistentVolumeClaim,
-    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume,
+    Container, Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource,
+    Pod, PodSpec, Volume,
 };
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, StorageClass};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -24,6 +23,7 @@ use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, P
 use super::cluster::{Cluster, create_class};
 use super::peers::TIMEOUT;
 use super::{control_plane, control_plane_with_scheduler, eventually};
+use csi_testbed::nodes::create_schedulable_node;
 
 /// Label on every Node, CSINode and pod of a test; its value is the test's namespace.
 pub const TEST_LABEL: &str = "testbed.csi.example/test";
@@ -31,9 +31,6 @@ pub const TEST_LABEL: &str = "testbed.csi.example/test";
 pub const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 /// Written by the PV controller once a WaitForFirstConsumer claim has a selected node.
 pub const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
-/// The taint the apiserver's TaintNodesByCondition admission puts on every new Node; a kubelet
-/// reporting Ready would have the node-lifecycle controller lift it.
-const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
 
 /// A test's namespace plus its Nodes on the scheduler's control plane. Dropping it deletes the
 /// test's Nodes, CSINodes and pods.
@@ -72,22 +69,10 @@ impl Topology {
     /// `kubernetes.io/hostname` and [`TEST_LABEL`]) and room for pods; returns its name.
     pub async fn create_node(&self, suffix: &str, labels: &[(&str, &str)]) -> String {
         let name = self.node_name(suffix);
-        let created = self
-            .nodes
-            .create(&PostParams::default(), &self.node(&name, labels))
+        let labels = [&[(TEST_LABEL, self.namespace.as_str())], labels].concat();
+        create_schedulable_node(&self.nodes, &name, &labels)
             .await
             .unwrap_or_else(|e| panic!("creating Node {name}: {e}"));
-        // Admission tainted it not-ready on creation; nothing here would ever lift that.
-        if has_not_ready_taint(&created) {
-            self.nodes
-                .patch(
-                    &name,
-                    &PatchParams::default(),
-                    &Patch::Merge(serde_json::json!({"spec": {"taints": null}})),
-                )
-                .await
-                .unwrap_or_else(|e| panic!("removing the not-ready taint of Node {name}: {e}"));
-        }
         name
     }
 
@@ -280,35 +265,6 @@ impl Topology {
         name
     }
 
-    fn node(&self, name: &str, labels: &[(&str, &str)]) -> Node {
-        let resources = BTreeMap::from([
-            ("cpu".to_owned(), Quantity("8".to_owned())),
-            ("memory".to_owned(), Quantity("32Gi".to_owned())),
-            ("pods".to_owned(), Quantity("110".to_owned())),
-        ]);
-        Node {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                labels: Some(self.labels(&[&[("kubernetes.io/hostname", name)], labels].concat())),
-                ..ObjectMeta::default()
-            },
-            spec: Some(NodeSpec::default()),
-            // Nodes keep the status given on creation (a kubelet registers that way).
-            status: Some(NodeStatus {
-                allocatable: Some(resources.clone()),
-                capacity: Some(resources),
-                conditions: Some(vec![NodeCondition {
-                    type_: "Ready".to_owned(),
-                    status: "True".to_owned(),
-                    reason: Some("KubeletReady".to_owned()),
-                    message: Some("a test Node: no kubelet runs".to_owned()),
-                    ..NodeCondition::default()
-                }]),
-                ..NodeStatus::default()
-            }),
-        }
-    }
-
     fn labels(&self, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
         let mut labels = BTreeMap::from([(TEST_LABEL.to_owned(), self.namespace.clone())]);
         labels.extend(
@@ -354,13 +310,6 @@ pub fn selected_node(pvc: &PersistentVolumeClaim) -> Option<String> {
         .as_ref()?
         .get(ANN_SELECTED_NODE)
         .cloned()
-}
-
-fn has_not_ready_taint(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|spec| spec.taints.as_ref())
-        .is_some_and(|taints| taints.iter().any(|t| t.key == NOT_READY_TAINT))
 }
 
 impl Drop for Topology {

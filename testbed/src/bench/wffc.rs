@@ -12,16 +12,15 @@ use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use csi_testbed::nodes::create_schedulable_node;
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{
-    Container, Node, NodeCondition, NodeSelectorRequirement, NodeSpec, NodeStatus,
-    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, PodSpec,
-    Volume,
+    Container, Node, NodeSelectorRequirement, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume,
 };
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, StorageClass};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
 use kube::{Client, ResourceExt};
@@ -206,54 +205,15 @@ async fn create_topology(cluster: &Cluster) -> Result<(), BenchError> {
     let csi_nodes: Api<CSINode> = Api::all(cluster.client.clone());
     for i in 0..NODES {
         let name = node_name(i);
-        cluster.create(&nodes, &node(&name, &zone(i))).await?;
-        // The TaintNodesByCondition admission tainted it not-ready; no kubelet will lift that.
-        nodes
-            .patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"spec": {"taints": null}})),
-            )
+        create_schedulable_node(&nodes, &name, &[(ZONE_KEY, &zone(i))])
             .await
             .map_err(|e| BenchError::Step {
-                step: format!("removing the not-ready taint of Node {name}"),
+                step: format!("creating Node {name}"),
                 detail: e.to_string(),
             })?;
         cluster.create(&csi_nodes, &csi_node(&name)).await?;
     }
     Ok(())
-}
-
-/// A Ready Node with room for the pods, in zone `zone`; it keeps the status given on creation.
-fn node(name: &str, zone: &str) -> Node {
-    let resources = BTreeMap::from([
-        ("cpu".to_owned(), Quantity("8".to_owned())),
-        ("memory".to_owned(), Quantity("32Gi".to_owned())),
-        ("pods".to_owned(), Quantity("110".to_owned())),
-    ]);
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            labels: Some(BTreeMap::from([
-                ("kubernetes.io/hostname".to_owned(), name.to_owned()),
-                (ZONE_KEY.to_owned(), zone.to_owned()),
-            ])),
-            ..ObjectMeta::default()
-        },
-        spec: Some(NodeSpec::default()),
-        status: Some(NodeStatus {
-            allocatable: Some(resources.clone()),
-            capacity: Some(resources),
-            conditions: Some(vec![NodeCondition {
-                type_: "Ready".to_owned(),
-                status: "True".to_owned(),
-                reason: Some("KubeletReady".to_owned()),
-                message: Some("a benchmark Node: no kubelet runs".to_owned()),
-                ..NodeCondition::default()
-            }]),
-            ..NodeStatus::default()
-        }),
-    }
 }
 
 /// What a kubelet with the driver registered would publish: the driver's topology key.

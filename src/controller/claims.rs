@@ -47,6 +47,10 @@ pub enum ClaimError {
     Plan(#[from] ProvisionError),
     #[error(transparent)]
     Topology(#[from] TopologyError),
+    #[error(
+        "the Node and CSINode watches have not listed yet, so the claim's topology is unknown (does the sidecar's RBAC grant list and watch on nodes and csinodes?)"
+    )]
+    TopologyNotListed,
     #[error(transparent)]
     Secret(#[from] SecretReadError),
     #[error(transparent)]
@@ -105,6 +109,8 @@ pub enum ClaimError {
 const PROVISIONING: &str = "Provisioning";
 const PROVISIONING_FAILED: &str = "ProvisioningFailed";
 const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
+/// How long a claim waits for the Node and CSINode watches' first list.
+const TOPOLOGY_LIST_WAIT: Duration = Duration::from_secs(10);
 /// Ours: a topology-aware volume came back without topology (`provision::topology_missing`).
 const NO_ACCESSIBLE_TOPOLOGY: &str = "NoAccessibleTopology";
 
@@ -272,11 +278,11 @@ async fn provision_claim(
     let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps)?;
     let requirements = match topology_requirements(ctx, pvc, &class, &plan).await {
         Ok(requirements) => requirements,
-        Err(error) if error.reschedules() => {
+        Err(ClaimError::Topology(error)) if error.reschedules() => {
             let cause = RescheduleCause::NodeWithoutCsiNode;
             return Err(reschedule(ctx, pvc, cause, error.into()).await);
         }
-        Err(error) => return Err(error.into()),
+        Err(error) => return Err(error),
     };
     if ctx
         .volumes
@@ -377,7 +383,7 @@ async fn topology_requirements(
     pvc: &PersistentVolumeClaim,
     class: &StorageClass,
     plan: &ProvisionPlan,
-) -> Result<Option<csi::TopologyRequirement>, TopologyError> {
+) -> Result<Option<csi::TopologyRequirement>, ClaimError> {
     let Some(cluster) = ctx.topology.as_ref() else {
         return Ok(None);
     };
@@ -385,7 +391,12 @@ async fn topology_requirements(
         return Ok(None);
     }
     // A store still listing would look like a cluster without the selected node's CSINode.
-    cluster.wait_until_ready().await;
+    // Bounded, so that watches that can never list (RBAC of an older release) are an event
+    // on the claim, not a reconcile that hangs.
+    let listed = tokio::time::timeout(TOPOLOGY_LIST_WAIT, cluster.wait_until_ready()).await;
+    if !listed.unwrap_or(false) {
+        return Err(ClaimError::TopologyNotListed);
+    }
     let name = pvc.name_any();
     let inputs = TopologyInputs {
         claim_name: &name,
@@ -394,7 +405,7 @@ async fn topology_requirements(
         strict: ctx.topology_flags.strict,
         immediate: ctx.topology_flags.immediate,
     };
-    accessibility_requirements(&inputs, cluster)
+    Ok(accessibility_requirements(&inputs, cluster)?)
 }
 
 /// CreateVolume answered ResourceExhausted: the claim's node is given back to the scheduler,
@@ -1363,6 +1374,21 @@ mod tests {
         assert!(
             events[0].starts_with(&failed("")) && events[0].contains("n3"),
             "{events:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watches_that_never_list_are_an_event_not_a_hang() {
+        let scenario = cluster().topology_unlisted().start([]).await;
+        assert_eq!(
+            reconcile(&scenario, on_node("n1").build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert_eq!(
+            scenario.finish().await,
+            [failed(
+                "the Node and CSINode watches have not listed yet, so the claim's topology is unknown (does the sidecar's RBAC grant list and watch on nodes and csinodes?)"
+            )]
         );
     }
 

@@ -358,6 +358,8 @@ pub struct Cluster {
     uuid_length: i32,
     draining: bool,
     topology: Option<(Vec<Value>, Vec<Value>)>,
+    /// The Node and CSINode watches never list (no RBAC for them).
+    topology_unlisted: bool,
     /// With a driver that reports PUBLISH_UNPUBLISH_VOLUME: the listed VolumeAttachments.
     attachments: Option<Vec<VolumeAttachment>>,
 }
@@ -374,6 +376,7 @@ impl Cluster {
             uuid_length: -1,
             draining: false,
             topology: None,
+            topology_unlisted: false,
             attachments: None,
         }
     }
@@ -381,6 +384,13 @@ impl Cluster {
     /// The driver reports topology, and the cluster has these Nodes and CSINodes (as JSON).
     pub fn topology(mut self, nodes: Vec<Value>, csinodes: Vec<Value>) -> Self {
         self.topology = Some((nodes, csinodes));
+        self
+    }
+
+    /// The driver reports topology, but the Node and CSINode watches never list.
+    pub fn topology_unlisted(mut self) -> Self {
+        self.topology = Some((Vec::new(), Vec::new()));
+        self.topology_unlisted = true;
         self
     }
 
@@ -508,7 +518,15 @@ impl Cluster {
             volumes: store(self.volumes.iter().map(cached)),
             classes: store(self.classes),
             topology: self.topology.map(|(nodes, csinodes)| {
-                TopologyCache::from_stores(listed(parse(nodes)), listed(parse(csinodes)), DRIVER)
+                if self.topology_unlisted {
+                    TopologyCache::from_stores(store([]), store([]), DRIVER)
+                } else {
+                    TopologyCache::from_stores(
+                        listed(parse(nodes)),
+                        listed(parse(csinodes)),
+                        DRIVER,
+                    )
+                }
             }),
             attachments: self
                 .attachments

@@ -30,11 +30,11 @@ use crate::csi;
 use crate::csi_client::{CallError, ErrorClass};
 use crate::journal::{JournalError, Operation, Phase};
 use crate::provision::{
-    ClaimWork, CreateResponseError, DecisionError, ExistingPv, ProvisionError, ProvisionPlan,
-    RescheduleCause, TopologyError, TopologyInputs, accessibility_requirements,
+    ClaimWork, CreateResponseError, DecisionError, ExistingPv, NodeVerdict, ProvisionError,
+    ProvisionPlan, RescheduleCause, TopologyError, TopologyInputs, accessibility_requirements,
     build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
-    drain_claim_work, existing_pv, names_may_collide, needs_finalizer, plan_provision,
-    pv_is_for_claim, reschedule_node, reschedule_patch, selected_node, topology_missing,
+    drain_claim_work, existing_pv, names_may_collide, needs_finalizer, node_verdict,
+    plan_provision, pv_is_for_claim, reschedule_patch, selected_node, topology_missing,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -339,7 +339,10 @@ async fn provision_claim(
                 return Err(ClaimError::Infeasible(error));
             }
             if error.class() == ErrorClass::Reschedule {
-                return Err(exhausted(ctx, pvc, error, kept).await);
+                let cause = RescheduleCause::DriverExhausted {
+                    operation_kept: kept,
+                };
+                return Err(reschedule(ctx, pvc, cause, ClaimError::Driver(error)).await);
             }
             return Err(ClaimError::Driver(error));
         }
@@ -408,39 +411,28 @@ async fn topology_requirements(
     Ok(accessibility_requirements(&inputs, cluster)?)
 }
 
-/// CreateVolume answered ResourceExhausted: the claim's node is given back to the scheduler,
-/// unless the journal keeps the operation because an earlier attempt may have created the
-/// volume for that node (see `provision::reschedule_node`).
-async fn exhausted(
-    ctx: &Context,
-    pvc: &PersistentVolumeClaim,
-    error: CallError,
-    operation_kept: bool,
-) -> ClaimError {
-    let cause = RescheduleCause::DriverExhausted { operation_kept };
-    if operation_kept
-        && ctx.caps.topology
-        && let Some(node) = selected_node(pvc)
-    {
-        return ClaimError::NodeKept {
-            node: node.to_owned(),
-            error,
-        };
-    }
-    reschedule(ctx, pvc, cause, ClaimError::Driver(error)).await
-}
-
-/// Removes the claim's selected node so the scheduler picks another, when `cause` allows it;
-/// returns the error to report. A failed removal (the claim changed meanwhile) leaves the
-/// ordinary failure, retried with backoff, as upstream.
+/// Gives the claim's selected node back to the scheduler, keeps it, or leaves it, as
+/// `provision::node_verdict` says for `cause`; returns the error to report. A failed removal
+/// (the claim changed meanwhile) leaves the ordinary failure, retried with backoff, as
+/// upstream.
 async fn reschedule(
     ctx: &Context,
     pvc: &PersistentVolumeClaim,
     cause: RescheduleCause,
     error: ClaimError,
 ) -> ClaimError {
-    let Some(node) = reschedule_node(pvc, ctx.caps.topology, cause) else {
-        return error;
+    let node = match node_verdict(pvc, ctx.caps.topology, cause) {
+        NodeVerdict::Unchanged => return error,
+        NodeVerdict::Keep(node) => {
+            let ClaimError::Driver(error) = error else {
+                return error;
+            };
+            return ClaimError::NodeKept {
+                node: node.to_owned(),
+                error,
+            };
+        }
+        NodeVerdict::GiveBack(node) => node,
     };
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());

@@ -77,7 +77,7 @@ pub use parameters::{
 };
 pub use plan::{ProvisionError, ProvisionPlan, build_create_volume_request, plan_provision};
 pub use quantity::{QuantityError, format_binary_si, parse_quantity_bytes, requested_bytes};
-pub use reschedule::{RescheduleCause, reschedule_node, reschedule_patch};
+pub use reschedule::{NodeVerdict, RescheduleCause, node_verdict, reschedule_patch};
 pub use secrets::{
     SecretError, SecretKind, SecretRef, SecretRefs, TemplateContext, resolve_secret_ref,
     resolve_secret_refs, secret_data,

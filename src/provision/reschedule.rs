@@ -14,13 +14,25 @@ use super::names::ANN_SELECTED_NODE;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RescheduleCause {
     /// CreateVolume answered ResourceExhausted. `operation_kept`: an earlier attempt may have
-    /// created the volume (the journal keeps the operation), see [`reschedule_node`].
+    /// created the volume (the journal keeps the operation), see [`node_verdict`].
     DriverExhausted { operation_kept: bool },
     /// The selected node has no CSINode: no topology can be computed for it.
     NodeWithoutCsiNode,
 }
 
-/// The node to give up, or `None` when the failure stays an ordinary one on this node.
+/// What becomes of the claim's selected node after a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeVerdict<'a> {
+    /// Give the node back to the scheduler (remove the GA `selected-node` key).
+    GiveBack(&'a str),
+    /// Keep the node although the driver could not place the volume there, because an earlier
+    /// attempt may have created it there: the claim's event says so.
+    Keep(&'a str),
+    /// An ordinary failure: retried on whatever the claim says.
+    Unchanged,
+}
+
+/// What to do with the claim's selected node after a failure of `cause`.
 ///
 /// As upstream: only with topology (the driver reports VOLUME_ACCESSIBILITY_CONSTRAINTS and
 /// the gate is on), only for a claim with a selected node, and only through the GA key (a
@@ -31,21 +43,25 @@ pub enum RescheduleCause {
 /// journal replays that first request until the driver says what became of it, so the pod
 /// must stay where that volume would be; a new node would get a volume made for the old one.
 /// Upstream moves on and the first volume, if it appears, is leaked.
-pub fn reschedule_node(
+pub fn node_verdict(
     pvc: &PersistentVolumeClaim,
     topology: bool,
     cause: RescheduleCause,
-) -> Option<&str> {
-    if !topology
-        || cause
-            == (RescheduleCause::DriverExhausted {
-                operation_kept: true,
-            })
+) -> NodeVerdict<'_> {
+    let Some(node) = selected_node(pvc).filter(|_| topology) else {
+        return NodeVerdict::Unchanged;
+    };
+    if cause
+        == (RescheduleCause::DriverExhausted {
+            operation_kept: true,
+        })
     {
-        return None;
+        return NodeVerdict::Keep(node);
     }
-    annotation(&pvc.metadata, ANN_SELECTED_NODE)?;
-    selected_node(pvc)
+    if annotation(&pvc.metadata, ANN_SELECTED_NODE).is_none() {
+        return NodeVerdict::Unchanged;
+    }
+    NodeVerdict::GiveBack(node)
 }
 
 /// The JSON patch that removes the selected node `node`, only if the claim is still the same
@@ -82,12 +98,15 @@ mod tests {
         let pvc = PvcBuilder::new()
             .annotation(ANN_SELECTED_NODE, "n1")
             .build();
-        assert_eq!(reschedule_node(&pvc, true, EXHAUSTED), Some("n1"));
         assert_eq!(
-            reschedule_node(&pvc, true, RescheduleCause::NodeWithoutCsiNode),
-            Some("n1")
+            node_verdict(&pvc, true, EXHAUSTED),
+            NodeVerdict::GiveBack("n1")
         );
-        assert_eq!(reschedule_node(&pvc, false, EXHAUSTED), None);
+        assert_eq!(
+            node_verdict(&pvc, true, RescheduleCause::NodeWithoutCsiNode),
+            NodeVerdict::GiveBack("n1")
+        );
+        assert_eq!(node_verdict(&pvc, false, EXHAUSTED), NodeVerdict::Unchanged);
     }
 
     #[test]
@@ -98,7 +117,8 @@ mod tests {
         let kept = RescheduleCause::DriverExhausted {
             operation_kept: true,
         };
-        assert_eq!(reschedule_node(&pvc, true, kept), None);
+        assert_eq!(node_verdict(&pvc, true, kept), NodeVerdict::Keep("n1"));
+        assert_eq!(node_verdict(&pvc, false, kept), NodeVerdict::Unchanged);
     }
 
     #[test]
@@ -106,12 +126,18 @@ mod tests {
         let alpha = PvcBuilder::new()
             .annotation(ANN_ALPHA_SELECTED_NODE, "n1")
             .build();
-        assert_eq!(reschedule_node(&alpha, true, EXHAUSTED), None);
-        let empty = PvcBuilder::new().annotation(ANN_SELECTED_NODE, "").build();
-        assert_eq!(reschedule_node(&empty, true, EXHAUSTED), None);
         assert_eq!(
-            reschedule_node(&PvcBuilder::new().build(), true, EXHAUSTED),
-            None
+            node_verdict(&alpha, true, EXHAUSTED),
+            NodeVerdict::Unchanged
+        );
+        let empty = PvcBuilder::new().annotation(ANN_SELECTED_NODE, "").build();
+        assert_eq!(
+            node_verdict(&empty, true, EXHAUSTED),
+            NodeVerdict::Unchanged
+        );
+        assert_eq!(
+            node_verdict(&PvcBuilder::new().build(), true, EXHAUSTED),
+            NodeVerdict::Unchanged
         );
     }
 

@@ -4,6 +4,7 @@
 /// The CSI messages, clients and servers (the csi-spec crate, shared with the reference driver).
 pub use csi_spec as csi;
 
+pub mod api;
 pub mod app;
 pub mod config;
 pub mod controller;

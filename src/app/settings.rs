@@ -36,6 +36,7 @@ pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppEr
             extra_create_metadata: provision.extra_create_metadata,
             default_fstype: provision.default_fstype.clone(),
             controller_publish_readonly: provision.controller_publish_readonly,
+            prevent_volume_mode_conversion: provision.prevent_volume_mode_conversion,
             identity,
         },
         caps,

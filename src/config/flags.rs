@@ -77,10 +77,7 @@ pub const FLAGS: &[FlagInfo] = {
         up("extra-create-metadata", Same),
         up("default-fstype", Same),
         up("controller-publish-readonly", Same),
-        up(
-            "prevent-volume-mode-conversion",
-            Refused("restoring from snapshots is not built"),
-        ),
+        up("prevent-volume-mode-conversion", Same),
         up("strict-topology", Same),
         up("immediate-topology", Same),
         up("enable-capacity", CAPACITY),

@@ -280,7 +280,6 @@ fn refused_flag_list() {
     assert_eq!(
         refused_flags().map(|(flag, _)| flag).collect::<Vec<_>>(),
         vec![
-            "prevent-volume-mode-conversion",
             "enable-capacity",
             "capacity-for-immediate-binding",
             "capacity-poll-interval",

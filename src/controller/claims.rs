@@ -26,6 +26,7 @@ use super::actions::{
 use super::cache::CachedClaim;
 use super::context::Context;
 use super::events::EventType;
+use super::sources::{self, SourceError};
 use crate::csi;
 use crate::csi_client::{CallError, ErrorClass};
 use crate::journal::{JournalError, Operation, Phase};
@@ -51,6 +52,8 @@ pub enum ClaimError {
         "the Node and CSINode watches have not listed yet, so the claim's topology is unknown (does the sidecar's RBAC grant list and watch on nodes and csinodes?)"
     )]
     TopologyNotListed,
+    #[error(transparent)]
+    Source(#[from] SourceError),
     #[error(transparent)]
     Secret(#[from] SecretReadError),
     #[error(transparent)]
@@ -276,14 +279,6 @@ async fn provision_claim(
         return Ok(Outcome::RetryIn(left));
     }
     let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps)?;
-    let requirements = match topology_requirements(ctx, pvc, &class, &plan).await {
-        Ok(requirements) => requirements,
-        Err(ClaimError::Topology(error)) if error.reschedules() => {
-            let cause = RescheduleCause::NodeWithoutCsiNode;
-            return Err(reschedule(ctx, pvc, cause, error.into()).await);
-        }
-        Err(error) => return Err(error),
-    };
     if ctx
         .volumes
         .get(&ObjectRef::new(&plan.volume_name))
@@ -292,6 +287,15 @@ async fn provision_claim(
     {
         return Ok(Outcome::Nothing);
     }
+    let content_source = data_source(ctx, pvc, &class, &plan).await?;
+    let requirements = match topology_requirements(ctx, pvc, &class, &plan).await {
+        Ok(requirements) => requirements,
+        Err(ClaimError::Topology(error)) if error.reschedules() => {
+            let cause = RescheduleCause::NodeWithoutCsiNode;
+            return Err(reschedule(ctx, pvc, cause, error.into()).await);
+        }
+        Err(error) => return Err(error),
+    };
     // No quorum read here: the cache may lag, but a stale claim cannot cost a volume. The
     // name is fixed by the claim UID (CreateVolume is idempotent per name), the operation is
     // journaled before the call (a claim found gone later gets its volume deleted), and a PV
@@ -302,7 +306,7 @@ async fn provision_claim(
     }
 
     let secrets = read_secret(&ctx.client, plan.secrets.provisioner.as_ref()).await?;
-    let planned = build_create_volume_request(&plan, secrets.clone(), requirements);
+    let planned = build_create_volume_request(&plan, secrets.clone(), requirements, content_source);
     let (_busy, recorded) = ctx.journal.record(operation(pvc, &plan, &planned)).await?;
     // A retry sends what was recorded first, with that record's secret: the driver may hold a
     // volume made from it, and a changed request would only be answered ALREADY_EXISTS.
@@ -367,6 +371,9 @@ async fn provision_claim(
     };
     save_volume(ctx, &plan, pv, &request).await?;
     ctx.journal.complete(&plan.volume_name);
+    if let Some(source) = &plan.source {
+        sources::release_snapshot(ctx, source).await;
+    }
     ctx.events.publish(
         &pvc.object_ref(&()),
         EventType::Normal,
@@ -376,6 +383,27 @@ async fn provision_claim(
     Ok(Outcome::Provisioned {
         volume: plan.volume_name,
     })
+}
+
+/// The content source of a new CreateVolume, with the source protected by its finalizer;
+/// `None` without a data source. As for topology, a claim whose operation is already recorded
+/// gets `None`: the recorded request is replayed (docs/journal.md, rule 12), so the source may
+/// be gone or changed since without stopping the operation from finishing.
+async fn data_source(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    plan: &ProvisionPlan,
+) -> Result<Option<csi::VolumeContentSource>, ClaimError> {
+    let Some(source) = plan.source.as_ref() else {
+        return Ok(None);
+    };
+    if ctx.journal.registry().contains(&plan.volume_name) {
+        return Ok(None);
+    }
+    let content_source = sources::content_source(ctx, pvc, class, source).await?;
+    sources::protect(ctx, source).await?;
+    Ok(Some(content_source))
 }
 
 /// The accessibility requirements of a new CreateVolume, `None` without topology. A claim

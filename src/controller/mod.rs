@@ -19,6 +19,7 @@ mod finalizers;
 mod fixtures;
 pub mod limits;
 mod orphans;
+mod sources;
 mod topology;
 mod volumes;
 

@@ -50,7 +50,7 @@ pub enum CapabilityError {
 
 /// What kind of content a new volume starts with; decides which capabilities are needed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum SourceKind {
+pub enum SourceKind {
     Empty,
     Snapshot,
     Clone,

@@ -45,6 +45,7 @@ pub fn config() -> ProvisionerConfig {
         extra_create_metadata: false,
         default_fstype: String::new(),
         controller_publish_readonly: false,
+        prevent_volume_mode_conversion: true,
         identity: IDENTITY.to_owned(),
     }
 }

@@ -25,6 +25,7 @@ mod attachment;
 mod capabilities;
 mod claim;
 mod consistency;
+mod data_source;
 mod deletion;
 mod finalizers;
 mod names;
@@ -47,7 +48,7 @@ mod proptests;
 
 pub use attachment::{Attachment, AttachmentError, check_detached};
 pub use capabilities::{
-    CapabilityError, check_create_delete_capabilities, csi_access_mode, fs_type,
+    CapabilityError, SourceKind, check_create_delete_capabilities, csi_access_mode, fs_type,
     volume_capabilities,
 };
 pub use claim::{
@@ -57,6 +58,11 @@ pub use claim::{
 pub use consistency::{
     ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER, consistency_enabled,
     has_provisioning_finalizer, may_release_finalizer, needs_finalizer,
+};
+pub use data_source::{
+    ANN_ALLOW_VOLUME_MODE_CHANGE, CLONE_PROTECTION_FINALIZER, DataSource, DataSourceError,
+    SNAPSHOT_PROTECTION_FINALIZER, SourceProblem, check_clone_source, check_snapshot_source,
+    clone_content_source, snapshot_content_source,
 };
 pub use deletion::{
     DeletionError, DeletionSecrets, DeletionTarget, ExistingPv, FinalizerAction,

@@ -12,6 +12,7 @@ use crate::csi::volume_capability::access_mode::Mode;
 
 use super::capabilities::{self, CapabilityError, SourceKind, check_provisioning_capabilities};
 use super::claim::claim_class_name;
+use super::data_source::{CLAIM_KIND, DataSource, SNAPSHOT_API_GROUP, SNAPSHOT_KIND};
 use super::naming::{VolumeNameError, volume_name};
 use super::parameters::{
     ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,
@@ -19,10 +20,6 @@ use super::parameters::{
 use super::quantity::{QuantityError, requested_bytes};
 use super::secrets::{SecretError, SecretRefs, TemplateContext, resolve_secret_refs};
 use super::settings::{DriverCapabilities, ProvisionerConfig};
-
-const SNAPSHOT_KIND: &str = "VolumeSnapshot";
-const SNAPSHOT_API_GROUP: &str = "snapshot.storage.k8s.io";
-const CLAIM_KIND: &str = "PersistentVolumeClaim";
 
 /// Why a claim cannot be provisioned. Every variant is raised before CreateVolume, so nothing
 /// exists on the backend yet.
@@ -39,15 +36,12 @@ pub enum ProvisionError {
         "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled"
     )]
     CrossNamespaceDataSource,
-    #[error("data source {kind} has an empty name")]
-    EmptyDataSourceName { kind: String },
+    #[error("the PVC source not found for PVC {claim}")]
+    EmptyDataSourceName { claim: String },
     #[error(
-        "data source VolumeSnapshot must have apiGroup snapshot.storage.k8s.io, not {api_group:?}"
+        "the PVC source does not belong to the right APIGroup. Expected snapshot.storage.k8s.io, Got {api_group}"
     )]
     SnapshotApiGroup { api_group: String },
-    /// Restore and clone are not implemented yet; the claim's source kind is named.
-    #[error("provisioning from a {0} data source is not supported yet")]
-    DataSourceNotSupported(&'static str),
     /// Needs MODIFY_VOLUME and the class's `mutable_parameters`, not implemented yet. Going
     /// on without them would create a volume without the requested attributes.
     #[error("VolumeAttributesClass {0:?} requested by the claim is not supported yet")]
@@ -105,23 +99,10 @@ pub struct ProvisionPlan {
     pub mount_options: Option<Vec<String>>,
     pub access_modes: Vec<String>,
     pub volume_mode: Option<String>,
-}
-
-/// What a claim's content comes from.
-enum ClaimSource {
-    Empty,
-    Snapshot,
-    Clone,
-}
-
-impl ClaimSource {
-    fn kind(&self) -> SourceKind {
-        match self {
-            Self::Empty => SourceKind::Empty,
-            Self::Snapshot => SourceKind::Snapshot,
-            Self::Clone => SourceKind::Clone,
-        }
-    }
+    /// The snapshot or claim the volume's content comes from; the executor reads it and
+    /// decides the content source with [`super::snapshot_content_source`] or
+    /// [`super::clone_content_source`].
+    pub source: Option<DataSource>,
 }
 
 /// Validates the claim against its class and the driver, and decides every input of
@@ -135,7 +116,8 @@ pub fn plan_provision(
     caps: &DriverCapabilities,
 ) -> Result<ProvisionPlan, ProvisionError> {
     let source = claim_source(pvc)?;
-    check_provisioning_capabilities(caps, source.kind())?;
+    let kind = source.as_ref().map_or(SourceKind::Empty, |source| source.kind);
+    check_provisioning_capabilities(caps, kind)?;
     let spec = pvc.spec.clone().unwrap_or_default();
     if let Some(vac) = spec
         .volume_attributes_class_name
@@ -179,12 +161,6 @@ pub fn plan_provision(
         class.mount_options.as_deref().unwrap_or_default(),
         caps.single_node_multi_writer,
     )?;
-    match source {
-        ClaimSource::Empty => {}
-        ClaimSource::Snapshot => return Err(ProvisionError::DataSourceNotSupported(SNAPSHOT_KIND)),
-        ClaimSource::Clone => return Err(ProvisionError::DataSourceNotSupported(CLAIM_KIND)),
-    }
-
     let secrets = resolve_secret_refs(
         class_parameters,
         &TemplateContext {
@@ -234,17 +210,19 @@ pub fn plan_provision(
         mount_options: class.mount_options.clone(),
         access_modes,
         volume_mode: spec.volume_mode,
+        source,
     })
 }
 
 /// The CreateVolume request of a plan. `provisioner_secrets` is the data of the Secret named by
 /// `plan.secrets.provisioner` (see [`secret_data`](super::secret_data)), empty when there is
 /// none; `accessibility_requirements` comes from the topology decision, `None` when the driver
-/// has no topology.
+/// has no topology; `volume_content_source` from the data source decision.
 pub fn build_create_volume_request(
     plan: &ProvisionPlan,
     provisioner_secrets: HashMap<String, String>,
     accessibility_requirements: Option<csi::TopologyRequirement>,
+    volume_content_source: Option<csi::VolumeContentSource>,
 ) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
         name: plan.volume_name.clone(),
@@ -255,16 +233,16 @@ pub fn build_create_volume_request(
         volume_capabilities: plan.volume_capabilities.clone(),
         parameters: plan.parameters.clone(),
         secrets: provisioner_secrets,
-        volume_content_source: None,
+        volume_content_source,
         accessibility_requirements,
         mutable_parameters: HashMap::new(),
     }
 }
 
-/// Classifies `spec.dataSource`, else `spec.dataSourceRef`.
-fn claim_source(pvc: &PersistentVolumeClaim) -> Result<ClaimSource, ProvisionError> {
+/// Classifies `spec.dataSource`, else `spec.dataSourceRef`, in the claim's namespace.
+fn claim_source(pvc: &PersistentVolumeClaim) -> Result<Option<DataSource>, ProvisionError> {
     let Some(spec) = pvc.spec.as_ref() else {
-        return Ok(ClaimSource::Empty);
+        return Ok(None);
     };
     let (kind, api_group, name) = if let Some(source) = spec.data_source.as_ref() {
         (&source.kind, source.api_group.as_deref(), &source.name)
@@ -274,24 +252,31 @@ fn claim_source(pvc: &PersistentVolumeClaim) -> Result<ClaimSource, ProvisionErr
         }
         (&source.kind, source.api_group.as_deref(), &source.name)
     } else {
-        return Ok(ClaimSource::Empty);
+        return Ok(None);
     };
+    // Upstream's order: the name first, even for a populator's kind.
+    if name.is_empty() {
+        return Err(ProvisionError::EmptyDataSourceName {
+            claim: pvc.metadata.name.clone().unwrap_or_default(),
+        });
+    }
     let api_group = api_group.unwrap_or_default();
     let source = match kind.as_str() {
-        SNAPSHOT_KIND if api_group == SNAPSHOT_API_GROUP => ClaimSource::Snapshot,
+        SNAPSHOT_KIND if api_group == SNAPSHOT_API_GROUP => SourceKind::Snapshot,
         SNAPSHOT_KIND => {
             return Err(ProvisionError::SnapshotApiGroup {
                 api_group: api_group.to_owned(),
             });
         }
-        // A claim is a core object; the same kind in another group is somebody else's.
-        CLAIM_KIND if api_group.is_empty() => ClaimSource::Clone,
+        // Upstream clones from a claim whatever group the reference names.
+        CLAIM_KIND => SourceKind::Clone,
         _ => return Err(ProvisionError::ExternalPopulator { kind: kind.clone() }),
     };
-    if name.is_empty() {
-        return Err(ProvisionError::EmptyDataSourceName { kind: kind.clone() });
-    }
-    Ok(source)
+    Ok(Some(DataSource {
+        kind: source,
+        namespace: pvc.metadata.namespace.clone().unwrap_or_default(),
+        name: name.clone(),
+    }))
 }
 
 #[cfg(test)]
@@ -328,7 +313,7 @@ mod tests {
                 .parameter("csi.storage.k8s.io/fstype", "xfs")
                 .mount_options(&["noatime"]),
         );
-        let request = build_create_volume_request(&plan, HashMap::new(), None);
+        let request = build_create_volume_request(&plan, HashMap::new(), None, None);
         assert_eq!(request.name, format!("pvc-{PVC_UID}"));
         assert_eq!(
             request.capacity_range,
@@ -409,7 +394,7 @@ mod tests {
         );
         assert!(plan.parameters.is_empty());
         let secrets = HashMap::from([("key".to_owned(), "value".to_owned())]);
-        let request = build_create_volume_request(&plan, secrets.clone(), None);
+        let request = build_create_volume_request(&plan, secrets.clone(), None, None);
         assert_eq!(request.secrets, secrets);
     }
 
@@ -422,7 +407,7 @@ mod tests {
             }],
             preferred: vec![],
         };
-        let request = build_create_volume_request(&plan, HashMap::new(), Some(requirement.clone()));
+        let request = build_create_volume_request(&plan, HashMap::new(), Some(requirement.clone()), None);
         assert_eq!(request.accessibility_requirements, Some(requirement));
     }
 
@@ -555,20 +540,44 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_and_clone_sources_are_not_supported_yet() {
-        assert_eq!(
-            err(
-                PvcBuilder::new().data_source(Some(SNAPSHOT_API_GROUP), "VolumeSnapshot", "snap"),
-                ClassBuilder::new()
-            ),
-            "provisioning from a VolumeSnapshot data source is not supported yet"
+    fn snapshot_and_clone_sources_name_the_object_to_read() {
+        let restore = ok(
+            PvcBuilder::new().data_source(Some(SNAPSHOT_API_GROUP), "VolumeSnapshot", "snap"),
+            ClassBuilder::new(),
         );
         assert_eq!(
-            err(
-                PvcBuilder::new().data_source(None, "PersistentVolumeClaim", "src"),
-                ClassBuilder::new()
-            ),
-            "provisioning from a PersistentVolumeClaim data source is not supported yet"
+            restore.source,
+            Some(DataSource {
+                kind: SourceKind::Snapshot,
+                namespace: "apps".into(),
+                name: "snap".into()
+            })
+        );
+        let clone = ok(
+            PvcBuilder::new().data_source(None, "PersistentVolumeClaim", "src"),
+            ClassBuilder::new(),
+        );
+        assert_eq!(clone.source.map(|s| (s.kind, s.name)), Some((SourceKind::Clone, "src".into())));
+        assert_eq!(ok(PvcBuilder::new(), ClassBuilder::new()).source, None);
+    }
+
+    #[test]
+    fn a_driver_without_the_capability_refuses_the_source() {
+        let mut caps = caps();
+        caps.snapshot = false;
+        caps.clone = false;
+        let run = |pvc: PvcBuilder| {
+            plan_provision(&pvc.build(), &ClassBuilder::new().build(), &config(), &caps)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            run(PvcBuilder::new().data_source(Some(SNAPSHOT_API_GROUP), "VolumeSnapshot", "s")),
+            Err("CSI driver does not support snapshot restore: controller CREATE_DELETE_SNAPSHOT capability is not reported".into())
+        );
+        assert_eq!(
+            run(PvcBuilder::new().data_source(None, "PersistentVolumeClaim", "src")),
+            Err("CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported".into())
         );
     }
 
@@ -579,7 +588,7 @@ mod tests {
                 PvcBuilder::new().data_source(None, "VolumeSnapshot", "snap"),
                 ClassBuilder::new()
             ),
-            "data source VolumeSnapshot must have apiGroup snapshot.storage.k8s.io, not \"\""
+            "the PVC source does not belong to the right APIGroup. Expected snapshot.storage.k8s.io, Got "
         );
     }
 
@@ -590,7 +599,7 @@ mod tests {
                 PvcBuilder::new().data_source(Some(SNAPSHOT_API_GROUP), "VolumeSnapshot", ""),
                 ClassBuilder::new()
             ),
-            "data source VolumeSnapshot has an empty name"
+            "the PVC source not found for PVC data"
         );
     }
 

@@ -344,6 +344,7 @@ fn provisioner_config() -> BoxedStrategy<ProvisionerConfig> {
                 extra_create_metadata,
                 default_fstype,
                 controller_publish_readonly,
+                prevent_volume_mode_conversion: true,
                 identity,
             },
         )
@@ -772,7 +773,7 @@ proptest! {
         let reserved = plan.parameters.keys().filter(|key| key.starts_with(RESERVED_PREFIX));
         prop_assert_eq!(reserved.count(), if config.extra_create_metadata { 3 } else { 0 });
 
-        let request = build_create_volume_request(&plan, HashMap::new(), None);
+        let request = build_create_volume_request(&plan, HashMap::new(), None, None);
         prop_assert_eq!(&request.name, &plan.volume_name);
         prop_assert_eq!(
             request.capacity_range.map(|range| range.required_bytes),
@@ -999,8 +1000,8 @@ proptest! {
             &super::fixtures::config(),
             &provisioning_driver(),
         ))?;
-        let request = build_create_volume_request(&plan, secrets.clone(), None);
-        let blank = build_create_volume_request(&plan, without_values(&secrets), None);
+        let request = build_create_volume_request(&plan, secrets.clone(), None, None);
+        let blank = build_create_volume_request(&plan, without_values(&secrets), None, None);
         for (logged, background) in [
             (format!("{request:?}"), format!("{blank:?}")),
             (format!("{request:#?}"), format!("{blank:#?}")),

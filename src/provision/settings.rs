@@ -37,6 +37,8 @@ pub struct ProvisionerConfig {
     pub default_fstype: String,
     /// `--controller-publish-readonly`.
     pub controller_publish_readonly: bool,
+    /// `--prevent-volume-mode-conversion`.
+    pub prevent_volume_mode_conversion: bool,
     /// Identity of this process, see [`provisioner_identity`].
     pub identity: String,
 }

@@ -38,13 +38,19 @@ pub enum CreateResponseError {
         capacity: i64,
         requested: i64,
     },
+    /// A volume asked for with a content source came back without one: the driver ignored
+    /// the source, so the volume is empty and is deleted (upstream's text).
+    #[error("volume content source missing")]
+    ContentSourceMissing { volume_id: String },
 }
 
 impl CreateResponseError {
     /// The backend volume the executor must DeleteVolume before anything else, if any.
     pub fn volume_to_delete(&self) -> Option<&str> {
         match self {
-            Self::CapacityTooSmall { volume_id, .. } => Some(volume_id),
+            Self::CapacityTooSmall { volume_id, .. } | Self::ContentSourceMissing { volume_id } => {
+                Some(volume_id)
+            }
             Self::MissingVolume | Self::EmptyVolumeId => None,
         }
     }
@@ -77,6 +83,11 @@ pub fn build_persistent_volume(
         }
         capacity => capacity,
     };
+    if plan.source.is_some() && volume.content_source.is_none() {
+        return Err(CreateResponseError::ContentSourceMissing {
+            volume_id: volume.volume_id.clone(),
+        });
+    }
 
     let mut annotations =
         BTreeMap::from([(ANN_PROVISIONED_BY.to_owned(), plan.provisioned_by.clone())]);

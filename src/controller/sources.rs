@@ -1,0 +1,186 @@
+//! Claims with a data source: reads the source (the source claim and its PV, or the
+//! VolumeSnapshot and its content, with live GETs as upstream), has `provision` decide the
+//! CreateVolume content source, and puts upstream's protection finalizer on the source before
+//! the driver is called. Afterwards a restored snapshot's finalizer comes off again.
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::Api;
+use thiserror::Error;
+use tracing::{debug, warn};
+
+use super::context::Context;
+use super::finalizers::{add_finalizer, remove_finalizer};
+use crate::api::{VolumeSnapshot, VolumeSnapshotContent};
+use crate::csi;
+use crate::provision::{
+    DataSource, DataSourceError, SNAPSHOT_PROTECTION_FINALIZER, SourceKind, SourceProblem,
+    check_clone_source, check_snapshot_source, clone_content_source, snapshot_content_source,
+};
+
+/// Why the source of a claim cannot be used now; nothing was sent to the driver.
+#[derive(Debug, Error)]
+pub enum SourceError {
+    #[error(transparent)]
+    Invalid(#[from] DataSourceError),
+    /// Upstream's text is the API error alone.
+    #[error("{0}")]
+    Protect(kube::Error),
+}
+
+/// The content source of a claim's new volume, once its source passes upstream's checks.
+pub(super) async fn content_source(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    source: &DataSource,
+) -> Result<csi::VolumeContentSource, SourceError> {
+    match source.kind {
+        SourceKind::Snapshot => restore_source(ctx, pvc, class, source).await,
+        SourceKind::Clone | SourceKind::Empty => clone_source(ctx, pvc, class, source).await,
+    }
+}
+
+async fn clone_source(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    source: &DataSource,
+) -> Result<csi::VolumeContentSource, SourceError> {
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &source.namespace);
+    let source_claim = claims.get(&source.name).await.map_err(|error| {
+        invalid(
+            source,
+            SourceProblem::ClaimRead {
+                source_name: source.name.clone(),
+                namespace: pvc.metadata.namespace.clone().unwrap_or_default(),
+                error: error.to_string(),
+            },
+        )
+    })?;
+    let volume = check_clone_source(pvc, source, &source_claim)?;
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let source_pv = volumes.get_opt(&volume).await.map_err(|error| {
+        invalid(
+            source,
+            SourceProblem::SourceVolumeInvalid {
+                detail: format!("reading PersistentVolume {volume}: {error}"),
+            },
+        )
+    })?;
+    let decided = clone_content_source(pvc, class, source, &source_claim, source_pv.as_ref());
+    if let Err(DataSourceError {
+        problem: SourceProblem::SourceVolumeInvalid { detail },
+        ..
+    }) = &decided
+    {
+        warn!(source = %source.name, volume, detail, "clone source not usable");
+    }
+    Ok(decided?)
+}
+
+async fn restore_source(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    source: &DataSource,
+) -> Result<csi::VolumeContentSource, SourceError> {
+    let snapshots: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &source.namespace);
+    let snapshot = snapshots.get(&source.name).await.map_err(|error| {
+        invalid(
+            source,
+            SourceProblem::SnapshotRead {
+                snapshot: source.name.clone(),
+                error: api_error_text(&error, "VolumeSnapshot"),
+            },
+        )
+    })?;
+    let content_name = check_snapshot_source(source, &snapshot)?;
+    let contents: Api<VolumeSnapshotContent> = Api::all(ctx.client.clone());
+    let content = contents.get(&content_name).await.map_err(|error| {
+        warn!(content = content_name, %error, "reading the snapshot's content");
+        invalid(
+            source,
+            SourceProblem::ContentRead {
+                content: content_name.clone(),
+                snapshot: source.name.clone(),
+            },
+        )
+    })?;
+    Ok(snapshot_content_source(
+        pvc,
+        class,
+        source,
+        &snapshot,
+        &content,
+        ctx.config.prevent_volume_mode_conversion,
+    )?)
+}
+
+/// Puts the source's protection finalizer on it, before the driver is asked to read it. A
+/// snapshot the sidecar may not update stays unprotected, as upstream (older RBAC).
+pub(super) async fn protect(ctx: &Context, source: &DataSource) -> Result<(), SourceError> {
+    let finalizer = source.protection_finalizer();
+    let result = match source.kind {
+        SourceKind::Snapshot => {
+            let api: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &source.namespace);
+            match api.get(&source.name).await {
+                Ok(snapshot) => add_finalizer(&api, &snapshot, finalizer).await,
+                Err(error) => Err(error),
+            }
+        }
+        SourceKind::Clone | SourceKind::Empty => {
+            let api: Api<PersistentVolumeClaim> =
+                Api::namespaced(ctx.client.clone(), &source.namespace);
+            match api.get(&source.name).await {
+                Ok(claim) => add_finalizer(&api, &claim, finalizer).await,
+                Err(error) => Err(error),
+            }
+        }
+    };
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 && source.kind == SourceKind::Snapshot => {
+            debug!(snapshot = %source.name, "no permission to protect the snapshot; restoring unprotected");
+            Ok(())
+        }
+        other => other.map_err(SourceError::Protect),
+    }
+}
+
+/// Takes the restore's finalizer off its snapshot once the volume's PV is saved. Failures
+/// are only logged: the orphan sweeper removes what is left.
+pub(super) async fn release_snapshot(ctx: &Context, source: &DataSource) {
+    if source.kind != SourceKind::Snapshot {
+        return;
+    }
+    let api: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &source.namespace);
+    let released = match api.get_opt(&source.name).await {
+        Ok(Some(snapshot)) => remove_finalizer(&api, &snapshot, SNAPSHOT_PROTECTION_FINALIZER).await,
+        Ok(None) => Ok(()),
+        Err(error) => Err(error),
+    };
+    match released {
+        Ok(()) => {}
+        Err(kube::Error::Api(status)) if status.code == 403 => {}
+        Err(error) => warn!(snapshot = %source.name, %error, "failed to remove the restore's finalizer from the snapshot"),
+    }
+}
+
+fn invalid(source: &DataSource, problem: SourceProblem) -> SourceError {
+    SourceError::Invalid(DataSourceError {
+        kind: source.kind_name(),
+        name: source.name.clone(),
+        problem,
+    })
+}
+
+/// An API error's text; a resource the server does not serve at all says which CRD is
+/// missing, where the API server only says it "could not find the requested resource".
+fn api_error_text(error: &kube::Error, kind: &str) -> String {
+    match error {
+        kube::Error::Api(status) if status.code == 404 && status.details.is_none() => format!(
+            "{error} (the {kind} CRD of snapshot.storage.k8s.io/v1 is not installed in the cluster)"
+        ),
+        _ => error.to_string(),
+    }
+}

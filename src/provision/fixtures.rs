@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeSpec, PersistentVolumeStatus,
-    TypedLocalObjectReference, TypedObjectReference, VolumeResourceRequirements,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PersistentVolumeSpec,
+    PersistentVolumeStatus, TypedLocalObjectReference, TypedObjectReference,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -87,6 +88,14 @@ impl PvcBuilder {
 
     fn spec(&mut self) -> &mut PersistentVolumeClaimSpec {
         self.0.spec.get_or_insert_with(Default::default)
+    }
+
+    pub fn phase(mut self, phase: &str) -> Self {
+        self.0.status = Some(PersistentVolumeClaimStatus {
+            phase: Some(phase.to_owned()),
+            ..PersistentVolumeClaimStatus::default()
+        });
+        self
     }
 
     pub fn annotation(mut self, key: &str, value: &str) -> Self {

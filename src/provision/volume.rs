@@ -338,6 +338,32 @@ mod tests {
     }
 
     #[test]
+    fn a_volume_asked_for_from_a_source_must_say_it_came_from_one() {
+        let plan = plan(
+            PvcBuilder::new().data_source(None, "PersistentVolumeClaim", "src"),
+            ClassBuilder::new(),
+        );
+        assert_eq!(
+            build_persistent_volume(&plan, &response("v", 1 << 30)),
+            Err(CreateResponseError::ContentSourceMissing {
+                volume_id: "v".into()
+            })
+        );
+        assert_eq!(
+            CreateResponseError::ContentSourceMissing {
+                volume_id: "v".into()
+            }
+            .volume_to_delete(),
+            Some("v")
+        );
+        let mut answered = response("v", 1 << 30);
+        if let Some(volume) = answered.volume.as_mut() {
+            volume.content_source = Some(csi::VolumeContentSource::default());
+        }
+        assert!(build_persistent_volume(&plan, &answered).is_ok());
+    }
+
+    #[test]
     fn zero_capacity_in_the_response_means_the_requested_size() {
         let plan = plan(PvcBuilder::new().storage("1500"), ClassBuilder::new());
         let pv = build(&plan, &response("v", 0));

@@ -672,7 +672,7 @@ mod tests {
     use crate::provision::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvBuilder, PvcBuilder};
     use crate::provision::{
         ANN_PROVISIONING_CONSISTENCY, ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER,
-        PROVISIONING_FINALIZER,
+        CLONE_PROTECTION_FINALIZER, PROVISIONING_FINALIZER, SNAPSHOT_PROTECTION_FINALIZER,
     };
 
     const CLAIM_EVENT: &str = "PersistentVolumeClaim/data";
@@ -719,6 +719,7 @@ mod tests {
             parameters: strings(&[("type", "fast")]),
             secrets: strings(SECRETS),
             accessibility: None,
+            content_source: None,
         }
     }
 
@@ -1431,5 +1432,257 @@ mod tests {
             Action::await_change()
         );
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    // ------------------------------------------------------------------ data sources
+
+    const SOURCE_UID: &str = "5c1c8b4e-0000-4000-8000-00000000000a";
+    const SOURCE_PATH: &str = "/api/v1/namespaces/apps/persistentvolumeclaims/src";
+    const SNAPSHOT_PATH: &str =
+        "/apis/snapshot.storage.k8s.io/v1/namespaces/apps/volumesnapshots/snap";
+
+    /// The bound claim `apps/src` a clone reads, with its volume `vol-src`.
+    fn source_claim() -> PersistentVolumeClaim {
+        let mut source = PvcBuilder::new()
+            .uid(SOURCE_UID)
+            .volume_name("pv-src")
+            .phase("Bound")
+            .build();
+        source.metadata.name = Some("src".into());
+        source
+    }
+
+    fn source_pv() -> PersistentVolume {
+        let mut pv = PvBuilder::new()
+            .name("pv-src")
+            .handle("vol-src")
+            .claim_uid(SOURCE_UID)
+            .build();
+        if let Some(claim) = pv.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+            claim.name = Some("src".into());
+        }
+        pv
+    }
+
+    fn from_volume(id: &str) -> Option<csi::VolumeContentSource> {
+        Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Volume(
+                csi::volume_content_source::VolumeSource {
+                    volume_id: id.into(),
+                },
+            )),
+        })
+    }
+
+    fn from_snapshot(id: &str) -> Option<csi::VolumeContentSource> {
+        Some(csi::VolumeContentSource {
+            r#type: Some(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: id.into(),
+                },
+            )),
+        })
+    }
+
+    /// The volume created with the content it was asked for.
+    fn created_from(
+        content: Option<csi::VolumeContentSource>,
+    ) -> Result<csi::CreateVolumeResponse, Status> {
+        let mut response = created("vol-1", GIB)?;
+        if let Some(volume) = response.volume.as_mut() {
+            volume.content_source = content;
+        }
+        Ok(response)
+    }
+
+    fn clone_claim() -> PvcBuilder {
+        claim().data_source(None, "PersistentVolumeClaim", "src")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clone_protects_its_source_then_creates_from_the_source_volume() {
+        let scenario = cluster()
+            .start([
+                get(SOURCE_PATH).answer(200, source_claim()),
+                get("/api/v1/persistentvolumes/pv-src").answer(200, source_pv()),
+                get(SOURCE_PATH).answer(200, source_claim()),
+                patch(SOURCE_PATH)
+                    .body(json!({"metadata": {"finalizers": [CLONE_PROTECTION_FINALIZER]}}))
+                    .echo(200),
+                secret_read(),
+                record_written(),
+                create_volume(
+                    CreateVolumeCall {
+                        content_source: from_volume("vol-src"),
+                        ..expected_create()
+                    },
+                    created_from(from_volume("vol-src")),
+                ),
+                pv_created(),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, clone_claim().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clone_whose_source_is_not_bound_sends_nothing_and_protects_nothing() {
+        let mut pending = source_claim();
+        pending.status = None;
+        let scenario = cluster()
+            .start([get(SOURCE_PATH).answer(200, pending)])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, clone_claim().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(!in_flight(&scenario));
+        assert_eq!(
+            scenario.finish().await,
+            [failed(
+                "error getting handle for DataSource Type PersistentVolumeClaim by Name src: the PVC DataSource src must have a status of Bound.  Got { [] map[] [] map[] map[] <nil> <nil>}"
+            )]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_volume_that_ignored_its_source_is_deleted_and_the_claim_retried() {
+        let scenario = cluster()
+            .start([
+                get(SOURCE_PATH).answer(200, source_claim()),
+                get("/api/v1/persistentvolumes/pv-src").answer(200, source_pv()),
+                get(SOURCE_PATH).answer(200, source_claim()),
+                patch(SOURCE_PATH).echo(200),
+                secret_read(),
+                record_written(),
+                create_volume(
+                    CreateVolumeCall {
+                        content_source: from_volume("vol-src"),
+                        ..expected_create()
+                    },
+                    created_from(None),
+                ),
+                delete_volume("vol-1", SECRETS, Ok(())),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, clone_claim().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(!in_flight(&scenario));
+        assert_eq!(
+            scenario.finish().await,
+            [provisioning(), failed("volume content source missing")]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recorded_clone_is_replayed_without_reading_its_source_again() {
+        let mut recorded = recorded_operation();
+        recorded.request.volume_content_source = from_volume("vol-src");
+        // The source may be gone by now: nothing of it is read, the recorded request is sent.
+        let scenario = cluster()
+            .journaled(recorded)
+            .start([
+                secret_read(),
+                create_volume(
+                    CreateVolumeCall {
+                        content_source: from_volume("vol-src"),
+                        ..expected_create()
+                    },
+                    created_from(from_volume("vol-src")),
+                ),
+                pv_created(),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, clone_claim().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    fn snapshot(finalizers: &[&str]) -> Value {
+        json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1",
+            "kind": "VolumeSnapshot",
+            "metadata": {"name": "snap", "namespace": "apps", "uid": "snap-uid",
+                         "resourceVersion": "3", "finalizers": finalizers},
+            "spec": {"source": {"persistentVolumeClaimName": "src"}},
+            "status": {"boundVolumeSnapshotContentName": "content-1", "readyToUse": true,
+                       "restoreSize": "1Gi"}
+        })
+    }
+
+    fn content() -> Value {
+        json!({
+            "apiVersion": "snapshot.storage.k8s.io/v1",
+            "kind": "VolumeSnapshotContent",
+            "metadata": {"name": "content-1"},
+            "spec": {"driver": DRIVER, "deletionPolicy": "Delete",
+                     "source": {"volumeHandle": "vol-src"},
+                     "volumeSnapshotRef": {"name": "snap", "namespace": "apps", "uid": "snap-uid"}},
+            "status": {"snapshotHandle": "snap-handle", "readyToUse": true}
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restore_protects_the_snapshot_until_its_pv_is_saved() {
+        let scenario = cluster()
+            .start([
+                get(SNAPSHOT_PATH).answer(200, snapshot(&[])),
+                get("/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/content-1")
+                    .answer(200, content()),
+                get(SNAPSHOT_PATH).answer(200, snapshot(&[])),
+                patch(SNAPSHOT_PATH)
+                    .body(json!({"metadata": {"finalizers": [SNAPSHOT_PROTECTION_FINALIZER]}}))
+                    .echo(200),
+                secret_read(),
+                record_written(),
+                create_volume(
+                    CreateVolumeCall {
+                        content_source: from_snapshot("snap-handle"),
+                        ..expected_create()
+                    },
+                    created_from(from_snapshot("snap-handle")),
+                ),
+                pv_created(),
+                get(SNAPSHOT_PATH).answer(200, snapshot(&[SNAPSHOT_PROTECTION_FINALIZER])),
+                patch(SNAPSHOT_PATH).echo(200),
+                record_removed(),
+            ])
+            .await;
+        let restore =
+            claim().data_source(Some("snapshot.storage.k8s.io"), "VolumeSnapshot", "snap");
+        assert_eq!(
+            reconcile(&scenario, restore.build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cluster_without_the_snapshot_crd_is_told_so() {
+        let scenario = cluster()
+            .start([get(SNAPSHOT_PATH).refuse(404, "NotFound")])
+            .await;
+        let restore =
+            claim().data_source(Some("snapshot.storage.k8s.io"), "VolumeSnapshot", "snap");
+        assert_eq!(
+            reconcile(&scenario, restore.build()).await,
+            Action::requeue(RETRY_START)
+        );
+        let events = scenario.finish().await;
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert!(
+            events[0].starts_with(&failed("error getting handle for DataSource Type VolumeSnapshot by Name snap: error getting snapshot snap from api server: ")),
+            "{events:?}"
+        );
     }
 }

@@ -220,6 +220,7 @@ pub struct CreateVolumeCall {
     pub parameters: HashMap<String, String>,
     pub secrets: HashMap<String, String>,
     pub accessibility: Option<csi::TopologyRequirement>,
+    pub content_source: Option<csi::VolumeContentSource>,
 }
 
 impl From<&csi::CreateVolumeRequest> for CreateVolumeCall {
@@ -233,6 +234,7 @@ impl From<&csi::CreateVolumeRequest> for CreateVolumeCall {
             parameters: request.parameters.clone(),
             secrets: request.secrets.clone(),
             accessibility: request.accessibility_requirements.clone(),
+            content_source: request.volume_content_source.clone(),
         }
     }
 }

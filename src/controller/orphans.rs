@@ -380,6 +380,7 @@ mod tests {
             parameters: strings(&[("type", "fast")]),
             secrets: strings(SECRETS),
             accessibility: None,
+            content_source: None,
         }
     }
 

@@ -111,7 +111,8 @@ pub enum Step {
         reply: Reply,
     },
     CreateVolume {
-        expected: CreateVolumeCall,
+        /// Boxed: the request is much larger than the other steps.
+        expected: Box<CreateVolumeCall>,
         answer: Result<csi::CreateVolumeResponse, Status>,
     },
     DeleteVolume {
@@ -243,7 +244,10 @@ pub fn create_volume(
     expected: CreateVolumeCall,
     answer: Result<csi::CreateVolumeResponse, Status>,
 ) -> Step {
-    Step::CreateVolume { expected, answer }
+    Step::CreateVolume {
+        expected: Box::new(expected),
+        answer,
+    }
 }
 
 /// CreateVolume's answer for a volume created with this id and size.
@@ -686,7 +690,7 @@ impl CsiController for ScriptedDriver {
         let got = format!("CreateVolume {}", request.name);
         match self.script.next(&got) {
             Step::CreateVolume { expected, answer } => {
-                assert_eq!(CreateVolumeCall::from(&request), expected, "{got}");
+                assert_eq!(CreateVolumeCall::from(&request), *expected, "{got}");
                 answer.map_err(CallError::from)
             }
             step => panic!("the driver got {got}, the scenario expected {step}"),

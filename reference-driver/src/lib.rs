@@ -86,7 +86,7 @@ pub use request_log::RequestLog;
 pub use service::Driver;
 pub use socket::SocketError;
 pub use state::{
-    AccessKind, ContentSource, Limits, Publication, SnapshotRecord, State, VolumeRecord,
+    AccessKind, ContentSource, Features, Limits, Publication, SnapshotRecord, State, VolumeRecord,
 };
 pub use store::{STATE_FILE, StoreError, load_state};
 pub use topology::{Labels, Segment};

@@ -143,6 +143,10 @@ pub struct SnapshotRecord {
     pub size_bytes: i64,
     pub created_secs: i64,
     pub created_nanos: i32,
+    /// The segment its source volume was in when it was taken (empty without topology, and in
+    /// state files written before this field existed); a restore goes there if it may.
+    #[serde(default)]
+    pub topology: Labels,
 }
 
 impl SnapshotRecord {
@@ -198,6 +202,25 @@ pub struct Limits {
     pub max_volume_size: i64,
 }
 
+/// The optional controller features this driver serves; tests turn them off to see how a
+/// sidecar copes with a driver without them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, GET_SNAPSHOT and restores (`--no-snapshots`).
+    pub snapshots: bool,
+    /// CLONE_VOLUME (`--no-clone`).
+    pub clone: bool,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Self {
+            snapshots: true,
+            clone: true,
+        }
+    }
+}
+
 /// Size of a volume created without any capacity range or source.
 pub const DEFAULT_VOLUME_SIZE: i64 = 1 << 30;
 
@@ -224,8 +247,9 @@ pub enum CreateVolumeDecision {
 /// Decides CreateVolume. The order of checks matters for the CSI error contract: an existing name
 /// is judged only on compatibility (so a retry succeeds even when capacity has run out since), a
 /// requisite no segment serves fails before the source is looked up, and a missing source is
-/// NOT_FOUND before any size check. The new volume goes to the first segment
-/// [`topology::candidates`] offers that still has room.
+/// NOT_FOUND before any size check. A restore or clone must not ask for less than its source
+/// holds (OUT_OF_RANGE). The new volume goes to the first segment [`topology::candidates`]
+/// offers that still has room, trying the source's segment first when it is among them.
 pub fn decide_create_volume(
     state: &State,
     args: &CreateVolumeArgs,
@@ -236,18 +260,18 @@ pub fn decide_create_volume(
         return check_compatible(existing, args)
             .map(|()| CreateVolumeDecision::Existing(existing.clone()));
     }
-    let candidates = topology::candidates(&limits.segments, &args.requirements);
+    let mut candidates = topology::candidates(&limits.segments, &args.requirements);
     if candidates.is_empty() {
         return Err(placement_error(PlacementError::NoMatchingSegment {
             requisite: args.requirements.requisite.clone(),
         }));
     }
-    let source_size = match &args.source {
-        None => 0,
+    let (source_size, source_segment) = match &args.source {
+        None => (0, None),
         Some(ContentSource::Snapshot(id)) => state
             .snapshots
             .get(id)
-            .map(|s| s.size_bytes)
+            .map(|s| (s.size_bytes, Some(&s.topology)))
             .ok_or_else(|| CsiError::NotFound(format!("source snapshot {id} does not exist")))?,
         Some(ContentSource::Volume(id)) => {
             let source = state
@@ -260,9 +284,18 @@ pub fn decide_create_volume(
                     source.access, args.access
                 )));
             }
-            source.capacity_bytes
+            (source.capacity_bytes, Some(&source.topology))
         }
     };
+    if args.required_bytes > 0 && args.required_bytes < source_size {
+        return Err(CsiError::OutOfRange(format!(
+            "required_bytes {} is less than the {source_size} bytes of the source",
+            args.required_bytes
+        )));
+    }
+    if let Some(labels) = source_segment {
+        topology::try_first(&mut candidates, labels);
+    }
     let wanted = args.required_bytes.max(source_size);
     let size = match (wanted, args.limit_bytes) {
         (0, 0) => DEFAULT_VOLUME_SIZE.min(limits.max_volume_size),
@@ -371,7 +404,32 @@ pub fn decide_create_snapshot(
         size_bytes: source.capacity_bytes,
         created_secs: now.0,
         created_nanos: now.1,
+        topology: source.topology.clone(),
     }))
+}
+
+/// GetSnapshot: the snapshot, or NOT_FOUND.
+pub fn find_snapshot<'a>(state: &'a State, id: &str) -> Result<&'a SnapshotRecord, CsiError> {
+    state
+        .snapshots
+        .get(id)
+        .ok_or_else(|| CsiError::NotFound(format!("snapshot {id} does not exist")))
+}
+
+/// ListSnapshots before paging: the snapshots, ordered by id, that match both filters (an
+/// empty filter matches everything; an unknown id matches nothing, which is not an error).
+pub fn filter_snapshots(
+    state: &State,
+    snapshot_id: &str,
+    source_volume_id: &str,
+) -> Vec<SnapshotRecord> {
+    state
+        .snapshots
+        .values()
+        .filter(|s| snapshot_id.is_empty() || s.id == snapshot_id)
+        .filter(|s| source_volume_id.is_empty() || s.source_volume_id == source_volume_id)
+        .cloned()
+        .collect()
 }
 
 /// DeleteVolume: `Ok(None)` means "already gone, nothing to do".

@@ -741,6 +741,129 @@ mod tests {
         ));
     }
 
+    /// Takes a snapshot of `volume` named `name` as `id` and stores it.
+    fn snapshot(state: &mut State, name: &str, volume: &str, id: &str) -> SnapshotRecord {
+        match decide_create_snapshot(state, name, volume, id.into(), (1, 0)) {
+            Ok(CreateSnapshotDecision::Create(s)) => {
+                state.snapshots.insert(s.id.clone(), s.clone());
+                s
+            }
+            other => panic!("expected a new snapshot, got {other:?}"),
+        }
+    }
+
+    fn from(source: ContentSource, name: &str, required: i64) -> CreateVolumeArgs {
+        CreateVolumeArgs {
+            source: Some(source),
+            ..args(name, required, 0)
+        }
+    }
+
+    #[test]
+    fn a_restore_or_clone_may_not_ask_for_less_than_its_source() {
+        let mut state = State::default();
+        create(&mut state, &args("src", 10 * GI, 0), "vol-src").unwrap();
+        snapshot(&mut state, "s", "vol-src", "snap-1");
+        for source in [
+            ContentSource::Snapshot("snap-1".into()),
+            ContentSource::Volume("vol-src".into()),
+        ] {
+            let smaller = create(&mut state, &from(source.clone(), "small", 5 * GI), "x");
+            assert!(
+                matches!(&smaller, Err(CsiError::OutOfRange(m)) if m.contains("less than")),
+                "{smaller:?}"
+            );
+            let same_size = create(&mut state, &from(source.clone(), "same", 0), "vol-same");
+            assert_eq!(same_size.map(|v| v.capacity_bytes), Ok(10 * GI));
+            let bigger = create(&mut state, &from(source.clone(), "big", 11 * GI), "vol-big");
+            assert_eq!(bigger.map(|v| v.capacity_bytes), Ok(11 * GI));
+            for name in ["same", "big"] {
+                let id = state.volume_by_name(name).unwrap().id.clone();
+                state.volumes.remove(&id);
+            }
+        }
+        let missing = create(
+            &mut state,
+            &from(ContentSource::Volume("vol-gone".into()), "m", 0),
+            "x",
+        );
+        assert!(matches!(missing, Err(CsiError::NotFound(_))), "{missing:?}");
+    }
+
+    #[test]
+    fn sourced_volumes_are_idempotent_per_source() {
+        let mut state = State::default();
+        create(&mut state, &args("src", GI, 0), "vol-src").unwrap();
+        snapshot(&mut state, "s1", "vol-src", "snap-1");
+        snapshot(&mut state, "s2", "vol-src", "snap-2");
+        let restore = from(ContentSource::Snapshot("snap-1".into()), "r", GI);
+        let first = create(&mut state, &restore, "vol-r").unwrap();
+        assert_eq!(
+            first.to_csi().content_source,
+            Some(ContentSource::Snapshot("snap-1".into()).to_csi()),
+            "the reply names the request's source"
+        );
+        assert_eq!(create(&mut state, &restore, "vol-r2"), Ok(first));
+        for other in [
+            from(ContentSource::Snapshot("snap-2".into()), "r", GI),
+            from(ContentSource::Volume("vol-src".into()), "r", GI),
+            args("r", GI, 0),
+            from(ContentSource::Snapshot("snap-1".into()), "r", 2 * GI),
+        ] {
+            let conflict = create(&mut state, &other, "vol-x");
+            assert!(
+                matches!(conflict, Err(CsiError::AlreadyExists(_))),
+                "{other:?}: {conflict:?}"
+            );
+        }
+        // A snapshot stays usable after its source volume is gone.
+        state.volumes.remove("vol-src");
+        let late = create(
+            &mut state,
+            &from(ContentSource::Snapshot("snap-2".into()), "late", 0),
+            "vol-l",
+        );
+        assert_eq!(late.map(|v| v.capacity_bytes), Ok(GI));
+    }
+
+    #[test]
+    fn snapshots_are_found_filtered_and_paged() {
+        let mut state = State::default();
+        create(&mut state, &args("a", GI, 0), "vol-a").unwrap();
+        create(&mut state, &args("b", 2 * GI, 0), "vol-b").unwrap();
+        let a1 = snapshot(&mut state, "a1", "vol-a", "snap-1");
+        let a2 = snapshot(&mut state, "a2", "vol-a", "snap-2");
+        let b1 = snapshot(&mut state, "b1", "vol-b", "snap-3");
+        assert_eq!(b1.size_bytes, 2 * GI, "a snapshot has its source's size");
+        assert_eq!(find_snapshot(&state, "snap-2"), Ok(&a2));
+        assert!(matches!(
+            find_snapshot(&state, "none-exist-id"),
+            Err(CsiError::NotFound(_))
+        ));
+        assert_eq!(
+            filter_snapshots(&state, "", ""),
+            [a1.clone(), a2.clone(), b1.clone()]
+        );
+        assert_eq!(
+            filter_snapshots(&state, "", "vol-a"),
+            [a1.clone(), a2.clone()]
+        );
+        assert_eq!(filter_snapshots(&state, "snap-3", ""), [b1.clone()]);
+        assert_eq!(filter_snapshots(&state, "snap-3", "vol-b"), [b1.clone()]);
+        assert!(filter_snapshots(&state, "snap-3", "vol-a").is_empty());
+        assert!(filter_snapshots(&state, "snap-9", "").is_empty());
+        assert!(filter_snapshots(&state, "", "vol-9").is_empty());
+
+        let all = filter_snapshots(&state, "", "");
+        let (first, token) = page(&all, 2, "").unwrap();
+        assert_eq!((first, token.as_str()), (vec![a1, a2], "2"));
+        assert_eq!(page(&all, 2, &token), Ok((vec![b1], String::new())));
+        assert!(matches!(
+            page(&all, 2, "invalid-token"),
+            Err(CsiError::Aborted(_))
+        ));
+    }
+
     fn zone(z: &str) -> Labels {
         Labels::from([("zone".to_string(), z.to_string())])
     }
@@ -816,6 +939,71 @@ mod tests {
         ));
         let v = state.volume_by_name("3").unwrap().to_csi();
         assert_eq!(v.accessible_topology, vec![to_csi_topology(&zone("b"))]);
+    }
+
+    #[test]
+    fn restores_and_clones_go_to_their_source_segment_if_allowed() {
+        let limits = zoned();
+        let mut state = State::default();
+        let src = create_in(
+            &mut state,
+            &within("src", GI, &["b"], &[]),
+            &limits,
+            "vol-src",
+        )
+        .unwrap();
+        assert_eq!(src.topology, zone("b"));
+        let snap = snapshot(&mut state, "s", "vol-src", "snap-1");
+        assert_eq!(
+            snap.topology,
+            zone("b"),
+            "a snapshot remembers its source's segment"
+        );
+        let place = |state: &mut State, a: CreateVolumeArgs| {
+            create_in(state, &a, &limits, &format!("vol-{}", a.name)).map(|v| v.topology)
+        };
+        let sourced =
+            |source: &ContentSource, name: &str, size: i64, requisite: &[&str]| CreateVolumeArgs {
+                source: Some(source.clone()),
+                ..within(name, size, requisite, &[])
+            };
+        for (n, source) in [
+            ContentSource::Snapshot("snap-1".into()),
+            ContentSource::Volume("vol-src".into()),
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert_eq!(
+                place(
+                    &mut state,
+                    sourced(source, &format!("free-{n}"), 8 * GI, &[])
+                ),
+                Ok(zone("b")),
+                "next to the source although a comes first"
+            );
+            assert_eq!(
+                place(
+                    &mut state,
+                    sourced(source, &format!("in-a-{n}"), GI, &["a"])
+                ),
+                Ok(zone("a")),
+                "the requisite wins"
+            );
+        }
+        // b holds 17 of its 20 GiB: a 5 GiB restore no longer fits there, and goes to a.
+        assert_eq!(
+            place(
+                &mut state,
+                sourced(
+                    &ContentSource::Snapshot("snap-1".into()),
+                    "big",
+                    5 * GI,
+                    &[]
+                )
+            ),
+            Ok(zone("a"))
+        );
     }
 
     #[test]

@@ -848,8 +848,14 @@ mod tests {
             filter_snapshots(&state, "", "vol-a"),
             [a1.clone(), a2.clone()]
         );
-        assert_eq!(filter_snapshots(&state, "snap-3", ""), [b1.clone()]);
-        assert_eq!(filter_snapshots(&state, "snap-3", "vol-b"), [b1.clone()]);
+        assert_eq!(
+            filter_snapshots(&state, "snap-3", ""),
+            std::slice::from_ref(&b1)
+        );
+        assert_eq!(
+            filter_snapshots(&state, "snap-3", "vol-b"),
+            std::slice::from_ref(&b1)
+        );
         assert!(filter_snapshots(&state, "snap-3", "vol-a").is_empty());
         assert!(filter_snapshots(&state, "snap-9", "").is_empty());
         assert!(filter_snapshots(&state, "", "vol-9").is_empty());

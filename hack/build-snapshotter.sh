@@ -83,8 +83,10 @@ for program in "${PROGRAMS[@]}"; do
 done
 
 # The CRDs and snapshot-controller first, csi-snapshotter (what the cache check looks for) last.
-rm -rf "$out_dir/crds"
-mv "$tmp_out/crds" "$out_dir/crds"
+# A crds/ already there (an interrupted or concurrent run of this same key) holds the same files;
+# `mv -T` refuses to replace it, and it stays.
+mv -T "$tmp_out/crds" "$out_dir/crds" 2>/dev/null || [ -d "$out_dir/crds" ] \
+  || fail "store the CRDs" "cannot move them to $out_dir/crds"
 mv "$tmp_out/snapshot-controller" "$out_dir/snapshot-controller"
 mv "$tmp_out/csi-snapshotter" "$out_dir/csi-snapshotter"
 step "built snapshot-controller and csi-snapshotter v$SNAPSHOTTER_VERSION in $((SECONDS - start))s"

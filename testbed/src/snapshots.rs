@@ -225,15 +225,6 @@ impl SnapshotPeer {
         })
     }
 
-    pub fn component(&self) -> Component {
-        self.component
-    }
-
-    /// Its stdout and stderr.
-    pub fn log_path(&self) -> &Path {
-        &self.log
-    }
-
     /// `Err` with the exit status and the tail of the log once the process has exited: neither
     /// program exits on its own while its control plane and driver are up.
     pub fn check_running(&mut self) -> Result<(), Error> {

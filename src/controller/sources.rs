@@ -139,7 +139,9 @@ pub(super) async fn protect(ctx: &Context, source: &DataSource) -> Result<(), So
         }
     };
     match result {
-        Err(kube::Error::Api(status)) if status.code == 403 && source.kind == SourceKind::Snapshot => {
+        Err(kube::Error::Api(status))
+            if status.code == 403 && source.kind == SourceKind::Snapshot =>
+        {
             debug!(snapshot = %source.name, "no permission to protect the snapshot; restoring unprotected");
             Ok(())
         }
@@ -155,14 +157,18 @@ pub(super) async fn release_snapshot(ctx: &Context, source: &DataSource) {
     }
     let api: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &source.namespace);
     let released = match api.get_opt(&source.name).await {
-        Ok(Some(snapshot)) => remove_finalizer(&api, &snapshot, SNAPSHOT_PROTECTION_FINALIZER).await,
+        Ok(Some(snapshot)) => {
+            remove_finalizer(&api, &snapshot, SNAPSHOT_PROTECTION_FINALIZER).await
+        }
         Ok(None) => Ok(()),
         Err(error) => Err(error),
     };
     match released {
         Ok(()) => {}
         Err(kube::Error::Api(status)) if status.code == 403 => {}
-        Err(error) => warn!(snapshot = %source.name, %error, "failed to remove the restore's finalizer from the snapshot"),
+        Err(error) => {
+            warn!(snapshot = %source.name, %error, "failed to remove the restore's finalizer from the snapshot")
+        }
     }
 }
 

@@ -233,11 +233,17 @@ pub fn clone_content_source(
     if !bound_to_source {
         return Err(invalid("the source claim's PV is not bound to it"));
     }
-    let phase = pv.status.as_ref().and_then(|status| status.phase.as_deref());
+    let phase = pv
+        .status
+        .as_ref()
+        .and_then(|status| status.phase.as_deref());
     if phase != Some("Bound") {
         return Err(invalid("the source claim's PV is not Bound"));
     }
-    let wanted = pvc.spec.as_ref().and_then(|spec| spec.volume_mode.as_deref());
+    let wanted = pvc
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.volume_mode.as_deref());
     let has = pv_spec.volume_mode.as_deref();
     if wanted == Some(BLOCK) {
         if has != Some(BLOCK) {
@@ -380,7 +386,10 @@ fn check_volume_mode_change(
     content: &VolumeSnapshotContent,
     content_name: &str,
 ) -> Result<(), SourceProblem> {
-    let wanted = pvc.spec.as_ref().and_then(|spec| spec.volume_mode.as_deref());
+    let wanted = pvc
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.volume_mode.as_deref());
     let (Some(source_mode), Some(wanted)) = (content.spec.source_volume_mode.as_deref(), wanted)
     else {
         return Ok(());

@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PersistentVolumeSpec, PersistentVolumeStatus,
-    TypedLocalObjectReference, TypedObjectReference, VolumeResourceRequirements,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, PersistentVolumeSpec,
+    PersistentVolumeStatus, TypedLocalObjectReference, TypedObjectReference,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -119,6 +120,25 @@ impl PvcBuilder {
 
     pub fn no_name(mut self) -> Self {
         self.0.metadata.name = None;
+        self
+    }
+
+    pub fn name(mut self, name: &str) -> Self {
+        self.0.metadata.name = Some(name.to_owned());
+        self
+    }
+
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.0.metadata.namespace = Some(namespace.to_owned());
+        self
+    }
+
+    /// `status.phase` (the cache keeps it; nothing else of the status).
+    pub fn phase(mut self, phase: &str) -> Self {
+        self.0.status = Some(PersistentVolumeClaimStatus {
+            phase: Some(phase.to_owned()),
+            ..PersistentVolumeClaimStatus::default()
+        });
         self
     }
 

@@ -116,7 +116,9 @@ pub fn plan_provision(
     caps: &DriverCapabilities,
 ) -> Result<ProvisionPlan, ProvisionError> {
     let source = claim_source(pvc)?;
-    let kind = source.as_ref().map_or(SourceKind::Empty, |source| source.kind);
+    let kind = source
+        .as_ref()
+        .map_or(SourceKind::Empty, |source| source.kind);
     check_provisioning_capabilities(caps, kind)?;
     let spec = pvc.spec.clone().unwrap_or_default();
     if let Some(vac) = spec
@@ -407,7 +409,8 @@ mod tests {
             }],
             preferred: vec![],
         };
-        let request = build_create_volume_request(&plan, HashMap::new(), Some(requirement.clone()), None);
+        let request =
+            build_create_volume_request(&plan, HashMap::new(), Some(requirement.clone()), None);
         assert_eq!(request.accessibility_requirements, Some(requirement));
     }
 
@@ -557,7 +560,10 @@ mod tests {
             PvcBuilder::new().data_source(None, "PersistentVolumeClaim", "src"),
             ClassBuilder::new(),
         );
-        assert_eq!(clone.source.map(|s| (s.kind, s.name)), Some((SourceKind::Clone, "src".into())));
+        assert_eq!(
+            clone.source.map(|s| (s.kind, s.name)),
+            Some((SourceKind::Clone, "src".into()))
+        );
         assert_eq!(ok(PvcBuilder::new(), ClassBuilder::new()).source, None);
     }
 

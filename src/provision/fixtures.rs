@@ -131,6 +131,25 @@ impl PvcBuilder {
         self
     }
 
+    pub fn name(mut self, name: &str) -> Self {
+        self.0.metadata.name = Some(name.to_owned());
+        self
+    }
+
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.0.metadata.namespace = Some(namespace.to_owned());
+        self
+    }
+
+    /// `status.phase` (the cache keeps it; nothing else of the status).
+    pub fn phase(mut self, phase: &str) -> Self {
+        self.0.status = Some(PersistentVolumeClaimStatus {
+            phase: Some(phase.to_owned()),
+            ..PersistentVolumeClaimStatus::default()
+        });
+        self
+    }
+
     pub fn no_namespace(mut self) -> Self {
         self.0.metadata.namespace = None;
         self

@@ -32,6 +32,7 @@ mod names;
 mod naming;
 mod parameters;
 mod plan;
+mod protection;
 mod quantity;
 mod reschedule;
 mod secrets;
@@ -82,6 +83,10 @@ pub use parameters::{
     ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,
 };
 pub use plan::{ProvisionError, ProvisionPlan, build_create_volume_request, plan_provision};
+pub use protection::{
+    CloneHold, CloneVerdict, ContentHandle, InFlightSources, PendingRestores, SnapshotHold,
+    SnapshotVerdict, clone_verdict, snapshot_verdict,
+};
 pub use quantity::{QuantityError, format_binary_si, parse_quantity_bytes, requested_bytes};
 pub use reschedule::{NodeVerdict, RescheduleCause, node_verdict, reschedule_patch};
 pub use secrets::{

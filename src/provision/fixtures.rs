@@ -90,14 +90,6 @@ impl PvcBuilder {
         self.0.spec.get_or_insert_with(Default::default)
     }
 
-    pub fn phase(mut self, phase: &str) -> Self {
-        self.0.status = Some(PersistentVolumeClaimStatus {
-            phase: Some(phase.to_owned()),
-            ..PersistentVolumeClaimStatus::default()
-        });
-        self
-    }
-
     pub fn annotation(mut self, key: &str, value: &str) -> Self {
         self.0
             .metadata

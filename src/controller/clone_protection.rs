@@ -24,7 +24,8 @@ use super::cache::{CacheError, CachedClaim};
 use super::context::Context;
 use super::finalizers::remove_finalizer;
 use crate::provision::{
-    CLONE_PROTECTION_FINALIZER, CloneHold, CloneVerdict, InFlightSources, clone_verdict,
+    CLONE_PROTECTION_FINALIZER, CloneHold, CloneVerdict, InFlightSources, SourceVolume,
+    clone_verdict,
 };
 
 /// Why a reconcile could not take the finalizer off; retried with backoff.
@@ -107,8 +108,18 @@ impl CloneProtection {
             .filter_map(|claim| claim.to_claim().ok())
             .collect::<Vec<_>>();
         let in_flight = InFlightSources::new(&ctx.journal.registry().content_sources());
-        let handle = volume_handle(ctx, &source);
-        match clone_verdict(&source, &claims, handle.as_deref(), &in_flight) {
+        let volume = source_volume(ctx, &source);
+        let volume = volume.as_ref().map(|(driver, handle)| SourceVolume {
+            driver,
+            handle,
+        });
+        match clone_verdict(
+            &source,
+            &claims,
+            volume,
+            &ctx.config.driver_name,
+            &in_flight,
+        ) {
             CloneVerdict::Untouched => Ok(false),
             CloneVerdict::Keep(hold) => Err(CloneProtectionError::Held(hold)),
             CloneVerdict::Release => {
@@ -129,11 +140,13 @@ impl CloneProtection {
     }
 }
 
-/// The source claim's volume handle, from its cached PV (`None`: no PV named, or not cached).
-fn volume_handle(ctx: &Context, source: &PersistentVolumeClaim) -> Option<String> {
+/// The driver and handle of the source claim's cached PV (`None`: no PV named, not cached, or
+/// not CSI).
+fn source_volume(ctx: &Context, source: &PersistentVolumeClaim) -> Option<(String, String)> {
     let volume = source.spec.as_ref()?.volume_name.as_deref()?;
     let pv = ctx.volumes.get(&ObjectRef::new(volume))?.to_volume().ok()?;
-    Some(pv.spec?.csi?.volume_handle)
+    let csi = pv.spec?.csi?;
+    Some((csi.driver, csi.volume_handle))
 }
 
 #[cfg(test)]

@@ -91,18 +91,31 @@ impl std::fmt::Display for CloneHold {
     }
 }
 
+/// The source claim's PV, as the cache knows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceVolume<'a> {
+    /// `spec.csi.driver`.
+    pub driver: &'a str,
+    /// `spec.csi.volumeHandle`.
+    pub handle: &'a str,
+}
+
 /// Whether `source`'s [`CLONE_PROTECTION_FINALIZER`] may come off. `claims` are all claims
 /// known (any namespace: a clone through `dataSourceRef.namespace` holds its source too,
-/// where upstream looks at the source's namespace only, its quirk A2); `volume_handle` is the
-/// source's PV's `spec.csi.volumeHandle`, if known.
+/// where upstream looks at the source's namespace only, its quirk A2); `volume` is the
+/// source's PV, if known. A source whose volume is another driver's is left to that driver's
+/// sidecar: only its journal knows whether a clone still reads the volume (upstream's
+/// controller releases any claim of any driver).
 pub fn clone_verdict<'a>(
     source: &PersistentVolumeClaim,
     claims: impl IntoIterator<Item = &'a PersistentVolumeClaim>,
-    volume_handle: Option<&str>,
+    volume: Option<SourceVolume<'_>>,
+    our_driver: &str,
     in_flight: &InFlightSources,
 ) -> CloneVerdict {
     if source.metadata.deletion_timestamp.is_none()
         || !has_finalizer(&source.metadata.finalizers, CLONE_PROTECTION_FINALIZER)
+        || volume.is_some_and(|volume| volume.driver != our_driver)
     {
         return CloneVerdict::Untouched;
     }
@@ -121,7 +134,7 @@ pub fn clone_verdict<'a>(
         );
         return CloneVerdict::Keep(CloneHold::PendingClone(clone));
     }
-    match volume_handle {
+    match volume.map(|volume| volume.handle) {
         Some(handle) if in_flight.volumes.contains(handle) => {
             CloneVerdict::Keep(CloneHold::InFlight {
                 volume_id: handle.to_owned(),
@@ -305,7 +318,14 @@ mod tests {
     use super::*;
     use crate::api::VolumeSnapshotStatus;
     use crate::csi::volume_content_source::{SnapshotSource, VolumeSource};
-    use crate::provision::fixtures::PvcBuilder;
+    use crate::provision::fixtures::{DRIVER, PvcBuilder};
+
+    fn ours(handle: &str) -> Option<SourceVolume<'_>> {
+        Some(SourceVolume {
+            driver: DRIVER,
+            handle,
+        })
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn cloning(volume_id: &str) -> csi::VolumeContentSource {
@@ -348,12 +368,12 @@ mod tests {
             .finalizer(CLONE_PROTECTION_FINALIZER)
             .build();
         assert_eq!(
-            clone_verdict(&alive, [], None, &none),
+            clone_verdict(&alive, [], None, DRIVER, &none),
             CloneVerdict::Untouched
         );
         let unprotected = PvcBuilder::new().name("src").deleting().build();
         assert_eq!(
-            clone_verdict(&unprotected, [], None, &none),
+            clone_verdict(&unprotected, [], None, DRIVER, &none),
             CloneVerdict::Untouched
         );
     }
@@ -361,7 +381,7 @@ mod tests {
     #[test]
     fn a_pending_clone_holds_its_source_with_upstreams_text() {
         let clone = clone_of("src", "Pending").build();
-        let verdict = clone_verdict(&source(), [&clone], Some("vol-1"), &Default::default());
+        let verdict = clone_verdict(&source(), [&clone], ours("vol-1"), DRIVER, &Default::default());
         assert_eq!(
             verdict,
             CloneVerdict::Keep(CloneHold::PendingClone("apps/copy".into()))
@@ -384,7 +404,8 @@ mod tests {
             clone_verdict(
                 &source(),
                 [&bound, &other, &elsewhere],
-                Some("vol-1"),
+                ours("vol-1"),
+                DRIVER,
                 &Default::default()
             ),
             CloneVerdict::Release
@@ -400,7 +421,7 @@ mod tests {
             .data_source_ref(None, CLAIM_KIND, "src", Some("apps"))
             .build();
         assert_eq!(
-            clone_verdict(&source(), [&clone], Some("vol-1"), &Default::default()),
+            clone_verdict(&source(), [&clone], ours("vol-1"), DRIVER, &Default::default()),
             CloneVerdict::Keep(CloneHold::PendingClone("other-ns/copy".into()))
         );
     }
@@ -409,23 +430,32 @@ mod tests {
     fn an_operation_in_flight_cloning_the_volume_holds_it() {
         let in_flight = InFlightSources::new(&[cloning("vol-1"), restoring("snap-1")]);
         assert_eq!(
-            clone_verdict(&source(), [], Some("vol-1"), &in_flight),
+            clone_verdict(&source(), [], ours("vol-1"), DRIVER, &in_flight),
             CloneVerdict::Keep(CloneHold::InFlight {
                 volume_id: "vol-1".into()
             })
         );
         assert_eq!(
-            clone_verdict(&source(), [], Some("vol-2"), &in_flight),
+            clone_verdict(&source(), [], ours("vol-2"), DRIVER, &in_flight),
             CloneVerdict::Release
         );
+        let foreign = SourceVolume {
+            driver: "other.example.com",
+            handle: "vol-1",
+        };
         assert_eq!(
-            clone_verdict(&source(), [], None, &in_flight),
+            clone_verdict(&source(), [], Some(foreign), DRIVER, &Default::default()),
+            CloneVerdict::Untouched,
+            "another driver's sidecar decides for its volumes"
+        );
+        assert_eq!(
+            clone_verdict(&source(), [], None, DRIVER, &in_flight),
             CloneVerdict::Keep(CloneHold::UnknownVolume),
             "an unknown volume may be the one cloned"
         );
         let restores_only = InFlightSources::new(&[restoring("snap-1")]);
         assert_eq!(
-            clone_verdict(&source(), [], None, &restores_only),
+            clone_verdict(&source(), [], None, DRIVER, &restores_only),
             CloneVerdict::Release
         );
     }

@@ -7,7 +7,7 @@ use thiserror::Error;
 
 use super::faults::{DelayRule, FaultRule, FaultRules};
 use super::socket;
-use super::state::Limits;
+use super::state::{Features, Limits};
 use super::topology::{Labels, Segment};
 
 pub const DEFAULT_DRIVER_NAME: &str = "reference.csi.example.com";
@@ -87,9 +87,21 @@ pub struct Cli {
     #[arg(long)]
     pub attach_required: bool,
 
-    /// Append every CreateVolume request to FILE as one JSON line (secret values redacted).
+    /// Append every CreateVolume, CreateSnapshot and DeleteSnapshot request to FILE as one JSON
+    /// line (secret values redacted).
     #[arg(long, value_name = "FILE")]
     pub request_log: Option<PathBuf>,
+
+    /// Serve no snapshots: CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS and GET_SNAPSHOT are not
+    /// advertised, the snapshot RPCs are UNIMPLEMENTED and a CreateVolume from a snapshot is
+    /// INVALID_ARGUMENT.
+    #[arg(long)]
+    pub no_snapshots: bool,
+
+    /// Serve no clones: CLONE_VOLUME is not advertised and a CreateVolume from a volume is
+    /// INVALID_ARGUMENT.
+    #[arg(long)]
+    pub no_clone: bool,
 }
 
 /// One `--segment` as given; its capacity defaults to `--capacity` once all flags are known.
@@ -116,6 +128,8 @@ pub struct DriverConfig {
     pub attach_required: bool,
     /// `--request-log`.
     pub request_log: Option<PathBuf>,
+    /// `--no-snapshots` and `--no-clone` turn these off.
+    pub features: Features,
 }
 
 impl DriverConfig {
@@ -136,6 +150,7 @@ impl DriverConfig {
             control_file,
             attach_required: false,
             request_log: None,
+            features: Features::default(),
         }
     }
 }
@@ -192,6 +207,10 @@ impl TryFrom<Cli> for DriverConfig {
             control_file,
             attach_required: cli.attach_required,
             request_log: cli.request_log,
+            features: Features {
+                snapshots: !cli.no_snapshots,
+                clone: !cli.no_clone,
+            },
         })
     }
 }
@@ -390,6 +409,27 @@ mod tests {
         assert!(!parse(&base).unwrap().attach_required);
         let asked = [&base[..], &["--attach-required"]].concat();
         assert!(parse(&asked).unwrap().attach_required);
+    }
+
+    #[test]
+    fn snapshots_and_clones_are_on_unless_refused() {
+        let base = ["--endpoint=/tmp/s.sock", "--state-dir=/tmp/st"];
+        let features = |extra: &[&str]| parse(&[&base[..], extra].concat()).unwrap().features;
+        assert_eq!(features(&[]), Features::default());
+        assert_eq!(
+            features(&["--no-snapshots"]),
+            Features {
+                snapshots: false,
+                clone: true
+            }
+        );
+        assert_eq!(
+            features(&["--no-clone", "--no-snapshots"]),
+            Features {
+                snapshots: false,
+                clone: false
+            }
+        );
     }
 
     #[test]

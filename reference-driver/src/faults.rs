@@ -41,6 +41,11 @@ pub const METHODS: &[&str] = &[
     "NodeGetInfo",
 ];
 
+/// Kinds of call a rule may single out within one method, written `METHOD/KIND`: a
+/// CreateVolume that restores a snapshot or clones a volume. A rule for the plain method also
+/// matches these calls; a rule for a kind matches only its own.
+pub const CALL_KINDS: &[&str] = &["CreateVolume/snapshot", "CreateVolume/volume"];
+
 /// gRPC codes a fault may return, by their canonical lower-case names.
 const CODES: &[(&str, Code)] = &[
     ("cancelled", Code::Cancelled),
@@ -93,15 +98,26 @@ pub enum FaultParseError {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MethodPattern {
     Any,
+    /// A method of [`METHODS`] or a call kind of [`CALL_KINDS`].
     Exact(&'static str),
 }
 
 impl MethodPattern {
-    fn matches(self, method: &str) -> bool {
+    /// How closely the pattern names `call` (a method, or `METHOD/KIND` for a call of that
+    /// kind), or `None` when it does not match: `*` is 0, the method 1, the exact kind 2.
+    fn rank(self, call: &str) -> Option<u8> {
         match self {
-            Self::Any => true,
-            Self::Exact(name) => name == method,
+            Self::Any => Some(0),
+            Self::Exact(name) if name == call => Some(if name.contains('/') { 2 } else { 1 }),
+            Self::Exact(name) => call
+                .split_once('/')
+                .is_some_and(|(method, _)| method == name)
+                .then_some(1),
         }
+    }
+
+    fn matches(self, call: &str) -> bool {
+        self.rank(call).is_some()
     }
 }
 
@@ -115,6 +131,7 @@ impl FromStr for MethodPattern {
         }
         METHODS
             .iter()
+            .chain(CALL_KINDS)
             .find(|m| **m == s)
             .map(|m| Self::Exact(m))
             .ok_or_else(|| FaultParseError::UnknownMethod(s.to_string()))
@@ -255,27 +272,24 @@ impl FaultRules {
         Ok(rules)
     }
 
-    /// The delay for `method`: the last rule naming it exactly, else the last `*` rule.
-    pub fn delay_for(&self, method: &str) -> Duration {
-        let last = |wanted: fn(MethodPattern) -> bool| {
-            self.delays
-                .iter()
-                .rev()
-                .find(|d| wanted(d.method) && d.method.matches(method))
-                .map(|d| d.delay)
-        };
-        last(|p| p != MethodPattern::Any)
-            .or_else(|| last(|p| p == MethodPattern::Any))
-            .unwrap_or(Duration::ZERO)
+    /// The delay for `call` (a method, or `METHOD/KIND`): the last of the rules that name it
+    /// most closely (its kind, then its method, then `*`).
+    pub fn delay_for(&self, call: &str) -> Duration {
+        self.delays
+            .iter()
+            .filter_map(|d| d.method.rank(call).map(|rank| (rank, d.delay)))
+            // max_by_key keeps the last of equal ranks.
+            .max_by_key(|(rank, _)| *rank)
+            .map_or(Duration::ZERO, |(_, delay)| delay)
     }
 
-    /// Consumes one firing of the first rule that matches `method` and `phase` and still has
-    /// calls left, in the order the rules were given.
-    pub fn take(&mut self, method: &str, phase: Phase) -> Option<Action> {
+    /// Consumes one firing of the first rule that matches `call` (a method, or `METHOD/KIND`)
+    /// and `phase` and still has calls left, in the order the rules were given.
+    pub fn take(&mut self, call: &str, phase: Phase) -> Option<Action> {
         let rule = self
             .faults
             .iter_mut()
-            .find(|r| r.phase == phase && r.method.matches(method) && r.times != Times::Next(0))?;
+            .find(|r| r.phase == phase && r.method.matches(call) && r.times != Times::Next(0))?;
         if let Times::Next(n) = &mut rule.times {
             *n -= 1;
         }
@@ -400,12 +414,12 @@ impl FaultInjector {
         }
     }
 
-    pub fn delay_for(&self, method: &str) -> Duration {
-        self.lock().rules.delay_for(method)
+    pub fn delay_for(&self, call: &str) -> Duration {
+        self.lock().rules.delay_for(call)
     }
 
-    pub fn take(&self, method: &str, phase: Phase) -> Option<Action> {
-        self.lock().rules.take(method, phase)
+    pub fn take(&self, call: &str, phase: Phase) -> Option<Action> {
+        self.lock().rules.take(call, phase)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Active> {
@@ -533,6 +547,51 @@ mod tests {
         assert_eq!(rules.delay_for("CreateVolume"), Duration::from_secs(3));
         assert_eq!(rules.delay_for("Probe"), Duration::from_millis(50));
         assert_eq!(FaultRules::default().delay_for("Probe"), Duration::ZERO);
+    }
+
+    #[test]
+    fn call_kinds_are_matched_by_their_method_and_by_themselves() {
+        let mut rules = FaultRules {
+            delays: vec![
+                "CreateVolume/snapshot=3s".parse().unwrap(),
+                "CreateVolume=2s".parse().unwrap(),
+                "*=50ms".parse().unwrap(),
+            ],
+            faults: vec![
+                "CreateVolume/volume=after:deadline-exceeded:1"
+                    .parse()
+                    .unwrap(),
+                "CreateVolume=after:unavailable:1".parse().unwrap(),
+            ],
+        };
+        assert_eq!(
+            rules.delay_for("CreateVolume/snapshot"),
+            Duration::from_secs(3),
+            "the kind beats its method, whatever the order"
+        );
+        assert_eq!(
+            rules.delay_for("CreateVolume/volume"),
+            Duration::from_secs(2)
+        );
+        assert_eq!(rules.delay_for("CreateVolume"), Duration::from_secs(2));
+        assert_eq!(rules.delay_for("DeleteVolume"), Duration::from_millis(50));
+
+        assert_eq!(
+            rules.take("CreateVolume", Phase::After),
+            Some(Action::Fail(Code::Unavailable)),
+            "a plain CreateVolume skips the clone's rule"
+        );
+        assert_eq!(rules.take("CreateVolume/snapshot", Phase::After), None);
+        assert_eq!(
+            rules.take("CreateVolume/volume", Phase::After),
+            Some(Action::Fail(Code::DeadlineExceeded))
+        );
+        assert!(
+            "CreateVolume/nothing=after:internal"
+                .parse::<FaultRule>()
+                .is_err()
+        );
+        assert!("DeleteVolume/volume=1s".parse::<DelayRule>().is_err());
     }
 
     #[test]

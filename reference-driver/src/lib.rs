@@ -7,8 +7,13 @@
 //!   VOLUME_ACCESSIBILITY_CONSTRAINTS when `--topology` or `--segment` is set), Probe.
 //! - Controller: CreateVolume (from nothing, a snapshot or a volume), DeleteVolume, ListVolumes,
 //!   GetCapacity, ValidateVolumeCapabilities, ControllerGetCapabilities, CreateSnapshot,
-//!   DeleteSnapshot, ListSnapshots. Advertised: CREATE_DELETE_VOLUME, LIST_VOLUMES, GET_CAPACITY,
-//!   CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, CLONE_VOLUME.
+//!   DeleteSnapshot, ListSnapshots, GetSnapshot. Advertised: CREATE_DELETE_VOLUME, LIST_VOLUMES,
+//!   GET_CAPACITY, CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, GET_SNAPSHOT, CLONE_VOLUME.
+//!   `--no-snapshots` and `--no-clone` ([`Features`]) withdraw the snapshot capabilities and
+//!   CLONE_VOLUME: their RPCs answer UNIMPLEMENTED and such sources INVALID_ARGUMENT, so tests can
+//!   watch a sidecar refuse what its driver cannot do. Snapshots are independent copies: a
+//!   volume with snapshots may be deleted. A restore or clone is placed in its source's segment
+//!   when the requirements allow it.
 //! - Node: NodePublishVolume creates the target (a directory for mount access, an empty file for
 //!   block access; nothing is mounted, no privileges needed) and NodeUnpublishVolume removes it;
 //!   NodeGetInfo, NodeGetCapabilities (none).
@@ -43,11 +48,13 @@
 //!    the caller sees DEADLINE_EXCEEDED.
 //!
 //! Rules: `--delay METHOD=DURATION` (`CreateVolume=2s`, `*=50ms`; durations `0`, `Nms`, `Ns`,
-//! `Nm`, `Nh`; an exact method beats `*`) and `--fault METHOD=PHASE:ACTION[:COUNT]` where PHASE is
+//! `Nm`, `Nh`; a call kind beats its method, which beats `*`) and `--fault METHOD=PHASE:ACTION[:COUNT]` where PHASE is
 //! `before` or `after`, ACTION is a gRPC code name (`deadline-exceeded`, `UNAVAILABLE`, ...) or
 //! `hang` (never answer; ends when the caller cancels or its deadline passes), and COUNT is how
 //! many calls it fires for (default `always`). Several faults for one method fire in the order
-//! given, each until its count is used up.
+//! given, each until its count is used up. METHOD may also be a kind of call:
+//! `CreateVolume/snapshot` (a restore) or `CreateVolume/volume` (a clone); a `CreateVolume` rule
+//! matches those too.
 //!
 //! While running, the control file (`--control-file`, default `<state-dir>/faults.txt`) is checked
 //! at the start of every RPC; whenever it appears or changes (mtime, size or inode) its rules
@@ -86,7 +93,7 @@ pub use request_log::RequestLog;
 pub use service::Driver;
 pub use socket::SocketError;
 pub use state::{
-    AccessKind, ContentSource, Limits, Publication, SnapshotRecord, State, VolumeRecord,
+    AccessKind, ContentSource, Features, Limits, Publication, SnapshotRecord, State, VolumeRecord,
 };
 pub use store::{STATE_FILE, StoreError, load_state};
 pub use topology::{Labels, Segment};

@@ -1,11 +1,13 @@
-//! `--request-log FILE`: every CreateVolume request as one JSON line, so that a test can compare
-//! two provisioners' requests field by field. The request's `Debug` text cannot serve: its maps
-//! are `HashMap`s, printed in a different order every time.
+//! `--request-log FILE`: every CreateVolume, CreateSnapshot and DeleteSnapshot request as one
+//! JSON line, so that a test can compare two provisioners' requests field by field and see what
+//! a snapshotter asked for. The request's `Debug` text cannot serve: its maps are `HashMap`s,
+//! printed in a different order every time.
 //!
 //! The conversion is written out by hand (the generated messages have no serde support) and
-//! keeps the CSI spec's field names. Maps become JSON objects (sorted keys), topology segments
-//! objects of their labels, enums their spec names; secret values are replaced by
-//! [`csi_spec::STRIPPED`], keys stay visible. Absent messages are `null`.
+//! keeps the CSI spec's field names, plus `method` naming the RPC. Maps become JSON objects
+//! (sorted keys), topology segments objects of their labels, enums their spec names; secret
+//! values are replaced by [`csi_spec::STRIPPED`], keys stay visible. Absent messages are
+//! `null`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
@@ -34,9 +36,9 @@ impl RequestLog {
         })
     }
 
-    /// Appends the request as one line.
-    pub fn write(&self, request: &csi::CreateVolumeRequest) -> io::Result<()> {
-        let mut line = create_volume_json(request).to_string();
+    /// Appends one request, as converted by a `*_json` function here, as one line.
+    pub fn write(&self, request: &Value) -> io::Result<()> {
+        let mut line = request.to_string();
         line.push('\n');
         // A writer that panicked mid-line cannot have left more than a torn line, which a
         // reader skips; later lines are whole.
@@ -48,6 +50,7 @@ impl RequestLog {
 /// The request as JSON, secret values redacted.
 pub fn create_volume_json(request: &csi::CreateVolumeRequest) -> Value {
     json!({
+        "method": "CreateVolume",
         "name": request.name,
         "capacity_range": request.capacity_range.as_ref().map(|range| json!({
             "required_bytes": range.required_bytes,
@@ -59,11 +62,7 @@ pub fn create_volume_json(request: &csi::CreateVolumeRequest) -> Value {
             .map(capability_json)
             .collect::<Vec<_>>(),
         "parameters": sorted(&request.parameters),
-        "secrets": request
-            .secrets
-            .keys()
-            .map(|key| (key.clone(), csi::STRIPPED))
-            .collect::<BTreeMap<_, _>>(),
+        "secrets": redacted(&request.secrets),
         "volume_content_source": request
             .volume_content_source
             .as_ref()
@@ -78,6 +77,31 @@ pub fn create_volume_json(request: &csi::CreateVolumeRequest) -> Value {
         })),
         "mutable_parameters": sorted(&request.mutable_parameters),
     })
+}
+
+/// The request as JSON, secret values redacted.
+pub fn create_snapshot_json(request: &csi::CreateSnapshotRequest) -> Value {
+    json!({
+        "method": "CreateSnapshot",
+        "name": request.name,
+        "source_volume_id": request.source_volume_id,
+        "parameters": sorted(&request.parameters),
+        "secrets": redacted(&request.secrets),
+    })
+}
+
+/// The request as JSON, secret values redacted.
+pub fn delete_snapshot_json(request: &csi::DeleteSnapshotRequest) -> Value {
+    json!({
+        "method": "DeleteSnapshot",
+        "snapshot_id": request.snapshot_id,
+        "secrets": redacted(&request.secrets),
+    })
+}
+
+/// The keys, each with the value [`csi_spec::STRIPPED`].
+fn redacted(secrets: &HashMap<String, String>) -> BTreeMap<&String, &'static str> {
+    secrets.keys().map(|key| (key, csi::STRIPPED)).collect()
 }
 
 fn capability_json(capability: &csi::VolumeCapability) -> Value {
@@ -161,6 +185,7 @@ mod tests {
         assert_eq!(
             converted,
             json!({
+                "method": "CreateVolume",
                 "name": "pvc-1",
                 "capacity_range": {"required_bytes": 1_i64 << 30, "limit_bytes": 0},
                 "volume_capabilities": [
@@ -199,13 +224,49 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("requests.jsonl");
         let log = RequestLog::open(&path).unwrap();
-        log.write(&request).unwrap();
-        log.write(&request).unwrap();
+        log.write(&converted).unwrap();
+        log.write(&converted).unwrap();
         let text = std::fs::read_to_string(&path).unwrap();
         let lines: Vec<Value> = text
             .lines()
             .map(|line| serde_json::from_str(line).unwrap())
             .collect();
         assert_eq!(lines, [converted.clone(), converted]);
+    }
+
+    #[test]
+    fn snapshot_requests_name_their_method_and_hide_secret_values() {
+        let create = csi::CreateSnapshotRequest {
+            source_volume_id: "vol-1".to_owned(),
+            name: "snapshot-1".to_owned(),
+            secrets: map(&[("token", "hunter2")]),
+            parameters: map(&[("class", "gold")]),
+        };
+        let converted = create_snapshot_json(&create);
+        assert_eq!(
+            converted,
+            json!({
+                "method": "CreateSnapshot",
+                "name": "snapshot-1",
+                "source_volume_id": "vol-1",
+                "parameters": {"class": "gold"},
+                "secrets": {"token": csi::STRIPPED},
+            })
+        );
+        let delete = csi::DeleteSnapshotRequest {
+            snapshot_id: "snap-1".to_owned(),
+            secrets: map(&[("token", "hunter2")]),
+        };
+        let converted_delete = delete_snapshot_json(&delete);
+        assert_eq!(
+            converted_delete,
+            json!({
+                "method": "DeleteSnapshot",
+                "snapshot_id": "snap-1",
+                "secrets": {"token": csi::STRIPPED},
+            })
+        );
+        assert!(!converted.to_string().contains("hunter2"));
+        assert!(!converted_delete.to_string().contains("hunter2"));
     }
 }

@@ -20,42 +20,73 @@ use csi_spec::plugin_capability::service::Type as PluginService;
 use super::config::DriverConfig;
 use super::faults::{Action, FaultInjector, Phase};
 use super::guard::{self, InFlight};
-use super::request_log::RequestLog;
+use super::request_log::{self, RequestLog};
 use super::state::{
-    self, AccessKind, CreateSnapshotDecision, CreateVolumeDecision, CsiError, Limits,
+    self, AccessKind, CreateSnapshotDecision, CreateVolumeDecision, CsiError, Features, Limits,
     PublishDecision, State,
 };
 use super::store::{Store, StoreError};
 use super::topology::{self, Labels};
 use super::validate;
 
-/// Controller capabilities; every one of them is implemented and accepted by csi-sanity v5.
+/// Controller capabilities served whatever the flags; every advertised capability is
+/// implemented and accepted by csi-sanity v5.6.
 const CONTROLLER_CAPABILITIES: &[ControllerRpc] = &[
     ControllerRpc::CreateDeleteVolume,
     ControllerRpc::ListVolumes,
     ControllerRpc::GetCapacity,
-    ControllerRpc::CreateDeleteSnapshot,
-    ControllerRpc::ListSnapshots,
-    ControllerRpc::CloneVolume,
 ];
 
-/// [`CONTROLLER_CAPABILITIES`], plus PUBLISH_UNPUBLISH_VOLUME with `--attach-required`: only
-/// advertised, for testing sidecars that behave differently for attachable volumes (the
-/// provisioner's VolumeAttachment check before DeleteVolume).
-fn controller_capabilities(attach_required: bool) -> Vec<ControllerRpc> {
+/// Advertised unless `--no-snapshots`.
+const SNAPSHOT_CAPABILITIES: &[ControllerRpc] = &[
+    ControllerRpc::CreateDeleteSnapshot,
+    ControllerRpc::ListSnapshots,
+    ControllerRpc::GetSnapshot,
+];
+
+/// [`CONTROLLER_CAPABILITIES`]; the snapshot ones and CLONE_VOLUME as `features` allow; and
+/// PUBLISH_UNPUBLISH_VOLUME with `--attach-required`: only advertised, for testing sidecars
+/// that behave differently for attachable volumes (the provisioner's VolumeAttachment check
+/// before DeleteVolume).
+fn controller_capabilities(features: Features, attach_required: bool) -> Vec<ControllerRpc> {
+    let snapshots = if features.snapshots {
+        SNAPSHOT_CAPABILITIES
+    } else {
+        &[]
+    };
+    let clone = features.clone.then_some(ControllerRpc::CloneVolume);
     let attach = attach_required.then_some(ControllerRpc::PublishUnpublishVolume);
     CONTROLLER_CAPABILITIES
         .iter()
+        .chain(snapshots)
         .copied()
+        .chain(clone)
         .chain(attach)
         .collect()
+}
+
+/// The name fault and delay rules know a CreateVolume by: `CreateVolume/snapshot` for a
+/// restore, `CreateVolume/volume` for a clone (see `faults::CALL_KINDS`), else `CreateVolume`.
+/// Taken from the raw request, since before-faults fire before validation.
+fn create_volume_call(req: &csi::CreateVolumeRequest) -> &'static str {
+    use csi::volume_content_source::Type;
+    match req
+        .volume_content_source
+        .as_ref()
+        .and_then(|s| s.r#type.as_ref())
+    {
+        Some(Type::Snapshot(_)) => "CreateVolume/snapshot",
+        Some(Type::Volume(_)) => "CreateVolume/volume",
+        None => "CreateVolume",
+    }
 }
 
 /// The driver; cheap to clone, every clone serves the same state.
 #[derive(Clone)]
 pub struct Driver {
     inner: Arc<Inner>,
-    /// `--request-log`: where each CreateVolume request is written as JSON.
+    /// `--request-log`: where CreateVolume, CreateSnapshot and DeleteSnapshot requests are
+    /// written as JSON.
     request_log: Option<Arc<RequestLog>>,
 }
 
@@ -70,6 +101,7 @@ struct Inner {
     state: Mutex<State>,
     inflight: InFlight,
     faults: FaultInjector,
+    features: Features,
     controller_capabilities: Vec<ControllerRpc>,
 }
 
@@ -94,13 +126,18 @@ impl Driver {
                 state: Mutex::new(state),
                 inflight: InFlight::default(),
                 faults: FaultInjector::new(config.faults.clone(), config.control_file.clone()),
-                controller_capabilities: controller_capabilities(config.attach_required),
+                features: config.features,
+                controller_capabilities: controller_capabilities(
+                    config.features,
+                    config.attach_required,
+                ),
             }),
             request_log: None,
         })
     }
 
-    /// Also writes every CreateVolume request to `log` (`--request-log`).
+    /// Also writes every CreateVolume, CreateSnapshot and DeleteSnapshot request to `log`
+    /// (`--request-log`).
     #[must_use]
     pub fn with_request_log(mut self, log: RequestLog) -> Self {
         self.request_log = Some(Arc::new(log));
@@ -134,19 +171,42 @@ impl Driver {
         Ok(value)
     }
 
-    async fn pause(&self, method: &str) {
-        let delay = self.inner.faults.delay_for(method);
+    /// Sleeps the injected delay for `call` (a method, or `METHOD/KIND`).
+    async fn pause(&self, call: &str) {
+        let delay = self.inner.faults.delay_for(call);
         if !delay.is_zero() {
-            tracing::debug!(method, ?delay, "injected delay");
+            tracing::debug!(call, ?delay, "injected delay");
             tokio::time::sleep(delay).await;
         }
     }
 
-    /// The frame around every RPC: control-file refresh, logging, and the before/after fault
-    /// hooks. An after-fault replaces only a successful reply, so the effect has happened.
+    /// Appends the request to the `--request-log`, if any, as it arrives.
+    fn log_request(&self, request: impl FnOnce() -> serde_json::Value) {
+        if let Some(log) = &self.request_log {
+            // The log serves tests; a failed write must not change what the caller sees.
+            if let Err(error) = log.write(&request()) {
+                tracing::warn!(%error, "cannot write to the request log");
+            }
+        }
+    }
+
+    /// [`Driver::call_as`] for a call that fault rules know by its method name.
     async fn call<T>(
         &self,
         method: &'static str,
+        request: &(dyn Debug + Sync),
+        work: impl Future<Output = Result<T, CsiError>>,
+    ) -> Result<T, CsiError> {
+        self.call_as(method, method, request, work).await
+    }
+
+    /// The frame around every RPC: control-file refresh, logging (under `method`), and the
+    /// before/after fault hooks of the rules for `rules_for` (the method, or `METHOD/KIND`). An
+    /// after-fault replaces only a successful reply, so the effect has happened.
+    async fn call_as<T>(
+        &self,
+        method: &'static str,
+        rules_for: &'static str,
         request: &(dyn Debug + Sync),
         work: impl Future<Output = Result<T, CsiError>>,
     ) -> Result<T, CsiError> {
@@ -158,12 +218,12 @@ impl Driver {
             finished: false,
         };
         let result = async {
-            if let Some(action) = self.inner.faults.take(method, Phase::Before) {
-                return inject(method, Phase::Before, action).await;
+            if let Some(action) = self.inner.faults.take(rules_for, Phase::Before) {
+                return inject(rules_for, Phase::Before, action).await;
             }
             let value = work.await?;
-            if let Some(action) = self.inner.faults.take(method, Phase::After) {
-                return inject(method, Phase::After, action).await;
+            if let Some(action) = self.inner.faults.take(rules_for, Phase::After) {
+                return inject(rules_for, Phase::After, action).await;
             }
             Ok(value)
         }
@@ -179,11 +239,12 @@ impl Driver {
         req: &csi::CreateVolumeRequest,
     ) -> Result<csi::Volume, CsiError> {
         let args = validate::create_volume(req)?;
+        validate::source_served(args.source.as_ref(), self.inner.features)?;
         let mut held = self
             .inner
             .inflight
             .acquire(guard::volume_name(&args.name))?;
-        self.pause("CreateVolume").await;
+        self.pause(create_volume_call(req)).await;
         let new_id = format!("vol-{}", Uuid::new_v4());
         let volume = self.mutate(|state| {
             if let Some(existing) = state.volume_by_name(&args.name) {
@@ -370,16 +431,8 @@ impl Driver {
         req: &csi::ListSnapshotsRequest,
     ) -> Result<csi::ListSnapshotsResponse, CsiError> {
         self.pause("ListSnapshots").await;
-        let snapshots: Vec<_> = self
-            .state()
-            .snapshots
-            .values()
-            .filter(|s| req.snapshot_id.is_empty() || s.id == req.snapshot_id)
-            .filter(|s| {
-                req.source_volume_id.is_empty() || s.source_volume_id == req.source_volume_id
-            })
-            .cloned()
-            .collect();
+        let snapshots =
+            state::filter_snapshots(&self.state(), &req.snapshot_id, &req.source_volume_id);
         let (page, next_token) = state::page(&snapshots, req.max_entries, &req.starting_token)?;
         Ok(csi::ListSnapshotsResponse {
             entries: page
@@ -390,6 +443,15 @@ impl Driver {
                 .collect(),
             next_token,
         })
+    }
+
+    async fn exec_get_snapshot(
+        &self,
+        req: &csi::GetSnapshotRequest,
+    ) -> Result<csi::Snapshot, CsiError> {
+        validate::required("snapshot_id", &req.snapshot_id)?;
+        self.pause("GetSnapshot").await;
+        state::find_snapshot(&self.state(), &req.snapshot_id).map(|s| s.to_csi())
     }
 
     // ----------------------------------------------------------------------- node
@@ -462,6 +524,7 @@ impl Driver {
         })
     }
 
+    /// An RPC this driver does not serve (never, or not with the features it runs with).
     async fn unimplemented<T>(
         &self,
         method: &'static str,
@@ -469,7 +532,7 @@ impl Driver {
     ) -> Result<T, CsiError> {
         self.call(method, request, async move {
             Err(CsiError::Unimplemented(format!(
-                "{method} is not implemented by the reference driver"
+                "{method} is not served by this reference driver"
             )))
         })
         .await
@@ -644,14 +707,14 @@ impl csi::controller_server::Controller for Driver {
         request: Request<csi::CreateVolumeRequest>,
     ) -> RpcResult<csi::CreateVolumeResponse> {
         let req = request.into_inner();
-        if let Some(log) = &self.request_log {
-            // The log serves tests; a failed write must not change what the caller sees.
-            if let Err(error) = log.write(&req) {
-                tracing::warn!(%error, "cannot write to the request log");
-            }
-        }
+        self.log_request(|| request_log::create_volume_json(&req));
         let result = self
-            .call("CreateVolume", &req, self.exec_create_volume(&req))
+            .call_as(
+                "CreateVolume",
+                create_volume_call(&req),
+                &req,
+                self.exec_create_volume(&req),
+            )
             .await;
         reply(result.map(|volume| csi::CreateVolumeResponse {
             volume: Some(volume),
@@ -756,6 +819,10 @@ impl csi::controller_server::Controller for Driver {
         request: Request<csi::CreateSnapshotRequest>,
     ) -> RpcResult<csi::CreateSnapshotResponse> {
         let req = request.into_inner();
+        self.log_request(|| request_log::create_snapshot_json(&req));
+        if !self.inner.features.snapshots {
+            return reply(self.unimplemented("CreateSnapshot", &req).await);
+        }
         let result = self
             .call("CreateSnapshot", &req, self.exec_create_snapshot(&req))
             .await;
@@ -769,6 +836,10 @@ impl csi::controller_server::Controller for Driver {
         request: Request<csi::DeleteSnapshotRequest>,
     ) -> RpcResult<csi::DeleteSnapshotResponse> {
         let req = request.into_inner();
+        self.log_request(|| request_log::delete_snapshot_json(&req));
+        if !self.inner.features.snapshots {
+            return reply(self.unimplemented("DeleteSnapshot", &req).await);
+        }
         let result = self
             .call("DeleteSnapshot", &req, self.exec_delete_snapshot(&req))
             .await;
@@ -780,6 +851,9 @@ impl csi::controller_server::Controller for Driver {
         request: Request<csi::ListSnapshotsRequest>,
     ) -> RpcResult<csi::ListSnapshotsResponse> {
         let req = request.into_inner();
+        if !self.inner.features.snapshots {
+            return reply(self.unimplemented("ListSnapshots", &req).await);
+        }
         reply(
             self.call("ListSnapshots", &req, self.exec_list_snapshots(&req))
                 .await,
@@ -790,10 +864,16 @@ impl csi::controller_server::Controller for Driver {
         &self,
         request: Request<csi::GetSnapshotRequest>,
     ) -> RpcResult<csi::GetSnapshotResponse> {
-        reply(
-            self.unimplemented("GetSnapshot", &request.into_inner())
-                .await,
-        )
+        let req = request.into_inner();
+        if !self.inner.features.snapshots {
+            return reply(self.unimplemented("GetSnapshot", &req).await);
+        }
+        let result = self
+            .call("GetSnapshot", &req, self.exec_get_snapshot(&req))
+            .await;
+        reply(result.map(|snapshot| csi::GetSnapshotResponse {
+            snapshot: Some(snapshot),
+        }))
     }
 
     async fn controller_expand_volume(
@@ -928,14 +1008,64 @@ impl csi::node_server::Node for Driver {
 }
 
 #[cfg(test)]
-mod attach_tests {
+mod tests {
     use super::*;
 
     #[test]
     fn publish_unpublish_is_advertised_only_with_attach_required() {
-        assert_eq!(controller_capabilities(false), CONTROLLER_CAPABILITIES);
-        let attaching = controller_capabilities(true);
+        let all = controller_capabilities(Features::default(), false);
+        assert!(!all.contains(&ControllerRpc::PublishUnpublishVolume));
+        let attaching = controller_capabilities(Features::default(), true);
         assert!(attaching.contains(&ControllerRpc::PublishUnpublishVolume));
-        assert_eq!(attaching.len(), CONTROLLER_CAPABILITIES.len() + 1);
+        assert_eq!(attaching.len(), all.len() + 1);
+    }
+
+    #[test]
+    fn snapshot_and_clone_capabilities_follow_the_features() {
+        use ControllerRpc::{CloneVolume, CreateDeleteSnapshot, GetSnapshot, ListSnapshots};
+        let all = controller_capabilities(Features::default(), false);
+        for rpc in [
+            CreateDeleteSnapshot,
+            ListSnapshots,
+            GetSnapshot,
+            CloneVolume,
+        ] {
+            assert!(all.contains(&rpc), "{rpc:?}");
+        }
+        let none = controller_capabilities(
+            Features {
+                snapshots: false,
+                clone: false,
+            },
+            false,
+        );
+        assert_eq!(none, CONTROLLER_CAPABILITIES);
+        let clone_only = controller_capabilities(
+            Features {
+                snapshots: false,
+                clone: true,
+            },
+            false,
+        );
+        assert_eq!(clone_only.last(), Some(&CloneVolume));
+        assert_eq!(clone_only.len(), CONTROLLER_CAPABILITIES.len() + 1);
+    }
+
+    #[test]
+    fn create_volume_calls_are_named_by_their_source() {
+        use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+        let with = |source: Option<Type>| csi::CreateVolumeRequest {
+            volume_content_source: source.map(|t| csi::VolumeContentSource { r#type: Some(t) }),
+            ..Default::default()
+        };
+        assert_eq!(create_volume_call(&with(None)), "CreateVolume");
+        assert_eq!(
+            create_volume_call(&with(Some(Type::Snapshot(SnapshotSource::default())))),
+            "CreateVolume/snapshot"
+        );
+        assert_eq!(
+            create_volume_call(&with(Some(Type::Volume(VolumeSource::default())))),
+            "CreateVolume/volume"
+        );
     }
 }

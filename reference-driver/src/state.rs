@@ -143,6 +143,10 @@ pub struct SnapshotRecord {
     pub size_bytes: i64,
     pub created_secs: i64,
     pub created_nanos: i32,
+    /// The segment its source volume was in when it was taken (empty without topology, and in
+    /// state files written before this field existed); a restore goes there if it may.
+    #[serde(default)]
+    pub topology: Labels,
 }
 
 impl SnapshotRecord {
@@ -198,6 +202,25 @@ pub struct Limits {
     pub max_volume_size: i64,
 }
 
+/// The optional controller features this driver serves; tests turn them off to see how a
+/// sidecar copes with a driver without them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Features {
+    /// CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, GET_SNAPSHOT and restores (`--no-snapshots`).
+    pub snapshots: bool,
+    /// CLONE_VOLUME (`--no-clone`).
+    pub clone: bool,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Self {
+            snapshots: true,
+            clone: true,
+        }
+    }
+}
+
 /// Size of a volume created without any capacity range or source.
 pub const DEFAULT_VOLUME_SIZE: i64 = 1 << 30;
 
@@ -224,8 +247,9 @@ pub enum CreateVolumeDecision {
 /// Decides CreateVolume. The order of checks matters for the CSI error contract: an existing name
 /// is judged only on compatibility (so a retry succeeds even when capacity has run out since), a
 /// requisite no segment serves fails before the source is looked up, and a missing source is
-/// NOT_FOUND before any size check. The new volume goes to the first segment
-/// [`topology::candidates`] offers that still has room.
+/// NOT_FOUND before any size check. A restore or clone must not ask for less than its source
+/// holds (OUT_OF_RANGE). The new volume goes to the first segment [`topology::candidates`]
+/// offers that still has room, trying the source's segment first when it is among them.
 pub fn decide_create_volume(
     state: &State,
     args: &CreateVolumeArgs,
@@ -236,18 +260,18 @@ pub fn decide_create_volume(
         return check_compatible(existing, args)
             .map(|()| CreateVolumeDecision::Existing(existing.clone()));
     }
-    let candidates = topology::candidates(&limits.segments, &args.requirements);
+    let mut candidates = topology::candidates(&limits.segments, &args.requirements);
     if candidates.is_empty() {
         return Err(placement_error(PlacementError::NoMatchingSegment {
             requisite: args.requirements.requisite.clone(),
         }));
     }
-    let source_size = match &args.source {
-        None => 0,
+    let (source_size, source_segment) = match &args.source {
+        None => (0, None),
         Some(ContentSource::Snapshot(id)) => state
             .snapshots
             .get(id)
-            .map(|s| s.size_bytes)
+            .map(|s| (s.size_bytes, Some(&s.topology)))
             .ok_or_else(|| CsiError::NotFound(format!("source snapshot {id} does not exist")))?,
         Some(ContentSource::Volume(id)) => {
             let source = state
@@ -260,9 +284,18 @@ pub fn decide_create_volume(
                     source.access, args.access
                 )));
             }
-            source.capacity_bytes
+            (source.capacity_bytes, Some(&source.topology))
         }
     };
+    if args.required_bytes > 0 && args.required_bytes < source_size {
+        return Err(CsiError::OutOfRange(format!(
+            "required_bytes {} is less than the {source_size} bytes of the source",
+            args.required_bytes
+        )));
+    }
+    if let Some(labels) = source_segment {
+        topology::try_first(&mut candidates, labels);
+    }
     let wanted = args.required_bytes.max(source_size);
     let size = match (wanted, args.limit_bytes) {
         (0, 0) => DEFAULT_VOLUME_SIZE.min(limits.max_volume_size),
@@ -371,7 +404,32 @@ pub fn decide_create_snapshot(
         size_bytes: source.capacity_bytes,
         created_secs: now.0,
         created_nanos: now.1,
+        topology: source.topology.clone(),
     }))
+}
+
+/// GetSnapshot: the snapshot, or NOT_FOUND.
+pub fn find_snapshot<'a>(state: &'a State, id: &str) -> Result<&'a SnapshotRecord, CsiError> {
+    state
+        .snapshots
+        .get(id)
+        .ok_or_else(|| CsiError::NotFound(format!("snapshot {id} does not exist")))
+}
+
+/// ListSnapshots before paging: the snapshots, ordered by id, that match both filters (an
+/// empty filter matches everything; an unknown id matches nothing, which is not an error).
+pub fn filter_snapshots(
+    state: &State,
+    snapshot_id: &str,
+    source_volume_id: &str,
+) -> Vec<SnapshotRecord> {
+    state
+        .snapshots
+        .values()
+        .filter(|s| snapshot_id.is_empty() || s.id == snapshot_id)
+        .filter(|s| source_volume_id.is_empty() || s.source_volume_id == source_volume_id)
+        .cloned()
+        .collect()
 }
 
 /// DeleteVolume: `Ok(None)` means "already gone, nothing to do".
@@ -683,6 +741,135 @@ mod tests {
         ));
     }
 
+    /// Takes a snapshot of `volume` named `name` as `id` and stores it.
+    fn snapshot(state: &mut State, name: &str, volume: &str, id: &str) -> SnapshotRecord {
+        match decide_create_snapshot(state, name, volume, id.into(), (1, 0)) {
+            Ok(CreateSnapshotDecision::Create(s)) => {
+                state.snapshots.insert(s.id.clone(), s.clone());
+                s
+            }
+            other => panic!("expected a new snapshot, got {other:?}"),
+        }
+    }
+
+    fn from(source: ContentSource, name: &str, required: i64) -> CreateVolumeArgs {
+        CreateVolumeArgs {
+            source: Some(source),
+            ..args(name, required, 0)
+        }
+    }
+
+    #[test]
+    fn a_restore_or_clone_may_not_ask_for_less_than_its_source() {
+        let mut state = State::default();
+        create(&mut state, &args("src", 10 * GI, 0), "vol-src").unwrap();
+        snapshot(&mut state, "s", "vol-src", "snap-1");
+        for source in [
+            ContentSource::Snapshot("snap-1".into()),
+            ContentSource::Volume("vol-src".into()),
+        ] {
+            let smaller = create(&mut state, &from(source.clone(), "small", 5 * GI), "x");
+            assert!(
+                matches!(&smaller, Err(CsiError::OutOfRange(m)) if m.contains("less than")),
+                "{smaller:?}"
+            );
+            let same_size = create(&mut state, &from(source.clone(), "same", 0), "vol-same");
+            assert_eq!(same_size.map(|v| v.capacity_bytes), Ok(10 * GI));
+            let bigger = create(&mut state, &from(source.clone(), "big", 11 * GI), "vol-big");
+            assert_eq!(bigger.map(|v| v.capacity_bytes), Ok(11 * GI));
+            for name in ["same", "big"] {
+                let id = state.volume_by_name(name).unwrap().id.clone();
+                state.volumes.remove(&id);
+            }
+        }
+        let missing = create(
+            &mut state,
+            &from(ContentSource::Volume("vol-gone".into()), "m", 0),
+            "x",
+        );
+        assert!(matches!(missing, Err(CsiError::NotFound(_))), "{missing:?}");
+    }
+
+    #[test]
+    fn sourced_volumes_are_idempotent_per_source() {
+        let mut state = State::default();
+        create(&mut state, &args("src", GI, 0), "vol-src").unwrap();
+        snapshot(&mut state, "s1", "vol-src", "snap-1");
+        snapshot(&mut state, "s2", "vol-src", "snap-2");
+        let restore = from(ContentSource::Snapshot("snap-1".into()), "r", GI);
+        let first = create(&mut state, &restore, "vol-r").unwrap();
+        assert_eq!(
+            first.to_csi().content_source,
+            Some(ContentSource::Snapshot("snap-1".into()).to_csi()),
+            "the reply names the request's source"
+        );
+        assert_eq!(create(&mut state, &restore, "vol-r2"), Ok(first));
+        for other in [
+            from(ContentSource::Snapshot("snap-2".into()), "r", GI),
+            from(ContentSource::Volume("vol-src".into()), "r", GI),
+            args("r", GI, 0),
+            from(ContentSource::Snapshot("snap-1".into()), "r", 2 * GI),
+        ] {
+            let conflict = create(&mut state, &other, "vol-x");
+            assert!(
+                matches!(conflict, Err(CsiError::AlreadyExists(_))),
+                "{other:?}: {conflict:?}"
+            );
+        }
+        // A snapshot stays usable after its source volume is gone.
+        state.volumes.remove("vol-src");
+        let late = create(
+            &mut state,
+            &from(ContentSource::Snapshot("snap-2".into()), "late", 0),
+            "vol-l",
+        );
+        assert_eq!(late.map(|v| v.capacity_bytes), Ok(GI));
+    }
+
+    #[test]
+    fn snapshots_are_found_filtered_and_paged() {
+        let mut state = State::default();
+        create(&mut state, &args("a", GI, 0), "vol-a").unwrap();
+        create(&mut state, &args("b", 2 * GI, 0), "vol-b").unwrap();
+        let a1 = snapshot(&mut state, "a1", "vol-a", "snap-1");
+        let a2 = snapshot(&mut state, "a2", "vol-a", "snap-2");
+        let b1 = snapshot(&mut state, "b1", "vol-b", "snap-3");
+        assert_eq!(b1.size_bytes, 2 * GI, "a snapshot has its source's size");
+        assert_eq!(find_snapshot(&state, "snap-2"), Ok(&a2));
+        assert!(matches!(
+            find_snapshot(&state, "none-exist-id"),
+            Err(CsiError::NotFound(_))
+        ));
+        assert_eq!(
+            filter_snapshots(&state, "", ""),
+            [a1.clone(), a2.clone(), b1.clone()]
+        );
+        assert_eq!(
+            filter_snapshots(&state, "", "vol-a"),
+            [a1.clone(), a2.clone()]
+        );
+        assert_eq!(
+            filter_snapshots(&state, "snap-3", ""),
+            std::slice::from_ref(&b1)
+        );
+        assert_eq!(
+            filter_snapshots(&state, "snap-3", "vol-b"),
+            std::slice::from_ref(&b1)
+        );
+        assert!(filter_snapshots(&state, "snap-3", "vol-a").is_empty());
+        assert!(filter_snapshots(&state, "snap-9", "").is_empty());
+        assert!(filter_snapshots(&state, "", "vol-9").is_empty());
+
+        let all = filter_snapshots(&state, "", "");
+        let (first, token) = page(&all, 2, "").unwrap();
+        assert_eq!((first, token.as_str()), (vec![a1, a2], "2"));
+        assert_eq!(page(&all, 2, &token), Ok((vec![b1], String::new())));
+        assert!(matches!(
+            page(&all, 2, "invalid-token"),
+            Err(CsiError::Aborted(_))
+        ));
+    }
+
     fn zone(z: &str) -> Labels {
         Labels::from([("zone".to_string(), z.to_string())])
     }
@@ -758,6 +945,71 @@ mod tests {
         ));
         let v = state.volume_by_name("3").unwrap().to_csi();
         assert_eq!(v.accessible_topology, vec![to_csi_topology(&zone("b"))]);
+    }
+
+    #[test]
+    fn restores_and_clones_go_to_their_source_segment_if_allowed() {
+        let limits = zoned();
+        let mut state = State::default();
+        let src = create_in(
+            &mut state,
+            &within("src", GI, &["b"], &[]),
+            &limits,
+            "vol-src",
+        )
+        .unwrap();
+        assert_eq!(src.topology, zone("b"));
+        let snap = snapshot(&mut state, "s", "vol-src", "snap-1");
+        assert_eq!(
+            snap.topology,
+            zone("b"),
+            "a snapshot remembers its source's segment"
+        );
+        let place = |state: &mut State, a: CreateVolumeArgs| {
+            create_in(state, &a, &limits, &format!("vol-{}", a.name)).map(|v| v.topology)
+        };
+        let sourced =
+            |source: &ContentSource, name: &str, size: i64, requisite: &[&str]| CreateVolumeArgs {
+                source: Some(source.clone()),
+                ..within(name, size, requisite, &[])
+            };
+        for (n, source) in [
+            ContentSource::Snapshot("snap-1".into()),
+            ContentSource::Volume("vol-src".into()),
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert_eq!(
+                place(
+                    &mut state,
+                    sourced(source, &format!("free-{n}"), 8 * GI, &[])
+                ),
+                Ok(zone("b")),
+                "next to the source although a comes first"
+            );
+            assert_eq!(
+                place(
+                    &mut state,
+                    sourced(source, &format!("in-a-{n}"), GI, &["a"])
+                ),
+                Ok(zone("a")),
+                "the requisite wins"
+            );
+        }
+        // b holds 17 of its 20 GiB: a 5 GiB restore no longer fits there, and goes to a.
+        assert_eq!(
+            place(
+                &mut state,
+                sourced(
+                    &ContentSource::Snapshot("snap-1".into()),
+                    "big",
+                    5 * GI,
+                    &[]
+                )
+            ),
+            Ok(zone("a"))
+        );
     }
 
     #[test]

@@ -153,6 +153,7 @@ mod tests {
                 size_bytes: 42,
                 created_secs: 1,
                 created_nanos: 2,
+                topology: [("zone".to_string(), "a".to_string())].into(),
             },
         );
         state
@@ -177,6 +178,37 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, vec![STATE_FILE], "no temp file left behind");
+    }
+
+    /// A file as written before snapshots recorded their segment: it loads, the segment empty.
+    #[test]
+    fn loads_state_files_of_earlier_releases() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(
+            dir.path().join(STATE_FILE),
+            br#"{
+              "version": 1,
+              "volumes": {
+                "vol-1": {"id": "vol-1", "name": "pvc-1", "capacity_bytes": 42, "access": "mount"},
+                "vol-2": {"id": "vol-2", "name": "pvc-2", "capacity_bytes": 42, "access": "block",
+                          "parameters": {}, "source": {"snapshot": "snap-1"}, "topology": {},
+                          "publications": {}}
+              },
+              "snapshots": {
+                "snap-1": {"id": "snap-1", "name": "s", "source_volume_id": "vol-1",
+                           "size_bytes": 42, "created_secs": 1, "created_nanos": 0}
+              }
+            }"#,
+        )
+        .unwrap();
+        let state = load_state(dir.path()).unwrap();
+        assert_eq!(state.volumes["vol-1"].source, None);
+        assert_eq!(
+            state.volumes["vol-2"].source,
+            Some(ContentSource::Snapshot("snap-1".into()))
+        );
+        assert!(state.snapshots["snap-1"].topology.is_empty());
+        assert_eq!(state.snapshots["snap-1"].size_bytes, 42);
     }
 
     #[test]

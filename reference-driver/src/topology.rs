@@ -116,6 +116,16 @@ pub fn candidates<'a>(segments: &'a [Segment], wanted: &Requirements) -> Vec<&'a
     ordered
 }
 
+/// Moves the candidate whose labels are `labels` (a restore's or clone's source segment) to the
+/// front, so the new volume lands next to its source when that segment is allowed and has room;
+/// the others keep their order. Nothing moves when no candidate has those labels.
+pub fn try_first(candidates: &mut Vec<&Segment>, labels: &Labels) {
+    if let Some(at) = candidates.iter().position(|s| &s.labels == labels) {
+        let segment = candidates.remove(at);
+        candidates.insert(0, segment);
+    }
+}
+
 /// The first candidate with room for `size` bytes.
 pub fn choose<'a>(
     candidates: &[&'a Segment],
@@ -289,6 +299,19 @@ mod tests {
             choose(&[], &usage, GI, &[zone("x")]),
             Err(PlacementError::NoMatchingSegment { .. })
         ));
+    }
+
+    #[test]
+    fn the_source_segment_is_tried_first_if_it_is_a_candidate() {
+        let segments = [segment("a", GI), segment("b", GI), segment("c", GI)];
+        let mut all = candidates(&segments, &Requirements::default());
+        try_first(&mut all, &zone("c"));
+        assert_eq!(zones_of(&all), ["c", "a", "b"]);
+        let mut not_c = candidates(&segments, &wanted(&["a", "b"], &[]));
+        try_first(&mut not_c, &zone("c"));
+        assert_eq!(zones_of(&not_c), ["a", "b"], "the requisite rules");
+        try_first(&mut not_c, &Labels::new());
+        assert_eq!(zones_of(&not_c), ["a", "b"], "a source without topology");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use csi_spec as csi;
 use csi_spec::volume_capability::AccessType;
 use csi_spec::volume_capability::access_mode::Mode;
 
-use super::state::{AccessKind, ContentSource, CreateVolumeArgs, CsiError, Publication};
+use super::state::{AccessKind, ContentSource, CreateVolumeArgs, CsiError, Features, Publication};
 use super::topology::{Labels, Requirements};
 
 pub fn required(field: &str, value: &str) -> Result<(), CsiError> {
@@ -146,6 +146,20 @@ fn content_source(source: &csi::VolumeContentSource) -> Result<ContentSource, Cs
     }
 }
 
+/// A content source of a kind this driver does not serve (`--no-snapshots`, `--no-clone`) is
+/// INVALID_ARGUMENT, the spec's code for an unsupported source, whether or not it exists.
+pub fn source_served(source: Option<&ContentSource>, features: Features) -> Result<(), CsiError> {
+    match source {
+        Some(ContentSource::Snapshot(_)) if !features.snapshots => Err(CsiError::InvalidArgument(
+            "this driver serves no snapshots, so no volume can be created from one".into(),
+        )),
+        Some(ContentSource::Volume(_)) if !features.clone => Err(CsiError::InvalidArgument(
+            "this driver does not clone volumes".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 pub fn labels(topology: &csi::Topology) -> Labels {
     topology
         .segments
@@ -260,6 +274,32 @@ mod tests {
             volume_content_source: Some(csi::VolumeContentSource { r#type: None }),
             ..request()
         }));
+    }
+
+    #[test]
+    fn sources_need_their_feature() {
+        let snapshot = ContentSource::Snapshot("snap-1".into());
+        let volume = ContentSource::Volume("vol-1".into());
+        let all = Features::default();
+        let none = Features {
+            snapshots: false,
+            clone: false,
+        };
+        for source in [None, Some(&snapshot), Some(&volume)] {
+            assert_eq!(source_served(source, all), Ok(()));
+        }
+        assert_eq!(source_served(None, none), Ok(()));
+        for source in [&snapshot, &volume] {
+            assert!(matches!(
+                source_served(Some(source), none),
+                Err(CsiError::InvalidArgument(_))
+            ));
+        }
+        let clone_only = Features {
+            snapshots: false,
+            clone: true,
+        };
+        assert_eq!(source_served(Some(&volume), clone_only), Ok(()));
     }
 
     #[test]

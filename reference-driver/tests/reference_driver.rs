@@ -5,7 +5,7 @@
 #[path = "../../tests/support/csi_wire.rs"]
 mod csi_wire;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -578,5 +578,327 @@ async fn segments_fill_up_independently_and_survive_a_restart() {
         .unwrap_err();
     assert_eq!(moved.code(), Code::AlreadyExists, "{moved:?}");
     assert_eq!(capacity_in(&mut controller, Some("b")).await, 3 * GI);
+    running.stop().await;
+}
+
+fn snapshot_source(id: &str) -> Option<csi::VolumeContentSource> {
+    Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Snapshot(
+            csi::volume_content_source::SnapshotSource {
+                snapshot_id: id.into(),
+            },
+        )),
+    })
+}
+
+fn volume_source(id: &str) -> Option<csi::VolumeContentSource> {
+    Some(csi::VolumeContentSource {
+        r#type: Some(csi::volume_content_source::Type::Volume(
+            csi::volume_content_source::VolumeSource {
+                volume_id: id.into(),
+            },
+        )),
+    })
+}
+
+fn sourced_req(
+    name: &str,
+    required: i64,
+    source: Option<csi::VolumeContentSource>,
+) -> csi::CreateVolumeRequest {
+    csi::CreateVolumeRequest {
+        volume_content_source: source,
+        ..create_req(name, required, 0)
+    }
+}
+
+fn snapshot_req(name: &str, source_volume_id: &str) -> csi::CreateSnapshotRequest {
+    csi::CreateSnapshotRequest {
+        source_volume_id: source_volume_id.into(),
+        name: name.into(),
+        secrets: [("token".to_string(), "hunter2".to_string())].into(),
+        ..Default::default()
+    }
+}
+
+async fn get_snapshot(
+    client: &mut ControllerClient<Channel>,
+    id: &str,
+) -> Result<csi::Snapshot, tonic::Status> {
+    let reply = client
+        .get_snapshot(csi::GetSnapshotRequest {
+            snapshot_id: id.into(),
+            ..Default::default()
+        })
+        .await?;
+    Ok(reply.into_inner().snapshot.expect("snapshot in reply"))
+}
+
+async fn controller_rpcs(client: &mut ControllerClient<Channel>) -> BTreeSet<i32> {
+    use csi::controller_service_capability::Type;
+    client
+        .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .capabilities
+        .into_iter()
+        .filter_map(|c| c.r#type.map(|Type::Rpc(rpc)| rpc.r#type))
+        .collect()
+}
+
+#[tokio::test]
+async fn snapshots_restores_and_clones_are_durable_and_take_faults() {
+    use csi::controller_service_capability::rpc::Type as Rpc;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    let request_log = dir.path().join("requests.jsonl");
+    config.request_log = Some(request_log.clone());
+    for rule in [
+        "CreateSnapshot=after:deadline-exceeded:1",
+        "CreateVolume/snapshot=after:deadline-exceeded:1",
+        "CreateVolume/volume=before:unavailable:1",
+    ] {
+        config.faults.faults.push(rule.parse().unwrap());
+    }
+    let running = start(&config);
+    let mut controller = ControllerClient::new(channel(&config.endpoint).await);
+    let rpcs = controller_rpcs(&mut controller).await;
+    for rpc in [
+        Rpc::CreateDeleteSnapshot,
+        Rpc::ListSnapshots,
+        Rpc::GetSnapshot,
+        Rpc::CloneVolume,
+    ] {
+        assert!(rpcs.contains(&(rpc as i32)), "{rpc:?} in {rpcs:?}");
+    }
+    let source = create(&mut controller, "pvc-src", 2 * GI).await.unwrap();
+
+    // The snapshot is taken, then the reply is lost; the retry finds it.
+    let lost = controller
+        .create_snapshot(snapshot_req("snap-a", &source.volume_id))
+        .await
+        .unwrap_err();
+    assert_eq!(lost.code(), Code::DeadlineExceeded, "{lost:?}");
+    let snapshot = controller
+        .create_snapshot(snapshot_req("snap-a", &source.volume_id))
+        .await
+        .unwrap()
+        .into_inner()
+        .snapshot
+        .unwrap();
+    assert_eq!(snapshot.size_bytes, 2 * GI);
+    assert_eq!(snapshot.source_volume_id, source.volume_id);
+    assert!(snapshot.ready_to_use);
+    assert!(snapshot.creation_time.is_some_and(|t| t.seconds > 0));
+    assert_eq!(
+        get_snapshot(&mut controller, &snapshot.snapshot_id)
+            .await
+            .unwrap(),
+        snapshot.clone()
+    );
+    let unknown = get_snapshot(&mut controller, "none-exist-id")
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+    let other = create(&mut controller, "pvc-other", GI).await.unwrap();
+    let reused = controller
+        .create_snapshot(snapshot_req("snap-a", &other.volume_id))
+        .await
+        .unwrap_err();
+    assert_eq!(reused.code(), Code::AlreadyExists);
+
+    // A restore: created, then the reply is lost; the retry returns the same volume.
+    let lost = controller
+        .create_volume(sourced_req(
+            "pvc-restore",
+            2 * GI,
+            snapshot_source(&snapshot.snapshot_id),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(lost.code(), Code::DeadlineExceeded, "{lost:?}");
+    let restore = controller
+        .create_volume(sourced_req(
+            "pvc-restore",
+            2 * GI,
+            snapshot_source(&snapshot.snapshot_id),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(
+        restore.content_source,
+        snapshot_source(&snapshot.snapshot_id)
+    );
+    let smaller = controller
+        .create_volume(sourced_req(
+            "pvc-small",
+            GI,
+            snapshot_source(&snapshot.snapshot_id),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(smaller.code(), Code::OutOfRange);
+
+    // A clone: refused once before anything happens, then made.
+    let refused = controller
+        .create_volume(sourced_req(
+            "pvc-clone",
+            0,
+            volume_source(&source.volume_id),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unavailable);
+    let clone = controller
+        .create_volume(sourced_req(
+            "pvc-clone",
+            0,
+            volume_source(&source.volume_id),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(clone.capacity_bytes, 2 * GI);
+    assert_eq!(clone.content_source, volume_source(&source.volume_id));
+
+    // The source goes; its snapshot stays.
+    controller
+        .delete_volume(csi::DeleteVolumeRequest {
+            volume_id: source.volume_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    running.stop().await;
+
+    let saved = driver::load_state(&config.state_dir).unwrap();
+    let sources: BTreeMap<&str, Option<driver::ContentSource>> = saved
+        .volumes
+        .values()
+        .map(|v| (v.name.as_str(), v.source.clone()))
+        .collect();
+    assert_eq!(
+        sources,
+        BTreeMap::from([
+            ("pvc-other", None),
+            (
+                "pvc-restore",
+                Some(driver::ContentSource::Snapshot(
+                    snapshot.snapshot_id.clone()
+                ))
+            ),
+            (
+                "pvc-clone",
+                Some(driver::ContentSource::Volume(source.volume_id.clone()))
+            ),
+        ]),
+        "the durable records name their sources"
+    );
+
+    let running = start(&config);
+    let mut controller = ControllerClient::new(channel(&config.endpoint).await);
+    assert_eq!(
+        get_snapshot(&mut controller, &snapshot.snapshot_id)
+            .await
+            .unwrap(),
+        snapshot.clone(),
+        "the snapshot survives its source and a restart"
+    );
+    controller
+        .delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: snapshot.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let gone = get_snapshot(&mut controller, &snapshot.snapshot_id)
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), Code::NotFound);
+    running.stop().await;
+
+    let text = std::fs::read_to_string(&request_log).unwrap();
+    assert!(
+        !text.contains("hunter2"),
+        "secret values never reach the log"
+    );
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let methods: Vec<&str> = lines.iter().filter_map(|l| l["method"].as_str()).collect();
+    assert_eq!(
+        methods.iter().filter(|m| **m == "CreateSnapshot").count(),
+        3
+    );
+    assert_eq!(methods.last(), Some(&"DeleteSnapshot"));
+    let restores: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l["name"] == "pvc-restore")
+        .collect();
+    assert_eq!(restores.len(), 2);
+    assert_eq!(
+        restores[0]["volume_content_source"],
+        serde_json::json!({"snapshot": {"snapshot_id": snapshot.snapshot_id}})
+    );
+}
+
+#[tokio::test]
+async fn without_snapshots_and_clones_their_rpcs_and_sources_are_refused() {
+    use csi::controller_service_capability::rpc::Type as Rpc;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    config.features = driver::Features {
+        snapshots: false,
+        clone: false,
+    };
+    let running = start(&config);
+    let mut controller = ControllerClient::new(channel(&config.endpoint).await);
+    assert_eq!(
+        controller_rpcs(&mut controller).await,
+        BTreeSet::from([
+            Rpc::CreateDeleteVolume as i32,
+            Rpc::ListVolumes as i32,
+            Rpc::GetCapacity as i32
+        ])
+    );
+    let volume = create(&mut controller, "pvc-1", GI).await.unwrap();
+    let snapshot = controller
+        .create_snapshot(snapshot_req("snap-1", &volume.volume_id))
+        .await
+        .unwrap_err();
+    assert_eq!(snapshot.code(), Code::Unimplemented);
+    let delete = controller
+        .delete_snapshot(csi::DeleteSnapshotRequest {
+            snapshot_id: "snap-1".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(delete.code(), Code::Unimplemented);
+    let list = controller
+        .list_snapshots(csi::ListSnapshotsRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(list.code(), Code::Unimplemented);
+    let get = get_snapshot(&mut controller, "snap-1").await.unwrap_err();
+    assert_eq!(get.code(), Code::Unimplemented);
+    for source in [snapshot_source("snap-1"), volume_source(&volume.volume_id)] {
+        let refused = controller
+            .create_volume(sourced_req("pvc-2", GI, source))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    }
+    assert_eq!(
+        driver::load_state(&config.state_dir).unwrap().volumes.len(),
+        1
+    );
     running.stop().await;
 }

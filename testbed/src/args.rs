@@ -129,6 +129,37 @@ pub fn scheduler(a: &Scheduler<'_>) -> Vec<String> {
     ]
 }
 
+/// Both snapshot programs: the VolumeGroupSnapshot CRDs are not installed, and with the feature
+/// on (its default) each program waits 30 s for them at start-up before going on without it.
+const NO_GROUP_SNAPSHOTS: &str = "--feature-gates=CSIVolumeGroupSnapshot=false";
+
+/// The common snapshot controller: binds VolumeSnapshots to contents it creates for
+/// csi-snapshotter to act on. One per control plane, so no leader election.
+pub fn snapshot_controller(kubeconfig: &Path) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--leader-election=false".to_owned(),
+        NO_GROUP_SNAPSHOTS.to_owned(),
+        // A test on 2 shared cores must not wait up to a minute for a retry of a step that
+        // raced another controller.
+        "--retry-interval-max=5s".to_owned(),
+        "--v=2".to_owned(),
+    ]
+}
+
+/// The snapshot sidecar of the driver on `csi_socket`: calls CreateSnapshot and DeleteSnapshot
+/// for the contents of its driver. One per driver, so no leader election.
+pub fn csi_snapshotter(kubeconfig: &Path, csi_socket: &Path) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--csi-address={}", csi_socket.display()),
+        "--leader-election=false".to_owned(),
+        NO_GROUP_SNAPSHOTS.to_owned(),
+        "--retry-interval-max=5s".to_owned(),
+        "--v=2".to_owned(),
+    ]
+}
+
 /// The run directory's layout.
 pub struct Layout {
     pub root: PathBuf,
@@ -220,6 +251,21 @@ mod tests {
                 .any(|c| c == "persistentvolume-binder-controller")
         );
         assert!(args.contains(&"--leader-elect=false".to_owned()));
+    }
+
+    #[test]
+    fn the_snapshot_programs_skip_leader_election_and_group_snapshots() {
+        let controller = snapshot_controller(Path::new("/run/admin.kubeconfig"));
+        let sidecar = csi_snapshotter(
+            Path::new("/run/admin.kubeconfig"),
+            Path::new("/tmp/d/csi.sock"),
+        );
+        for args in [&controller, &sidecar] {
+            assert!(args.contains(&"--kubeconfig=/run/admin.kubeconfig".to_owned()));
+            assert!(args.contains(&"--leader-election=false".to_owned()));
+            assert!(args.contains(&NO_GROUP_SNAPSHOTS.to_owned()));
+        }
+        assert!(sidecar.contains(&"--csi-address=/tmp/d/csi.sock".to_owned()));
     }
 
     #[test]

@@ -12,6 +12,10 @@ pub enum Component {
     ControllerManager,
     /// Started only on request (`StartOptions::scheduler`).
     Scheduler,
+    /// The volume snapshot machinery (crate::snapshots), started by a test that asks for it.
+    SnapshotController,
+    /// One per CSI driver (crate::snapshots).
+    CsiSnapshotter,
 }
 
 impl Component {
@@ -22,6 +26,8 @@ impl Component {
             Component::ApiServer => "kube-apiserver",
             Component::ControllerManager => "kube-controller-manager",
             Component::Scheduler => "kube-scheduler",
+            Component::SnapshotController => "snapshot-controller",
+            Component::CsiSnapshotter => "csi-snapshotter",
         }
     }
 }
@@ -99,4 +105,38 @@ pub enum Error {
 
     #[error("building a Kubernetes client: {0}")]
     Client(#[from] kube::Error),
+
+    #[error("reading the CRDs in {}: {source}", path.display())]
+    ReadCrd {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("parsing the CRD {}: {reason}", path.display())]
+    ParseCrd { path: PathBuf, reason: String },
+
+    #[error("applying the CRD {name}: {source}")]
+    ApplyCrd {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error(
+        "waiting for the CRD {name} to be established and served: not after {waited:?} ({last_error})"
+    )]
+    CrdNotServed {
+        name: String,
+        waited: Duration,
+        last_error: String,
+    },
+
+    #[error("{component} exited ({status}); last log lines of {}:\n{log_tail}", log.display())]
+    Stopped {
+        component: Component,
+        status: String,
+        log: PathBuf,
+        log_tail: String,
+    },
 }

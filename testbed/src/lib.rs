@@ -24,6 +24,7 @@ mod ports;
 mod process;
 mod readiness;
 mod rng;
+pub mod snapshots;
 pub mod workspace;
 
 use std::path::{Path, PathBuf};

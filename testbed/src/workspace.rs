@@ -119,6 +119,15 @@ pub fn mock_driver() -> Result<PathBuf, ScriptError> {
     run_build_script("build-mock-driver.sh")
 }
 
+/// The Kubernetes volume snapshot machinery for the integration tests: the directory holding
+/// `snapshot-controller` and `csi-snapshotter` (external-snapshotter) and `crds/` (their CRDs and
+/// Gateway API's ReferenceGrant), built by `hack/build-snapshotter.sh` from the Go module proxy
+/// and cached outside the work tree (minutes on a cold Go build cache, at once afterwards).
+/// [`crate::snapshots`] installs and starts them.
+pub fn snapshotter() -> Result<PathBuf, ScriptError> {
+    run_build_script("build-snapshotter.sh")
+}
+
 /// Runs a build script of hack/, forwarding its progress (stderr); its last stdout line is what
 /// it built: the directory holding the binaries, or the one binary (it returns at once when they
 /// are cached).

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod csi_wire;
 pub mod mock_driver;
 pub mod peers;
+pub mod snapshots;
 pub mod topology;
 
 use std::future::Future;

@@ -384,12 +384,14 @@ impl Driver {
     }
 
     /// Every CreateVolume request received, oldest first, as the driver's `--request-log` JSON
-    /// (docs/reference-driver.md, "Request log"; secret values redacted).
+    /// (docs/reference-driver.md, "Request log"; secret values redacted). The log also holds
+    /// the snapshot calls, each line naming its `method`.
     pub fn create_volume_requests(&self) -> Vec<serde_json::Value> {
         fs::read_to_string(&self.request_log)
             .unwrap_or_default()
             .lines()
-            .filter_map(|line| serde_json::from_str(line).ok())
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|request| request["method"] == "CreateVolume")
             .collect()
     }
 

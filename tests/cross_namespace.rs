@@ -5,34 +5,73 @@
 //! One test, in order, because the ReferenceGrant CRD is cluster-wide: first without the CRD
 //! (upstream's sidecar would stay idle for ever, A6), then with it but without a grant, then
 //! with a grant. The sidecar is the same throughout: it takes the CRD in once it appears.
+//! Last, a restore from a VolumeSnapshot of the other namespace (the snapshot machinery of
+//! support::snapshots), whose protection finalizer comes off again (upstream leaves it, A4).
 
 mod support;
 
 use csi_provisioner::api::ReferenceGrant;
+use csi_provisioner::provision::SNAPSHOT_PROTECTION_FINALIZER;
 use csi_testbed::snapshots::{SnapshotBinaries, install_crds};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, TypedObjectReference};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use support::cluster::{Cluster, claim, create_claim, pv_name, wait_bound, wait_event};
-use support::peers::{Driver, Sidecar};
+use support::eventually;
+use support::peers::{Driver, Sidecar, TIMEOUT};
+use support::snapshots::Snapshotter;
 
 const GATE: &str = "--feature-gates=CrossNamespaceVolumeDataSource=true";
 /// Short claim retries, so that the claim waiting for the CRD goes on soon after it appears.
 const RETRY_MAX: &str = "--retry-interval-max=2s";
 
-/// A 1Gi claim of `class` cloning the claim `namespace/source`.
-fn clone_of(name: &str, class: &str, namespace: &str, source: &str) -> PersistentVolumeClaim {
+/// A 1Gi claim of `class` made from `source` (a claim, or a VolumeSnapshot with `api_group`)
+/// of `namespace`.
+fn from_other_namespace(
+    name: &str,
+    class: &str,
+    (api_group, kind): (Option<&str>, &str),
+    namespace: &str,
+    source: &str,
+) -> PersistentVolumeClaim {
     let mut pvc = claim(name, class, "1Gi", None);
     if let Some(spec) = pvc.spec.as_mut() {
         spec.data_source_ref = Some(TypedObjectReference {
-            api_group: None,
-            kind: "PersistentVolumeClaim".to_owned(),
+            api_group: api_group.map(str::to_owned),
+            kind: kind.to_owned(),
             name: source.to_owned(),
             namespace: Some(namespace.to_owned()),
         });
     }
     pvc
+}
+
+const CLAIMS: (Option<&str>, &str) = (None, "PersistentVolumeClaim");
+const SNAPSHOTS: (Option<&str>, &str) = (Some("snapshot.storage.k8s.io"), "VolumeSnapshot");
+
+/// Applies the ReferenceGrant `name` in `namespace`: the claims of `from` may use the objects
+/// of `to` (group, kind, name).
+async fn grant(cluster: &Cluster, name: &str, namespace: &str, from: &str, to: serde_json::Value) {
+    let grants: Api<ReferenceGrant> = Api::namespaced(cluster.client.clone(), namespace);
+    // Applied: a custom resource's body must carry apiVersion and kind, which the partial type
+    // does not serialize.
+    grants
+        .patch(
+            name,
+            &PatchParams::apply("csi-provisioner-tests"),
+            &Patch::Apply(json!({
+                "apiVersion": "gateway.networking.k8s.io/v1beta1",
+                "kind": "ReferenceGrant",
+                "metadata": {"name": name},
+                "spec": {
+                    "from": [{"group": "", "kind": "PersistentVolumeClaim", "namespace": from}],
+                    "to": [to],
+                },
+            })),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("creating the ReferenceGrant {name}: {e}"));
 }
 
 /// The CreateVolume requests the driver received for the volume `name`.
@@ -66,7 +105,7 @@ async fn install_reference_grant_crd() {
 }
 
 #[tokio::test]
-async fn a_clone_from_another_namespace_needs_the_crd_and_a_grant() {
+async fn sources_in_another_namespace_need_the_crd_and_a_grant() {
     support::control_plane_with_apiserver_flags(&[GATE]);
     let source = Cluster::new("xns-src").await;
     let target = Cluster::new("xns-dst").await;
@@ -87,7 +126,7 @@ async fn a_clone_from_another_namespace_needs_the_crd_and_a_grant() {
     // No ReferenceGrant CRD: the clone is told why, every other claim is provisioned.
     let clone = create_claim(
         &target.claims,
-        &clone_of("clone", &class, source.ns(), "src"),
+        &from_other_namespace("clone", &class, CLAIMS, source.ns(), "src"),
     )
     .await;
     let kept = clone
@@ -135,23 +174,14 @@ async fn a_clone_from_another_namespace_needs_the_crd_and_a_grant() {
 
     // A grant in the source's namespace to the target's claims: the clone binds, made from the
     // source claim's volume.
-    let grants: Api<ReferenceGrant> = Api::namespaced(source.client.clone(), source.ns());
-    grants
-        .patch(
-            "clones",
-            &PatchParams::apply("csi-provisioner-tests"),
-            &Patch::Apply(json!({
-                "apiVersion": "gateway.networking.k8s.io/v1beta1",
-                "kind": "ReferenceGrant",
-                "metadata": {"name": "clones"},
-                "spec": {
-                    "from": [{"group": "", "kind": "PersistentVolumeClaim", "namespace": target.ns()}],
-                    "to": [{"group": "", "kind": "PersistentVolumeClaim", "name": "src"}],
-                },
-            })),
-        )
-        .await
-        .expect("creating the ReferenceGrant");
+    grant(
+        &target,
+        "clones",
+        source.ns(),
+        target.ns(),
+        json!({"group": "", "kind": "PersistentVolumeClaim", "name": "src"}),
+    )
+    .await;
     wait_bound(&target.claims, "clone").await;
     let creates = creates_of(&driver, &pv_name(&clone));
     assert!(!creates.is_empty());
@@ -161,4 +191,59 @@ async fn a_clone_from_another_namespace_needs_the_crd_and_a_grant() {
             "{create}"
         );
     }
+
+    // A restore from a snapshot of the other namespace, granted: the snapshot's protection
+    // finalizer comes off once the PV is saved.
+    let snapshotter = Snapshotter::start(&driver);
+    let snapshot_class = source.snapshot_class("snap", &driver).await;
+    let (_, content) = source
+        .take_snapshot("src-snap", "src", &snapshot_class, &snapshotter)
+        .await;
+    let snapshot_handle = content
+        .status
+        .and_then(|status| status.snapshot_handle)
+        .expect("a ready content's snapshot handle");
+    grant(
+        &target,
+        "restores",
+        source.ns(),
+        target.ns(),
+        json!({"group": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot"}),
+    )
+    .await;
+    let restore = create_claim(
+        &target.claims,
+        &from_other_namespace("restore", &class, SNAPSHOTS, source.ns(), "src-snap"),
+    )
+    .await;
+    wait_bound(&target.claims, "restore").await;
+    let creates = creates_of(&driver, &pv_name(&restore));
+    assert!(!creates.is_empty());
+    for create in creates {
+        assert_eq!(
+            create["volume_content_source"]["snapshot"]["snapshot_id"], snapshot_handle,
+            "{create}"
+        );
+    }
+    eventually(
+        "the restore's finalizer to come off the snapshot",
+        TIMEOUT,
+        || async {
+            let snapshot = source
+                .snapshots()
+                .get("src-snap")
+                .await
+                .map_err(|e| e.to_string())?;
+            let finalizers = snapshot.metadata.finalizers.unwrap_or_default();
+            if finalizers
+                .iter()
+                .any(|f| f == SNAPSHOT_PROTECTION_FINALIZER)
+            {
+                Err(format!("{finalizers:?}"))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
 }

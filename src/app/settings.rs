@@ -46,6 +46,9 @@ pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppEr
         worker_threads: usize::try_from(controller.worker_threads).unwrap_or(usize::MAX),
         max_concurrent_per_class: usize::try_from(controller.max_concurrent_per_storage_class)
             .unwrap_or(usize::MAX),
+        cloning_protection_threads: usize::try_from(controller.cloning_protection_threads)
+            .unwrap_or(usize::MAX),
+        snapshot_orphan_sweep_interval: controller.snapshot_orphan_sweep_interval,
         event_component: format!("{}_{}_{}", info.name, hostname, uuid::Uuid::new_v4()),
         hostname,
         consistency_by_default: controller.provisioning_consistency_default

@@ -104,14 +104,8 @@ pub const FLAGS: &[FlagInfo] = {
         up("retry-interval-start", Same),
         up("retry-interval-max", Same),
         up("worker-threads", Same),
-        up(
-            "cloning-protection-threads",
-            Refused("cloning protection is not built"),
-        ),
-        up(
-            "snapshot-orphan-sweep-interval",
-            Refused("snapshots are not built"),
-        ),
+        up("cloning-protection-threads", Same),
+        up("snapshot-orphan-sweep-interval", Same),
         up("feature-gates", Different),
         up("logging-format", Different),
         up("log-flush-frequency", Ignored),

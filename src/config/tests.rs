@@ -292,8 +292,6 @@ fn refused_flag_list() {
             "node-deployment-base-delay",
             "node-deployment-max-delay",
             "enable-pprof",
-            "cloning-protection-threads",
-            "snapshot-orphan-sweep-interval",
             "vmodule",
             "log-text-split-stream",
             "log-text-info-buffer-size",

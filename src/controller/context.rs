@@ -30,6 +30,11 @@ pub struct Settings {
     pub retry_interval_max: Duration,
     pub worker_threads: usize,
     pub max_concurrent_per_class: usize,
+    /// `--cloning-protection-threads`: concurrent reconciles of the cloning-protection
+    /// controller (only with CLONE_VOLUME).
+    pub cloning_protection_threads: usize,
+    /// `--snapshot-orphan-sweep-interval`; zero disables the sweeper.
+    pub snapshot_orphan_sweep_interval: Duration,
     /// Source component of events: `<driver>_<hostname>_<uuid>` as upstream's library writes.
     pub event_component: String,
     pub hostname: String,

@@ -71,6 +71,29 @@ where
     }
 }
 
+/// Removes `finalizer` from `object` as it was read, once: a list changed since (422 from the
+/// patch's `test`) is an error, for a caller whose decision rests on that very read.
+pub(super) async fn remove_finalizer_once<K>(
+    api: &Api<K>,
+    object: &K,
+    finalizer: &str,
+) -> kube::Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let Some(patch) = finalizer_removal_patch(object.meta(), finalizer) else {
+        return Ok(());
+    };
+    ignore_not_found(
+        api.patch(
+            &object.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
+        .await,
+    )
+}
+
 fn ignore_not_found<T>(result: kube::Result<T>) -> kube::Result<()> {
     match result {
         Ok(_) => Ok(()),

@@ -512,6 +512,8 @@ impl Cluster {
             retry_interval_max: RETRY_MAX,
             worker_threads: 4,
             max_concurrent_per_class: 0,
+            cloning_protection_threads: 1,
+            snapshot_orphan_sweep_interval: Duration::from_secs(300),
             event_component: "csi-provisioner".to_owned(),
             hostname: "test-host".to_owned(),
             consistency_by_default: false,
@@ -541,7 +543,7 @@ impl Cluster {
             RateLimitLayer::unlimited(),
         );
         let stores = Stores {
-            claims: store(self.claims.iter().map(cached)),
+            claims: listed(self.claims.iter().map(cached)),
             volumes: store(self.volumes.iter().map(cached)),
             classes: store(self.classes),
             topology: self.topology.map(|(nodes, csinodes)| {

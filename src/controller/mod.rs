@@ -3,14 +3,16 @@
 //! `crate::provision` by calling the driver and the Kubernetes API.
 //!
 //! Two kube-runtime controllers run side by side, one over claims (provisioning) and one over
-//! volumes (deletion), plus the orphan reaper over operations in flight. The controllers never
-//! run two reconciles of the same object at once; the driver calls are bounded by
-//! [`limits::CallLimits`].
+//! volumes (deletion), plus the orphan reaper over operations in flight and, for a driver that
+//! clones or restores, the two that take the data sources' protection finalizers off again
+//! (`clone_protection`, `snapshot_sweeper`). The controllers never run two reconciles of the
+//! same object at once; the driver calls are bounded by [`limits::CallLimits`].
 
 mod actions;
 pub mod backoff;
 pub mod cache;
 mod claims;
+mod clone_protection;
 mod context;
 mod drain;
 pub mod events;
@@ -20,6 +22,7 @@ mod fixtures;
 mod grants;
 pub mod limits;
 mod orphans;
+mod snapshot_sweeper;
 mod sources;
 mod topology;
 mod volumes;
@@ -31,7 +34,7 @@ use std::time::Duration;
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 
 use k8s_openapi::api::storage::v1::StorageClass;
-use kube::runtime::controller::{self, Controller};
+use kube::runtime::controller::{self, Config, Controller};
 use kube::runtime::reflector::{Lookup, ObjectRef, Store};
 use tracing::{debug, info, warn};
 
@@ -42,6 +45,7 @@ use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
 use crate::provision::claim_class_name;
 use claims::ClaimReconciler;
+use clone_protection::CloneProtection;
 use context::{Context, FencedDriver, Stores};
 pub use context::{Settings, TopologyFlags};
 use events::EventRecorder;
@@ -91,6 +95,8 @@ pub async fn run(
     .await?;
     journal.watch_shards();
     let worker_threads = settings.worker_threads;
+    let cloning_protection_threads = settings.cloning_protection_threads.max(1);
+    let sweep_interval = settings.snapshot_orphan_sweep_interval;
     let journal_timeout = settings.journal_timeout;
     let initial_list = cache::probe_initial_list(&client).await;
     let watches = cache::watch_all(&client, initial_list);
@@ -168,6 +174,67 @@ pub async fn run(
         let mut rx = drain_rx.clone();
         async move {
             let _ = rx.wait_for(|drained| *drained).await;
+        }
+    };
+
+    // The cloning-protection controller sees the claims being deleted that carry its
+    // finalizer, from the claim watch the claim controller drives.
+    let (protected_tx, protected_rx) = futures::channel::mpsc::unbounded();
+    let claim_stream = {
+        let (ctx, cloning) = (Arc::clone(&ctx), ctx.caps.clone);
+        claim_stream.inspect_ok(move |claim| {
+            if cloning && CloneProtection::has_work(claim, &ctx) {
+                let _ = protected_tx.unbounded_send(claim.clone());
+            }
+        })
+    };
+    let clone_protection = {
+        let (ctx, claims, claims_listed) =
+            (Arc::clone(&ctx), claims.clone(), claims_listed.clone());
+        let (drained_early, drained) = (drained(), drained());
+        async move {
+            // Started once the claims have listed: kube-runtime's controller would wait on the
+            // store itself, a second waiter beside the claim controller's (see `cache::listed`),
+            // and no decision may take a partial cache for "no clone".
+            if !ctx.caps.clone {
+                return;
+            }
+            tokio::select! {
+                listed = claims_listed => if !listed { return },
+                () = drained_early => return,
+            }
+            let resync = resync_with_work(
+                claims.clone(),
+                &ctx,
+                CloneProtection::has_work,
+                RESYNC_PERIOD,
+            );
+            Controller::for_stream(
+                protected_rx.map(Ok::<_, kube::runtime::watcher::Error>),
+                claims,
+            )
+            .with_config(
+                Config::default()
+                    .concurrency(u16::try_from(cloning_protection_threads).unwrap_or(u16::MAX)),
+            )
+            .reconcile_on(resync)
+            .graceful_shutdown_on(drained)
+            .run(
+                CloneProtection::reconcile,
+                never_fails,
+                Arc::new(CloneProtection::new(ctx)),
+            )
+            .for_each(log_result)
+            .await;
+        }
+    };
+    let sweeper = {
+        let (ctx, claims_listed, drained) = (Arc::clone(&ctx), claims_listed.clone(), drained());
+        async move {
+            if sweep_interval.is_zero() || !ctx.caps.snapshot {
+                return;
+            }
+            snapshot_sweeper::run(&ctx, sweep_interval, claims_listed, drained).await;
         }
     };
 
@@ -252,7 +319,9 @@ pub async fn run(
             async move { volumes_ready.wait_until_ready().await.is_ok() },
             drained()
         ),
-        reaper
+        reaper,
+        clone_protection,
+        sweeper
     );
     let flushed = ctx.journal.flush(journal_timeout).await;
     // The reaper ends only at the drain signal, which is sent after the hand-over is.
@@ -351,11 +420,7 @@ where
 }
 
 /// The reconcilers report and retry their own failures; see `provisioner` and `deleter`.
-fn never_fails<K>(
-    _: Arc<K>,
-    error: &std::convert::Infallible,
-    _: Arc<Context>,
-) -> controller::Action {
+fn never_fails<K, C>(_: Arc<K>, error: &std::convert::Infallible, _: Arc<C>) -> controller::Action {
     match *error {}
 }
 

@@ -216,6 +216,17 @@ impl Registry {
             .collect()
     }
 
+    /// The content sources (clone or restore) of every operation known, reserved or recorded:
+    /// the driver may read each again while its operation is replayed, so the protection
+    /// controllers keep those sources' finalizers (docs/journal.md, rule 12).
+    pub fn content_sources(&self) -> Vec<csi::VolumeContentSource> {
+        self.lock()
+            .entries
+            .values()
+            .filter_map(|entry| entry.operation.request.volume_content_source.clone())
+            .collect()
+    }
+
     pub fn complete(&self, volume_name: &str) {
         self.lock().entries.remove(volume_name);
     }
@@ -360,6 +371,40 @@ mod tests {
             _ => panic!("the earlier operation is replayed"),
         }
         assert!(registry.keep_after_failure("pvc-1", false), "it may exist");
+    }
+
+    #[test]
+    fn the_content_sources_of_reserved_and_recorded_operations_are_listed() {
+        let registry = Registry::default();
+        let cloning = |volume: &str, uid: &str, source: &str| Operation {
+            request: csi::CreateVolumeRequest {
+                name: volume.to_owned(),
+                volume_content_source: Some(csi::VolumeContentSource {
+                    r#type: Some(csi::volume_content_source::Type::Volume(
+                        csi::volume_content_source::VolumeSource {
+                            volume_id: source.to_owned(),
+                        },
+                    )),
+                }),
+                ..Default::default()
+            },
+            ..operation(volume, uid, "x")
+        };
+        recorded(&registry, cloning("pvc-1", "a", "vol-a"));
+        let Ok(Reservation::Fresh(_busy)) = registry.reserve(cloning("pvc-2", "b", "vol-b")) else {
+            panic!("fresh");
+        };
+        recorded(&registry, operation("pvc-3", "c", "no source"));
+        let mut ids: Vec<_> = registry
+            .content_sources()
+            .into_iter()
+            .filter_map(|source| match source.r#type {
+                Some(csi::volume_content_source::Type::Volume(volume)) => Some(volume.volume_id),
+                _ => None,
+            })
+            .collect();
+        ids.sort();
+        assert_eq!(ids, ["vol-a", "vol-b"]);
     }
 
     #[test]

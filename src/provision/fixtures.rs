@@ -92,14 +92,6 @@ impl PvcBuilder {
         self.0.spec.get_or_insert_with(Default::default)
     }
 
-    pub fn phase(mut self, phase: &str) -> Self {
-        self.0.status = Some(PersistentVolumeClaimStatus {
-            phase: Some(phase.to_owned()),
-            ..PersistentVolumeClaimStatus::default()
-        });
-        self
-    }
-
     pub fn annotation(mut self, key: &str, value: &str) -> Self {
         self.0
             .metadata
@@ -130,6 +122,25 @@ impl PvcBuilder {
 
     pub fn no_name(mut self) -> Self {
         self.0.metadata.name = None;
+        self
+    }
+
+    pub fn name(mut self, name: &str) -> Self {
+        self.0.metadata.name = Some(name.to_owned());
+        self
+    }
+
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.0.metadata.namespace = Some(namespace.to_owned());
+        self
+    }
+
+    /// `status.phase` (the cache keeps it; nothing else of the status).
+    pub fn phase(mut self, phase: &str) -> Self {
+        self.0.status = Some(PersistentVolumeClaimStatus {
+            phase: Some(phase.to_owned()),
+            ..PersistentVolumeClaimStatus::default()
+        });
         self
     }
 

@@ -34,6 +34,7 @@ mod names;
 mod naming;
 mod parameters;
 mod plan;
+mod protection;
 mod quantity;
 mod reference_grant;
 mod reschedule;
@@ -86,6 +87,10 @@ pub use parameters::{
 };
 pub use plan::{
     ProvisionError, ProvisionPlan, build_create_volume_request, grant_namespace, plan_provision,
+};
+pub use protection::{
+    CloneHold, CloneVerdict, ContentHandle, InFlightSources, PendingRestores, SnapshotHold,
+    SnapshotVerdict, clone_verdict, snapshot_verdict,
 };
 pub use quantity::{QuantityError, format_binary_si, parse_quantity_bytes, requested_bytes};
 pub use reschedule::{NodeVerdict, RescheduleCause, node_verdict, reschedule_patch};

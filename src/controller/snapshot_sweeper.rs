@@ -1,0 +1,384 @@
+//! The snapshot orphan sweeper (`--snapshot-orphan-sweep-interval`): takes
+//! `provision::SNAPSHOT_PROTECTION_FINALIZER` off every VolumeSnapshot nothing restores from
+//! any more (`provision::snapshot_verdict`: no Pending claim names it, no operation in the
+//! journal restores from its handle). The claim reconciler removes the finalizer after a
+//! restore succeeds; this finds the ones left behind (a claim deleted mid-flight, a final
+//! error, a cross-namespace restore).
+//!
+//! It runs only for a driver with CREATE_DELETE_SNAPSHOT and only where the API server serves
+//! `snapshot.storage.k8s.io/v1` VolumeSnapshots; a cluster without the CRD, or a role without
+//! `list` on them, only disables it. The snapshots are listed at each sweep (upstream keeps an
+//! informer of them all, for a sweep every five minutes); the claims come from the claim cache.
+
+use std::future::Future;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use thiserror::Error;
+use tracing::{debug, info, warn};
+
+use super::cache::CacheError;
+use super::context::Context;
+use super::finalizers::remove_finalizer_once;
+use crate::api::{VolumeSnapshot, VolumeSnapshotContent};
+use crate::provision::{
+    ContentHandle, InFlightSources, PendingRestores, SNAPSHOT_PROTECTION_FINALIZER,
+    SnapshotVerdict, snapshot_verdict,
+};
+
+const SNAPSHOT_GROUP_VERSION: &str = "snapshot.storage.k8s.io/v1";
+const SNAPSHOT_KIND: &str = "VolumeSnapshot";
+
+/// Why a sweep removed nothing.
+#[derive(Debug, Error)]
+pub enum SweepError {
+    #[error("failed to list VolumeSnapshots: {0}")]
+    ListSnapshots(kube::Error),
+    /// Upstream's quirk A5 removes every finalizer then; we remove none.
+    #[error("the claim watch has not listed, so which snapshots Pending claims restore is unknown")]
+    ClaimsNotListed,
+    #[error(transparent)]
+    Claims(#[from] CacheError),
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Swept {
+    pub released: usize,
+    pub kept: usize,
+}
+
+/// Sweeps at once, then `interval` after the end of each sweep, until `drained`, if the
+/// cluster and the role allow it (see the module comment).
+pub(super) async fn run(
+    ctx: &Context,
+    interval: Duration,
+    claims_listed: Shared<BoxFuture<'static, bool>>,
+    drained: impl Future<Output = ()>,
+) {
+    let mut drained = std::pin::pin!(drained);
+    let enabled = async {
+        // Nothing is decided on claims before their watch has listed.
+        served(ctx).await && allowed(ctx).await && claims_listed.clone().await
+    };
+    tokio::select! {
+        () = &mut drained => return,
+        enabled = enabled => if !enabled { return },
+    }
+    loop {
+        match sweep(ctx, &claims_listed).await {
+            Ok(swept) => debug!(?swept, "snapshot orphan sweep done"),
+            Err(error) => warn!(%error, "snapshot orphan sweep removed nothing"),
+        }
+        tokio::select! {
+            () = &mut drained => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Whether the API server serves VolumeSnapshots in `snapshot.storage.k8s.io/v1`.
+async fn served(ctx: &Context) -> bool {
+    match ctx
+        .client
+        .list_api_group_resources(SNAPSHOT_GROUP_VERSION)
+        .await
+    {
+        Ok(resources) if resources.resources.iter().any(|r| r.kind == SNAPSHOT_KIND) => true,
+        Ok(_) => {
+            info!(
+                "the API server does not serve {SNAPSHOT_KIND} in {SNAPSHOT_GROUP_VERSION}; the snapshot orphan sweeper does not run"
+            );
+            false
+        }
+        Err(error) => {
+            info!(%error, "{SNAPSHOT_GROUP_VERSION} is not served (the snapshot CRDs are not installed?); the snapshot orphan sweeper does not run");
+            false
+        }
+    }
+}
+
+/// The preflight: one VolumeSnapshot listed. Only Forbidden disables the sweeper (an older
+/// role); any other error is left to the sweeps.
+async fn allowed(ctx: &Context) -> bool {
+    let api: Api<VolumeSnapshot> = Api::all(ctx.client.clone());
+    match api.list(&ListParams::default().limit(1)).await {
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            info!(
+                "the snapshot orphan sweeper is disabled: the sidecar's role lacks list on volumesnapshots.snapshot.storage.k8s.io"
+            );
+            false
+        }
+        _ => true,
+    }
+}
+
+/// One sweep: every VolumeSnapshot with the finalizer that nothing restores from loses it.
+/// A removal that fails (gone, changed meanwhile) is left to the next sweep.
+pub(super) async fn sweep(
+    ctx: &Context,
+    claims_listed: &Shared<BoxFuture<'static, bool>>,
+) -> Result<Swept, SweepError> {
+    let api: Api<VolumeSnapshot> = Api::all(ctx.client.clone());
+    let protected: Vec<VolumeSnapshot> = api
+        .list(&ListParams::default())
+        .await
+        .map_err(SweepError::ListSnapshots)?
+        .items
+        .into_iter()
+        .filter(|snapshot| {
+            snapshot
+                .finalizers()
+                .iter()
+                .any(|f| f == SNAPSHOT_PROTECTION_FINALIZER)
+        })
+        .collect();
+    if protected.is_empty() {
+        return Ok(Swept::default());
+    }
+    // Read after the snapshots, so a restore that protected one of them is seen.
+    if !claims_listed.clone().now_or_never().unwrap_or(false) {
+        return Err(SweepError::ClaimsNotListed);
+    }
+    let claims = ctx
+        .claims
+        .state()
+        .iter()
+        .map(|claim| claim.to_claim())
+        .collect::<Result<Vec<PersistentVolumeClaim>, _>>()?;
+    let pending = PendingRestores::new(&claims);
+    let in_flight = InFlightSources::new(&ctx.journal.registry().content_sources());
+    let mut swept = Swept::default();
+    for snapshot in &protected {
+        let key = format!(
+            "{}/{}",
+            snapshot.namespace().unwrap_or_default(),
+            snapshot.name_any()
+        );
+        let mut verdict = snapshot_verdict(snapshot, &pending, &in_flight, ContentHandle::NotRead);
+        if let SnapshotVerdict::ReadContent(content) = &verdict {
+            let handle = content_handle(ctx, content).await;
+            let handle = match &handle {
+                Ok(handle) => ContentHandle::Read(handle.as_deref()),
+                Err(error) => {
+                    debug!(snapshot = key, content, %error, "reading the snapshot's content");
+                    ContentHandle::Unknown
+                }
+            };
+            verdict = snapshot_verdict(snapshot, &pending, &in_flight, handle);
+        }
+        match verdict {
+            SnapshotVerdict::Release => {
+                let api: Api<VolumeSnapshot> = Api::namespaced(
+                    ctx.client.clone(),
+                    &snapshot.namespace().unwrap_or_default(),
+                );
+                match remove_finalizer_once(&api, snapshot, SNAPSHOT_PROTECTION_FINALIZER).await {
+                    Ok(()) => {
+                        swept.released += 1;
+                        info!("removed orphaned finalizer from snapshot {key}");
+                    }
+                    Err(kube::Error::Api(status)) if matches!(status.code, 409 | 422) => {
+                        debug!(
+                            snapshot = key,
+                            "changed meanwhile; will retry at the next sweep"
+                        );
+                    }
+                    Err(kube::Error::Api(status)) if status.code == 403 => {
+                        info!(
+                            snapshot = key,
+                            "no permission to remove the orphaned finalizer (patch on volumesnapshots.snapshot.storage.k8s.io)"
+                        );
+                    }
+                    Err(error) => {
+                        warn!(snapshot = key, %error, "failed to remove the orphaned finalizer")
+                    }
+                }
+            }
+            SnapshotVerdict::Keep(hold) => {
+                swept.kept += 1;
+                debug!(snapshot = key, reason = %hold, "snapshot still needed");
+            }
+            SnapshotVerdict::Untouched | SnapshotVerdict::ReadContent(_) => {}
+        }
+    }
+    Ok(swept)
+}
+
+/// The content's `status.snapshotHandle`; a content that is gone has none.
+async fn content_handle(ctx: &Context, content: &str) -> kube::Result<Option<String>> {
+    let api: Api<VolumeSnapshotContent> = Api::all(ctx.client.clone());
+    Ok(api
+        .get_opt(content)
+        .await?
+        .and_then(|content| content.status?.snapshot_handle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{VolumeSnapshotContentStatus, VolumeSnapshotStatus};
+    use crate::controller::fixtures::{
+        Cluster, Scenario, Step, bounded, get, patch, recorded_operation,
+    };
+    use crate::csi;
+    use crate::csi::volume_content_source::{SnapshotSource, Type};
+    use crate::provision::fixtures::PvcBuilder;
+    use futures::future;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use serde_json::json;
+
+    const LIST: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshots";
+
+    fn snapshot(name: &str) -> VolumeSnapshot {
+        VolumeSnapshot {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("apps".into()),
+                uid: Some(format!("{name}-uid")),
+                finalizers: Some(vec![SNAPSHOT_PROTECTION_FINALIZER.to_owned()]),
+                ..ObjectMeta::default()
+            },
+            status: Some(VolumeSnapshotStatus {
+                bound_volume_snapshot_content_name: Some(format!("{name}-content")),
+                ready_to_use: Some(true),
+                ..VolumeSnapshotStatus::default()
+            }),
+            ..VolumeSnapshot::default()
+        }
+    }
+
+    fn listed(snapshots: &[VolumeSnapshot]) -> Step {
+        get(LIST).answer(
+            200,
+            json!({
+                "apiVersion": "snapshot.storage.k8s.io/v1",
+                "kind": "VolumeSnapshotList",
+                "metadata": {},
+                "items": snapshots,
+            }),
+        )
+    }
+
+    fn released(name: &str) -> Step {
+        patch(format!(
+            "/apis/snapshot.storage.k8s.io/v1/namespaces/apps/volumesnapshots/{name}"
+        ))
+        .body(json!([
+            {"op": "test", "path": "/metadata/uid", "value": format!("{name}-uid")},
+            {"op": "test", "path": "/metadata/finalizers/0", "value": SNAPSHOT_PROTECTION_FINALIZER},
+            {"op": "remove", "path": "/metadata/finalizers/0"},
+        ]))
+        .answer(200, VolumeSnapshot::default())
+    }
+
+    fn restoring(name: &str, phase: &str) -> PersistentVolumeClaim {
+        PvcBuilder::new()
+            .name(&format!("restore-{name}"))
+            .phase(phase)
+            .data_source(Some("snapshot.storage.k8s.io"), "VolumeSnapshot", name)
+            .build()
+    }
+
+    fn claims_listed(listed: bool) -> Shared<BoxFuture<'static, bool>> {
+        future::ready(listed).boxed().shared()
+    }
+
+    async fn sweep_once(scenario: &Scenario, listed: bool) -> Result<Swept, SweepError> {
+        bounded(sweep(&scenario.ctx(), &claims_listed(listed))).await
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_a_pending_claim_restores_is_kept_and_an_orphan_released() {
+        let scenario = Cluster::new()
+            .claim(restoring("wanted", "Pending"))
+            .claim(restoring("done", "Bound"))
+            .start([
+                listed(&[snapshot("wanted"), snapshot("done")]),
+                released("done"),
+            ])
+            .await;
+        let swept = sweep_once(&scenario, true).await.expect("swept");
+        assert_eq!(
+            swept,
+            Swept {
+                released: 1,
+                kept: 1
+            }
+        );
+        scenario.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_the_journal_restores_from_is_kept() {
+        let restore = crate::journal::Operation {
+            request: csi::CreateVolumeRequest {
+                volume_content_source: Some(csi::VolumeContentSource {
+                    r#type: Some(Type::Snapshot(SnapshotSource {
+                        snapshot_id: "snap-handle-1".into(),
+                    })),
+                }),
+                ..recorded_operation().request
+            },
+            ..recorded_operation()
+        };
+        let content = |name: &str, handle: &str| VolumeSnapshotContent {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            status: Some(VolumeSnapshotContentStatus {
+                snapshot_handle: Some(handle.into()),
+                ..VolumeSnapshotContentStatus::default()
+            }),
+            ..VolumeSnapshotContent::default()
+        };
+        // Its claim is gone: only the journal knows the restore still reads the snapshot.
+        let scenario = Cluster::new()
+            .journaled(restore)
+            .start([
+                listed(&[snapshot("in-use"), snapshot("other")]),
+                get("/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/in-use-content")
+                    .answer(200, content("in-use-content", "snap-handle-1")),
+                get("/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/other-content")
+                    .answer(200, content("other-content", "snap-handle-2")),
+                released("other"),
+            ])
+            .await;
+        let swept = sweep_once(&scenario, true).await.expect("swept");
+        assert_eq!(
+            swept,
+            Swept {
+                released: 1,
+                kept: 1
+            }
+        );
+        scenario.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn nothing_is_removed_when_the_claims_are_not_known() {
+        let scenario = Cluster::new().start([listed(&[snapshot("orphan")])]).await;
+        let error = sweep_once(&scenario, false).await.expect_err("no sweep");
+        assert!(matches!(error, SweepError::ClaimsNotListed), "{error}");
+        scenario.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_removal_that_meets_a_changed_list_waits_for_the_next_sweep() {
+        let scenario = Cluster::new()
+            .start([
+                listed(&[snapshot("orphan")]),
+                patch("/apis/snapshot.storage.k8s.io/v1/namespaces/apps/volumesnapshots/orphan")
+                    .refuse(422, "Invalid"),
+            ])
+            .await;
+        let swept = sweep_once(&scenario, true).await.expect("swept");
+        assert_eq!(swept, Swept::default());
+        scenario.finish().await;
+    }
+}

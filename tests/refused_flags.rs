@@ -58,23 +58,9 @@ fn flags_whose_behaviour_is_not_built_are_refused() {
 
 #[test]
 fn gates_turned_on_without_their_behaviour_are_refused() {
-    assert_eq!(
-        refused(&["--feature-gates=CrossNamespaceVolumeDataSource=true"]),
-        vec![
-            "--feature-gates=CrossNamespaceVolumeDataSource=true is not supported yet \
-             (cross-namespace data sources are not built); remove it or set \
-             CrossNamespaceVolumeDataSource=false"
-        ]
-    );
-    assert_eq!(
-        refused(&["--feature-gates=AllAlpha=true"]),
-        vec![
-            "--feature-gates=AllAlpha=true enables CrossNamespaceVolumeDataSource, which is not \
-             supported yet (cross-namespace data sources are not built); add \
-             CrossNamespaceVolumeDataSource=false"
-        ]
-    );
+    // Every alpha gate is built (AllAlpha included): only VolumeAttributesClass is refused.
     let lines = refused(&[
+        "--feature-gates=AllAlpha=true,CrossNamespaceVolumeDataSource=true",
         "--feature-gates=Topology=true",
         "--feature-gates=VolumeAttributesClass=true",
     ]);

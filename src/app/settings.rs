@@ -37,6 +37,7 @@ pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppEr
             default_fstype: provision.default_fstype.clone(),
             controller_publish_readonly: provision.controller_publish_readonly,
             prevent_volume_mode_conversion: provision.prevent_volume_mode_conversion,
+            cross_namespace_data_sources: gates.enabled(Gate::CrossNamespaceVolumeDataSource),
             identity,
         },
         caps,

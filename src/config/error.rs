@@ -36,14 +36,6 @@ pub enum ConfigError {
         gate: &'static str,
         missing: &'static str,
     },
-    #[error(
-        "--feature-gates={all}=true enables {gate}, which is not supported yet ({missing}); add {gate}=false"
-    )]
-    GateNotBuiltViaAll {
-        all: &'static str,
-        gate: &'static str,
-        missing: &'static str,
-    },
 }
 
 pub(super) fn positive_count(flag: &'static str, value: u64) -> Result<(), ConfigError> {

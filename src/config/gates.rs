@@ -70,11 +70,10 @@ impl Gate {
     /// is built and acts only with a driver that reports VOLUME_ACCESSIBILITY_CONSTRAINTS.
     pub fn not_built(self) -> Option<&'static str> {
         match self {
-            Gate::CrossNamespaceVolumeDataSource => {
-                Some("cross-namespace data sources are not built")
-            }
             Gate::VolumeAttributesClass => Some("VolumeAttributesClass support is not built"),
-            Gate::Topology | Gate::ReleaseLeaderElectionOnExit => None,
+            Gate::Topology
+            | Gate::CrossNamespaceVolumeDataSource
+            | Gate::ReleaseLeaderElectionOnExit => None,
         }
     }
 }
@@ -133,30 +132,20 @@ impl FeatureGates {
         }
     }
 
-    /// Gates the command line turns on, by name or through `AllAlpha`, whose behaviour is not
-    /// built: the sidecar refuses them rather than run without what they promise. The GA gates
-    /// on by default are judged where their behaviour would start: VolumeAttributesClass per
-    /// claim (a claim naming a class is not provisioned).
+    /// Gates the command line turns on by name whose behaviour is not built: the sidecar
+    /// refuses them rather than run without what they promise. Every alpha gate is built, so
+    /// `AllAlpha=true` turns on nothing refused. The GA gates on by default are judged where
+    /// their behaviour would start: VolumeAttributesClass per claim (a claim naming a class is
+    /// not provisioned).
     pub fn refused(&self) -> Vec<ConfigError> {
         Gate::ALL
             .iter()
-            .filter(|gate| self.enabled(**gate))
+            .filter(|gate| self.enabled(**gate) && self.is_explicit(**gate))
             .filter_map(|gate| {
-                let missing = gate.not_built()?;
-                if self.is_explicit(*gate) {
-                    Some(ConfigError::GateNotBuilt {
-                        gate: gate.name(),
-                        missing,
-                    })
-                } else if gate.stage() == Stage::Alpha && self.all_alpha == Some(true) {
-                    Some(ConfigError::GateNotBuiltViaAll {
-                        all: "AllAlpha",
-                        gate: gate.name(),
-                        missing,
-                    })
-                } else {
-                    None
-                }
+                Some(ConfigError::GateNotBuilt {
+                    gate: gate.name(),
+                    missing: gate.not_built()?,
+                })
             })
             .collect()
     }

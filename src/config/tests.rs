@@ -349,21 +349,9 @@ fn gates_turned_on_without_their_behaviour_are_refused() {
         }]
     );
     assert!(refused("Topology=true").is_empty());
-    assert_eq!(
-        refused("AllAlpha=true"),
-        vec![ConfigError::GateNotBuiltViaAll {
-            all: "AllAlpha",
-            gate: "CrossNamespaceVolumeDataSource",
-            missing: "cross-namespace data sources are not built"
-        }]
-    );
-    assert!(
-        refused("AllAlpha=true")[0]
-            .to_string()
-            .contains("add CrossNamespaceVolumeDataSource=false"),
-    );
-    // What AllAlpha enables is fine once the unbuilt gate is named off; the built one stays on.
-    assert!(refused("AllAlpha=true,CrossNamespaceVolumeDataSource=false").is_empty());
+    // Every alpha gate is built: by name or through AllAlpha.
+    assert!(refused("CrossNamespaceVolumeDataSource=true").is_empty());
+    assert!(refused("AllAlpha=true").is_empty());
     assert!(refused("ReleaseLeaderElectionOnExit=true").is_empty());
     // No provisioner gate is beta.
     assert!(refused("AllBeta=true").is_empty());

@@ -278,7 +278,8 @@ async fn provision_claim(
     if let Some(left) = ctx.infeasible().remaining(&uid, &class_uid, now()) {
         return Ok(Outcome::RetryIn(left));
     }
-    let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps)?;
+    let grants = sources::reference_grants(ctx, pvc).await?;
+    let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps, &grants)?;
     if ctx
         .volumes
         .get(&ObjectRef::new(&plan.volume_name))
@@ -1683,6 +1684,126 @@ mod tests {
         assert!(
             events[0].starts_with(&failed("error getting handle for DataSource Type VolumeSnapshot by Name snap: error getting snapshot snap from api server: ")),
             "{events:?}"
+        );
+    }
+
+    // ------------------------------------------------------------------ cross-namespace sources
+
+    const OTHER_SNAPSHOT_PATH: &str =
+        "/apis/snapshot.storage.k8s.io/v1/namespaces/other/volumesnapshots/snap";
+
+    /// A restore of `apps/data` from the VolumeSnapshot `other/snap`.
+    fn cross_namespace_restore() -> PvcBuilder {
+        claim().data_source_ref(
+            Some("snapshot.storage.k8s.io"),
+            "VolumeSnapshot",
+            "snap",
+            Some("other"),
+        )
+    }
+
+    /// A ReferenceGrant in `other` for the VolumeSnapshots, to the claims of `from`.
+    fn snapshot_grant(from: &str) -> Value {
+        json!({
+            "metadata": {"name": "snapshots", "namespace": "other", "uid": "g-1"},
+            "spec": {
+                "from": [{"group": "", "kind": "PersistentVolumeClaim", "namespace": from}],
+                "to": [{"group": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot"}],
+            },
+        })
+    }
+
+    fn in_other(mut object: Value) -> Value {
+        object["metadata"]["namespace"] = json!("other");
+        object
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cross_namespace_restore_without_a_grant_sends_nothing() {
+        let scenario = cluster()
+            .cross_namespace(vec![snapshot_grant("elsewhere")])
+            .start([])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, cross_namespace_restore().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(!in_flight(&scenario));
+        assert_eq!(
+            scenario.finish().await,
+            [failed(
+                "accessing other/snap of VolumeSnapshot dataSource from apps/data isn't allowed"
+            )]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_granted_cross_namespace_restore_reads_and_releases_the_snapshot_there() {
+        let mut content = content();
+        content["spec"]["volumeSnapshotRef"]["namespace"] = json!("other");
+        let scenario = cluster()
+            .cross_namespace(vec![snapshot_grant("apps")])
+            .start([
+                get(OTHER_SNAPSHOT_PATH).answer(200, in_other(snapshot(&[]))),
+                get("/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/content-1")
+                    .answer(200, content),
+                get(OTHER_SNAPSHOT_PATH).answer(200, in_other(snapshot(&[]))),
+                patch(OTHER_SNAPSHOT_PATH)
+                    .body(json!({"metadata": {"finalizers": [SNAPSHOT_PROTECTION_FINALIZER]}}))
+                    .echo(200),
+                secret_read(),
+                record_written(),
+                create_volume(
+                    CreateVolumeCall {
+                        content_source: from_snapshot("snap-handle"),
+                        ..expected_create()
+                    },
+                    created_from(from_snapshot("snap-handle")),
+                ),
+                pv_created(),
+                // Upstream leaves the finalizer on a snapshot of another namespace (A4).
+                get(OTHER_SNAPSHOT_PATH)
+                    .answer(200, in_other(snapshot(&[SNAPSHOT_PROTECTION_FINALIZER]))),
+                patch(OTHER_SNAPSHOT_PATH).echo(200),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, cross_namespace_restore().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_the_grant_watch_only_cross_namespace_claims_wait_and_are_told_why() {
+        let scenario = cluster()
+            .cross_namespace_unlisted()
+            .start([
+                secret_read(),
+                record_written(),
+                create_volume(expected_create(), created("vol-1", GIB)),
+                pv_created(),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, cross_namespace_restore().build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert_eq!(
+            reconcile(&scenario, claim().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(
+            scenario.finish().await,
+            [
+                failed(
+                    "the ReferenceGrant watch has not listed yet, so whether this claim may use its data source in namespace other is unknown: the ReferenceGrant CRD (gateway.networking.k8s.io/v1beta1) may not be installed, or the sidecar's RBAC may lack list and watch on referencegrants"
+                ),
+                provisioning(),
+                succeeded()
+            ]
         );
     }
 }

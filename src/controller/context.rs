@@ -13,6 +13,7 @@ use kube::runtime::reflector::Store;
 use super::backoff::{Backoff, InfeasibleSet};
 use super::cache::{CachedAttachment, CachedClaim, CachedVolume, listed};
 use super::events::EventRecorder;
+use super::grants::GrantCache;
 use super::limits::CallLimits;
 use super::topology::TopologyCache;
 use crate::csi_client::CsiController;
@@ -68,6 +69,8 @@ pub struct Context {
     /// Nodes and CSINodes, watched only when the driver reports topology.
     pub topology: Option<TopologyCache>,
     pub topology_flags: TopologyFlags,
+    /// ReferenceGrants, watched only with the CrossNamespaceVolumeDataSource gate on.
+    pub grants: Option<GrantCache>,
     /// Only for a driver with PUBLISH_UNPUBLISH_VOLUME.
     pub attachments: Option<Attachments>,
     pub events: EventRecorder,
@@ -98,6 +101,7 @@ pub struct Stores {
     pub volumes: Store<CachedVolume>,
     pub classes: Store<StorageClass>,
     pub topology: Option<TopologyCache>,
+    pub grants: Option<GrantCache>,
     pub attachments: Option<Store<CachedAttachment>>,
 }
 
@@ -151,6 +155,7 @@ impl Context {
             classes: stores.classes,
             topology: stores.topology,
             topology_flags: settings.topology,
+            grants: stores.grants,
             attachments: stores.attachments.map(Attachments::new),
             events,
             metrics,

@@ -36,6 +36,7 @@ use tower_test::mock;
 
 use super::context::{Context, FencedDriver, Settings, Stores, TopologyFlags};
 use super::events::EventRecorder;
+use super::grants::GrantCache;
 use super::topology::TopologyCache;
 use crate::csi;
 use crate::csi_client::{CallError, CsiController};
@@ -366,6 +367,10 @@ pub struct Cluster {
     topology: Option<(Vec<Value>, Vec<Value>)>,
     /// The Node and CSINode watches never list (no RBAC for them).
     topology_unlisted: bool,
+    /// With the CrossNamespaceVolumeDataSource gate on: the listed ReferenceGrants (as JSON).
+    grants: Option<Vec<Value>>,
+    /// The ReferenceGrant watch never lists (no CRD).
+    grants_unlisted: bool,
     /// With a driver that reports PUBLISH_UNPUBLISH_VOLUME: the listed VolumeAttachments.
     attachments: Option<Vec<VolumeAttachment>>,
 }
@@ -383,6 +388,8 @@ impl Cluster {
             draining: false,
             topology: None,
             topology_unlisted: false,
+            grants: None,
+            grants_unlisted: false,
             attachments: None,
         }
     }
@@ -397,6 +404,19 @@ impl Cluster {
     pub fn topology_unlisted(mut self) -> Self {
         self.topology = Some((Vec::new(), Vec::new()));
         self.topology_unlisted = true;
+        self
+    }
+
+    /// The CrossNamespaceVolumeDataSource gate on, and these ReferenceGrants (as JSON) listed.
+    pub fn cross_namespace(mut self, grants: Vec<Value>) -> Self {
+        self.grants = Some(grants);
+        self
+    }
+
+    /// The CrossNamespaceVolumeDataSource gate on, but the ReferenceGrant watch never lists.
+    pub fn cross_namespace_unlisted(mut self) -> Self {
+        self.grants = Some(Vec::new());
+        self.grants_unlisted = true;
         self
     }
 
@@ -480,6 +500,7 @@ impl Cluster {
         let settings = Settings {
             config: ProvisionerConfig {
                 volume_name_uuid_length: self.uuid_length,
+                cross_namespace_data_sources: self.grants.is_some(),
                 ..config()
             },
             caps: DriverCapabilities {
@@ -534,6 +555,13 @@ impl Cluster {
                         listed(parse(csinodes)),
                         DRIVER,
                     )
+                }
+            }),
+            grants: self.grants.map(|grants| {
+                if self.grants_unlisted {
+                    GrantCache::new(store([]))
+                } else {
+                    GrantCache::new(listed(parse(grants)))
                 }
             }),
             attachments: self

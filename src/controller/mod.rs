@@ -19,6 +19,7 @@ pub mod events;
 mod finalizers;
 #[cfg(test)]
 mod fixtures;
+mod grants;
 pub mod limits;
 mod orphans;
 mod snapshot_sweeper;
@@ -122,11 +123,20 @@ pub async fn run(
     } else {
         (None, future::ready(()).boxed())
     };
+    // Not awaited before the controllers start, unlike upstream's (A6): only a claim with a
+    // data source in another namespace waits for it.
+    let (grants, grant_watch) = if settings.config.cross_namespace_data_sources {
+        let (cache, changes) = grants::watch_grants(&client, initial_list);
+        (Some(cache), drive(changes).boxed())
+    } else {
+        (None, future::ready(()).boxed())
+    };
     let stores = Stores {
         claims: claims.clone(),
         volumes: volumes.clone(),
         classes,
         topology,
+        grants,
         attachments,
     };
     let driver = FencedDriver { csi: driver, fence };
@@ -292,17 +302,17 @@ pub async fn run(
         .run(VolumeReconciler::reconcile, never_fails, Arc::clone(&ctx))
         .for_each(log_result);
     let reaper = orphans::reap_orphans(Arc::clone(&ctx), worker_threads, drained());
-    let topology_watches = {
+    let store_watches = {
         let drained = drained();
         async move {
             tokio::select! {
-                () = topology_watches => {}
+                _ = future::join(topology_watches, grant_watch) => {}
                 () = drained => {}
             }
         }
     };
     tokio::join!(
-        topology_watches,
+        store_watches,
         until_drained_if_never_ready(claim_controller, claims_listed, drained()),
         until_drained_if_never_ready(
             volume_controller,

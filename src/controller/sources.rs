@@ -1,7 +1,8 @@
 //! Claims with a data source: reads the source (the source claim and its PV, or the
 //! VolumeSnapshot and its content, with live GETs as upstream), has `provision` decide the
 //! CreateVolume content source, and puts upstream's protection finalizer on the source before
-//! the driver is called. Afterwards a restored snapshot's finalizer comes off again.
+//! the driver is called. Afterwards a restored snapshot's finalizer comes off again, in the
+//! snapshot's own namespace (upstream leaves it on a snapshot of another namespace, A4).
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -11,11 +12,13 @@ use tracing::{debug, warn};
 
 use super::context::Context;
 use super::finalizers::{add_finalizer, remove_finalizer};
-use crate::api::{VolumeSnapshot, VolumeSnapshotContent};
+use super::grants::GrantsNotListed;
+use crate::api::{ReferenceGrantSpec, VolumeSnapshot, VolumeSnapshotContent};
 use crate::csi;
 use crate::provision::{
     DataSource, DataSourceError, SNAPSHOT_PROTECTION_FINALIZER, SourceKind, SourceProblem,
-    check_clone_source, check_snapshot_source, clone_content_source, snapshot_content_source,
+    check_clone_source, check_snapshot_source, clone_content_source, grant_namespace,
+    snapshot_content_source,
 };
 
 /// Why the source of a claim cannot be used now; nothing was sent to the driver.
@@ -26,6 +29,25 @@ pub enum SourceError {
     /// Upstream's text is the API error alone.
     #[error("{0}")]
     Protect(kube::Error),
+    #[error(transparent)]
+    GrantsNotListed(#[from] GrantsNotListed),
+}
+
+/// The ReferenceGrants `provision::plan_provision` decides the claim's data source with: those
+/// of the source's namespace when it is another than the claim's (CrossNamespaceVolumeDataSource
+/// gate on), else none. Only such a claim waits for the grant watch.
+pub(super) async fn reference_grants(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+) -> Result<Vec<ReferenceGrantSpec>, SourceError> {
+    let Some(namespace) = grant_namespace(pvc, &ctx.config) else {
+        return Ok(Vec::new());
+    };
+    let not_listed = || GrantsNotListed {
+        namespace: namespace.to_owned(),
+    };
+    let grants = ctx.grants.as_ref().ok_or_else(not_listed)?;
+    Ok(grants.in_namespace(namespace).await?)
 }
 
 /// The content source of a claim's new volume, once its source passes upstream's checks.

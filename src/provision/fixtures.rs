@@ -47,6 +47,7 @@ pub fn config() -> ProvisionerConfig {
         default_fstype: String::new(),
         controller_publish_readonly: false,
         prevent_volume_mode_conversion: true,
+        cross_namespace_data_sources: false,
         identity: IDENTITY.to_owned(),
     }
 }
@@ -59,6 +60,7 @@ pub fn deletion_time() -> Time {
     Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
 }
 
+#[derive(Clone)]
 pub struct PvcBuilder(PersistentVolumeClaim);
 
 impl PvcBuilder {

@@ -8,6 +8,8 @@
 //!    Skip with a reason, or Error).
 //! 2. [`plan_provision`] validates the claim and its class and computes everything that does not
 //!    need the driver: volume name, size, capabilities, parameters and all secret references.
+//!    A data source in another namespace needs the ReferenceGrants of the namespace that
+//!    [`grant_namespace`] names.
 //! 3. The executor GETs `plan.secrets.provisioner` (if any), turns it into a map with
 //!    [`secret_data`] and builds the request with [`build_create_volume_request`]. With a
 //!    driver that supports topology, [`accessibility_requirements`] says where the volume may
@@ -34,6 +36,7 @@ mod parameters;
 mod plan;
 mod protection;
 mod quantity;
+mod reference_grant;
 mod reschedule;
 mod secrets;
 mod settings;
@@ -82,7 +85,9 @@ pub use naming::{VolumeNameError, check_volume_name_flags, names_may_collide, vo
 pub use parameters::{
     ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,
 };
-pub use plan::{ProvisionError, ProvisionPlan, build_create_volume_request, plan_provision};
+pub use plan::{
+    ProvisionError, ProvisionPlan, build_create_volume_request, grant_namespace, plan_provision,
+};
 pub use protection::{
     CloneHold, CloneVerdict, ContentHandle, InFlightSources, PendingRestores, SnapshotHold,
     SnapshotVerdict, clone_verdict, snapshot_verdict,

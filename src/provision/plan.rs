@@ -7,6 +7,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use thiserror::Error;
 
+use crate::api::ReferenceGrantSpec;
 use crate::csi;
 use crate::csi::volume_capability::access_mode::Mode;
 
@@ -18,6 +19,7 @@ use super::parameters::{
     ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,
 };
 use super::quantity::{QuantityError, requested_bytes};
+use super::reference_grant::{GrantedObject, reference_granted};
 use super::secrets::{SecretError, SecretRefs, TemplateContext, resolve_secret_refs};
 use super::settings::{DriverCapabilities, ProvisionerConfig};
 
@@ -36,6 +38,17 @@ pub enum ProvisionError {
         "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled"
     )]
     CrossNamespaceDataSource,
+    /// No ReferenceGrant of the source's namespace lets the claim's namespace use the source.
+    #[error(
+        "accessing {namespace}/{name} of {kind} dataSource from {claim_namespace}/{claim_name} isn't allowed"
+    )]
+    ReferenceNotGranted {
+        namespace: String,
+        name: String,
+        kind: String,
+        claim_namespace: String,
+        claim_name: String,
+    },
     #[error("the PVC source not found for PVC {claim}")]
     EmptyDataSourceName { claim: String },
     #[error(
@@ -108,14 +121,16 @@ pub struct ProvisionPlan {
 /// Validates the claim against its class and the driver, and decides every input of
 /// CreateVolume and of the PV, in upstream's order (so the first error is upstream's too).
 /// `class` is the claim's class, already accepted by
-/// [`should_provision`](super::should_provision).
+/// [`should_provision`](super::should_provision); `grants` are the ReferenceGrants of the
+/// namespace [`grant_namespace`] names (none when it names none).
 pub fn plan_provision(
     pvc: &PersistentVolumeClaim,
     class: &StorageClass,
     config: &ProvisionerConfig,
     caps: &DriverCapabilities,
+    grants: &[ReferenceGrantSpec],
 ) -> Result<ProvisionPlan, ProvisionError> {
-    let source = claim_source(pvc)?;
+    let source = claim_source(pvc, config, grants)?;
     let kind = source
         .as_ref()
         .map_or(SourceKind::Empty, |source| source.kind);
@@ -241,55 +256,118 @@ pub fn build_create_volume_request(
     }
 }
 
-/// Classifies `spec.dataSource`, else `spec.dataSourceRef`, in the claim's namespace.
-fn claim_source(pvc: &PersistentVolumeClaim) -> Result<Option<DataSource>, ProvisionError> {
-    let Some(spec) = pvc.spec.as_ref() else {
+/// The data source a claim names: `spec.dataSource`, else `spec.dataSourceRef` (upstream's
+/// rule: `dataSource` wins, and names an object of the claim's namespace).
+struct SourceReference<'a> {
+    kind: &'a str,
+    /// Empty for the core group.
+    api_group: &'a str,
+    name: &'a str,
+    /// The reference's own namespace; `None` for the claim's.
+    namespace: Option<&'a str>,
+}
+
+fn source_reference(pvc: &PersistentVolumeClaim) -> Option<SourceReference<'_>> {
+    let spec = pvc.spec.as_ref()?;
+    if let Some(source) = spec.data_source.as_ref() {
+        return Some(SourceReference {
+            kind: &source.kind,
+            api_group: source.api_group.as_deref().unwrap_or_default(),
+            name: &source.name,
+            namespace: None,
+        });
+    }
+    spec.data_source_ref.as_ref().map(|source| SourceReference {
+        kind: &source.kind,
+        api_group: source.api_group.as_deref().unwrap_or_default(),
+        name: &source.name,
+        namespace: source.namespace.as_deref().filter(|ns| !ns.is_empty()),
+    })
+}
+
+/// The namespace whose ReferenceGrants decide whether the claim may use its data source: a
+/// `dataSourceRef` into another namespace, with the CrossNamespaceVolumeDataSource gate on.
+/// `None` when the claim needs no grant; the executor then passes none to [`plan_provision`].
+pub fn grant_namespace<'a>(
+    pvc: &'a PersistentVolumeClaim,
+    config: &ProvisionerConfig,
+) -> Option<&'a str> {
+    let namespace = source_reference(pvc)?.namespace?;
+    let claim_namespace = pvc.metadata.namespace.as_deref().unwrap_or_default();
+    (config.cross_namespace_data_sources && namespace != claim_namespace).then_some(namespace)
+}
+
+/// Classifies the claim's data source, in upstream's order: the gate, the ReferenceGrant of
+/// a source in another namespace, the name, then the kind (so a populator's kind in another
+/// namespace needs a grant too).
+fn claim_source(
+    pvc: &PersistentVolumeClaim,
+    config: &ProvisionerConfig,
+    grants: &[ReferenceGrantSpec],
+) -> Result<Option<DataSource>, ProvisionError> {
+    let Some(reference) = source_reference(pvc) else {
         return Ok(None);
     };
-    let (kind, api_group, name) = if let Some(source) = spec.data_source.as_ref() {
-        (&source.kind, source.api_group.as_deref(), &source.name)
-    } else if let Some(source) = spec.data_source_ref.as_ref() {
-        if source.namespace.as_deref().is_some_and(|ns| !ns.is_empty()) {
+    let claim_namespace = pvc.metadata.namespace.as_deref().unwrap_or_default();
+    let namespace = match reference.namespace {
+        None => claim_namespace,
+        Some(_) if !config.cross_namespace_data_sources => {
             return Err(ProvisionError::CrossNamespaceDataSource);
         }
-        (&source.kind, source.api_group.as_deref(), &source.name)
-    } else {
-        return Ok(None);
+        Some(namespace) => namespace,
     };
+    let object = GrantedObject {
+        api_group: reference.api_group,
+        kind: reference.kind,
+        name: reference.name,
+    };
+    if namespace != claim_namespace && !reference_granted(grants, claim_namespace, object) {
+        return Err(ProvisionError::ReferenceNotGranted {
+            namespace: namespace.to_owned(),
+            name: reference.name.to_owned(),
+            kind: reference.kind.to_owned(),
+            claim_namespace: claim_namespace.to_owned(),
+            claim_name: pvc.metadata.name.clone().unwrap_or_default(),
+        });
+    }
     // Upstream's order: the name first, even for a populator's kind.
-    if name.is_empty() {
+    if reference.name.is_empty() {
         return Err(ProvisionError::EmptyDataSourceName {
             claim: pvc.metadata.name.clone().unwrap_or_default(),
         });
     }
-    let api_group = api_group.unwrap_or_default();
-    let source = match kind.as_str() {
-        SNAPSHOT_KIND if api_group == SNAPSHOT_API_GROUP => SourceKind::Snapshot,
+    let kind = match reference.kind {
+        SNAPSHOT_KIND if reference.api_group == SNAPSHOT_API_GROUP => SourceKind::Snapshot,
         SNAPSHOT_KIND => {
             return Err(ProvisionError::SnapshotApiGroup {
-                api_group: api_group.to_owned(),
+                api_group: reference.api_group.to_owned(),
             });
         }
         // Upstream clones from a claim whatever group the reference names.
         CLAIM_KIND => SourceKind::Clone,
-        _ => return Err(ProvisionError::ExternalPopulator { kind: kind.clone() }),
+        kind => {
+            return Err(ProvisionError::ExternalPopulator {
+                kind: kind.to_owned(),
+            });
+        }
     };
     Ok(Some(DataSource {
-        kind: source,
-        namespace: pvc.metadata.namespace.clone().unwrap_or_default(),
-        name: name.clone(),
+        kind,
+        namespace: namespace.to_owned(),
+        name: reference.name.to_owned(),
     }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{ReferenceGrantFrom, ReferenceGrantTo};
     use crate::csi::volume_capability::{AccessMode, AccessType, MountVolume};
     use crate::provision::SecretRef;
     use crate::provision::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvcBuilder, caps, config};
 
     fn plan(pvc: &PersistentVolumeClaim, class: &StorageClass) -> Result<ProvisionPlan, String> {
-        plan_provision(pvc, class, &config(), &caps()).map_err(|e| e.to_string())
+        plan_provision(pvc, class, &config(), &caps(), &[]).map_err(|e| e.to_string())
     }
 
     fn err(pvc: PvcBuilder, class: ClassBuilder) -> String {
@@ -423,6 +501,7 @@ mod tests {
             &ClassBuilder::new().build(),
             &config,
             &caps(),
+            &[],
         );
         let parameters = plan.map(|p| p.parameters).unwrap_or_default();
         assert_eq!(
@@ -446,9 +525,15 @@ mod tests {
         let mut config = config();
         config.default_fstype = "ext4".into();
         let run = |pvc: PvcBuilder| {
-            plan_provision(&pvc.build(), &ClassBuilder::new().build(), &config, &caps())
-                .map(|p| p.fs_type)
-                .map_err(|e| e.to_string())
+            plan_provision(
+                &pvc.build(),
+                &ClassBuilder::new().build(),
+                &config,
+                &caps(),
+                &[],
+            )
+            .map(|p| p.fs_type)
+            .map_err(|e| e.to_string())
         };
         assert_eq!(run(PvcBuilder::new()), Ok(Some("ext4".into())));
         assert_eq!(run(PvcBuilder::new().volume_mode("Block")), Ok(None));
@@ -463,6 +548,7 @@ mod tests {
                 &ClassBuilder::new().build(),
                 config,
                 &caps(),
+                &[],
             )
             .map(|p| p.read_only)
         };
@@ -509,7 +595,7 @@ mod tests {
             ..caps()
         };
         assert_eq!(
-            plan_provision(&pvc, &ClassBuilder::new().build(), &config(), &caps).map_err(|e| e.to_string()),
+            plan_provision(&pvc, &ClassBuilder::new().build(), &config(), &caps, &[]).map_err(|e| e.to_string()),
             Err("CSI driver does not support dynamic provisioning: plugin CONTROLLER_SERVICE capability is not reported".to_owned())
         );
     }
@@ -522,7 +608,7 @@ mod tests {
             ..caps()
         };
         assert_eq!(
-            plan_provision(&pvc, &ClassBuilder::new().build(), &config(), &caps).map_err(|e| e.to_string()),
+            plan_provision(&pvc, &ClassBuilder::new().build(), &config(), &caps, &[]).map_err(|e| e.to_string()),
             Err("CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported".to_owned())
         );
     }
@@ -537,7 +623,7 @@ mod tests {
             ..caps()
         };
         assert_eq!(
-            plan_provision(&pvc, &ClassBuilder::new().build(), &config(), &caps).map_err(|e| e.to_string()),
+            plan_provision(&pvc, &ClassBuilder::new().build(), &config(), &caps, &[]).map_err(|e| e.to_string()),
             Err("CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported".to_owned())
         );
     }
@@ -573,9 +659,15 @@ mod tests {
         caps.snapshot = false;
         caps.clone = false;
         let run = |pvc: PvcBuilder| {
-            plan_provision(&pvc.build(), &ClassBuilder::new().build(), &config(), &caps)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
+            plan_provision(
+                &pvc.build(),
+                &ClassBuilder::new().build(),
+                &config(),
+                &caps,
+                &[],
+            )
+            .map(|_| ())
+            .map_err(|e| e.to_string())
         };
         assert_eq!(
             run(PvcBuilder::new().data_source(Some(SNAPSHOT_API_GROUP), "VolumeSnapshot", "s")),
@@ -618,6 +710,7 @@ mod tests {
             &ClassBuilder::new().build(),
             &config(),
             &caps(),
+            &[],
         );
         let Err(error) = result else {
             panic!("expected an error, got {result:?}");
@@ -640,19 +733,218 @@ mod tests {
         );
     }
 
+    // ---- upstream's table of dataSource / dataSourceRef and the gate (§5.2)
+
+    fn gated(on: bool) -> ProvisionerConfig {
+        ProvisionerConfig {
+            cross_namespace_data_sources: on,
+            ..config()
+        }
+    }
+
+    /// Claims of `apps` may use the VolumeSnapshots of `other`.
+    fn snapshots_for_apps() -> ReferenceGrantSpec {
+        ReferenceGrantSpec {
+            from: vec![ReferenceGrantFrom {
+                group: String::new(),
+                kind: "PersistentVolumeClaim".into(),
+                namespace: "apps".into(),
+            }],
+            to: vec![ReferenceGrantTo {
+                group: SNAPSHOT_API_GROUP.into(),
+                kind: "VolumeSnapshot".into(),
+                name: None,
+            }],
+        }
+    }
+
+    fn source_with(
+        pvc: PvcBuilder,
+        gate: bool,
+        grants: &[ReferenceGrantSpec],
+    ) -> Result<Option<DataSource>, String> {
+        plan_provision(
+            &pvc.build(),
+            &ClassBuilder::new().build(),
+            &gated(gate),
+            &caps(),
+            grants,
+        )
+        .map(|plan| plan.source)
+        .map_err(|e| e.to_string())
+    }
+
+    fn snapshot_in(namespace: &str, name: &str) -> Option<DataSource> {
+        Some(DataSource {
+            kind: SourceKind::Snapshot,
+            namespace: namespace.into(),
+            name: name.into(),
+        })
+    }
+
+    const GATE_OFF: &str = "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled";
+
+    fn snapshot_ref(namespace: Option<&str>) -> PvcBuilder {
+        PvcBuilder::new().data_source_ref(
+            Some(SNAPSHOT_API_GROUP),
+            "VolumeSnapshot",
+            "snap",
+            namespace,
+        )
+    }
+
     #[test]
-    fn cross_namespace_data_source_ref_is_refused() {
+    fn data_source_wins_over_any_ref_whatever_the_gate() {
+        let pvc = || {
+            snapshot_ref(Some("other")).data_source(
+                Some(SNAPSHOT_API_GROUP),
+                "VolumeSnapshot",
+                "local",
+            )
+        };
+        for gate in [false, true] {
+            assert_eq!(
+                source_with(pvc(), gate, &[]),
+                Ok(snapshot_in("apps", "local")),
+                "gate {gate}"
+            );
+        }
+        let pvc = PvcBuilder::new().data_source(Some(SNAPSHOT_API_GROUP), "VolumeSnapshot", "s");
+        assert_eq!(grant_namespace(&pvc.build(), &gated(true)), None);
+    }
+
+    #[test]
+    fn a_ref_without_namespace_is_used_in_the_claims_namespace_whatever_the_gate() {
+        for gate in [false, true] {
+            assert_eq!(
+                source_with(snapshot_ref(None), gate, &[]),
+                Ok(snapshot_in("apps", "snap"))
+            );
+            assert_eq!(
+                source_with(snapshot_ref(Some("")), gate, &[]),
+                Ok(snapshot_in("apps", "snap"))
+            );
+            assert_eq!(
+                grant_namespace(&snapshot_ref(None).build(), &gated(gate)),
+                None
+            );
+        }
+    }
+
+    #[test]
+    fn a_ref_to_the_claims_own_namespace_needs_no_grant_with_the_gate_on() {
         assert_eq!(
-            err(
-                PvcBuilder::new().data_source_ref(
-                    None,
-                    "PersistentVolumeClaim",
-                    "src",
-                    Some("other")
-                ),
-                ClassBuilder::new()
-            ),
-            "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled"
+            source_with(snapshot_ref(Some("apps")), true, &[]),
+            Ok(snapshot_in("apps", "snap"))
+        );
+        assert_eq!(
+            grant_namespace(&snapshot_ref(Some("apps")).build(), &gated(true)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_ref_to_another_namespace_needs_a_grant_there_with_the_gate_on() {
+        let pvc = snapshot_ref(Some("other"));
+        assert_eq!(
+            grant_namespace(&pvc.clone().build(), &gated(true)),
+            Some("other")
+        );
+        assert_eq!(
+            source_with(pvc.clone(), true, &[]),
+            Err(
+                "accessing other/snap of VolumeSnapshot dataSource from apps/data isn't allowed"
+                    .into()
+            )
+        );
+        assert_eq!(
+            source_with(pvc, true, &[snapshots_for_apps()]),
+            Ok(snapshot_in("other", "snap"))
+        );
+    }
+
+    #[test]
+    fn any_ref_namespace_is_refused_with_the_gate_off() {
+        for namespace in ["other", "apps"] {
+            let pvc = snapshot_ref(Some(namespace));
+            assert_eq!(grant_namespace(&pvc.clone().build(), &gated(false)), None);
+            assert_eq!(
+                source_with(pvc, false, &[snapshots_for_apps()]),
+                Err(GATE_OFF.into())
+            );
+        }
+    }
+
+    #[test]
+    fn the_grant_is_checked_before_the_name_and_the_kind() {
+        let populator =
+            || PvcBuilder::new().data_source_ref(Some("example.com"), "Backup", "b", Some("other"));
+        assert_eq!(
+            source_with(populator(), true, &[snapshots_for_apps()]),
+            Err("accessing other/b of Backup dataSource from apps/data isn't allowed".into())
+        );
+        let mut backups = snapshots_for_apps();
+        backups.to[0].group = "example.com".into();
+        backups.to[0].kind = "Backup".into();
+        let populated = plan_provision(
+            &populator().build(),
+            &ClassBuilder::new().build(),
+            &gated(true),
+            &caps(),
+            &[backups],
+        );
+        assert!(populated.is_err_and(|error| error.is_ignored()));
+
+        let unnamed = PvcBuilder::new().data_source_ref(
+            Some(SNAPSHOT_API_GROUP),
+            "VolumeSnapshot",
+            "",
+            Some("other"),
+        );
+        assert_eq!(
+            source_with(unnamed.clone(), true, &[]),
+            Err(
+                "accessing other/ of VolumeSnapshot dataSource from apps/data isn't allowed".into()
+            )
+        );
+        assert_eq!(
+            source_with(unnamed, true, &[snapshots_for_apps()]),
+            Err("the PVC source not found for PVC data".into())
+        );
+        let wrong_group = PvcBuilder::new().data_source_ref(
+            Some("example.com"),
+            "VolumeSnapshot",
+            "snap",
+            Some("other"),
+        );
+        assert_eq!(
+            source_with(wrong_group, true, &[snapshots_for_apps()]),
+            Err(
+                "accessing other/snap of VolumeSnapshot dataSource from apps/data isn't allowed"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_granted_clone_reads_the_claim_in_the_other_namespace() {
+        let claims_for_apps = ReferenceGrantSpec {
+            to: vec![ReferenceGrantTo {
+                group: String::new(),
+                kind: "PersistentVolumeClaim".into(),
+                name: Some("src".into()),
+            }],
+            ..snapshots_for_apps()
+        };
+        let clone =
+            PvcBuilder::new().data_source_ref(None, "PersistentVolumeClaim", "src", Some("other"));
+        assert_eq!(
+            source_with(clone, true, &[claims_for_apps]),
+            Ok(Some(DataSource {
+                kind: SourceKind::Clone,
+                namespace: "other".into(),
+                name: "src".into(),
+            }))
         );
     }
 
@@ -674,13 +966,13 @@ mod tests {
         let pvc = PvcBuilder::new().build();
         let class = ClassBuilder::new().build();
         assert_eq!(
-            plan_provision(&pvc, &class, &config, &caps()).map_err(|e| e.to_string()),
+            plan_provision(&pvc, &class, &config, &caps(), &[]).map_err(|e| e.to_string()),
             Err("volume name prefix cannot be empty".to_owned())
         );
         config.volume_name_prefix = "pvc".into();
         config.volume_name_uuid_length = 40;
         assert_eq!(
-            plan_provision(&pvc, &class, &config, &caps()).map_err(|e| e.to_string()),
+            plan_provision(&pvc, &class, &config, &caps(), &[]).map_err(|e| e.to_string()),
             Err(
                 "volume name UUID length must be -1 (whole UID) or between 1 and 32, got 40"
                     .to_owned()

@@ -328,6 +328,7 @@ fn provisioner_config() -> BoxedStrategy<ProvisionerConfig> {
         known_or_text(&["", "ext4", "xfs"]),
         any::<bool>(),
         text(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -337,6 +338,7 @@ fn provisioner_config() -> BoxedStrategy<ProvisionerConfig> {
                 default_fstype,
                 controller_publish_readonly,
                 identity,
+                cross_namespace_data_sources,
             )| ProvisionerConfig {
                 driver_name: DRIVER.to_owned(),
                 volume_name_prefix,
@@ -345,6 +347,7 @@ fn provisioner_config() -> BoxedStrategy<ProvisionerConfig> {
                 default_fstype,
                 controller_publish_readonly,
                 prevent_volume_mode_conversion: true,
+                cross_namespace_data_sources,
                 identity,
             },
         )
@@ -759,7 +762,7 @@ proptest! {
         caps in driver_capabilities(),
         answer in driver_answer(),
     ) {
-        let Ok(plan) = plan_provision(&pvc, &class, &config, &caps) else {
+        let Ok(plan) = plan_provision(&pvc, &class, &config, &caps, &[]) else {
             return Ok(());
         };
         check_volume_name(
@@ -807,7 +810,7 @@ proptest! {
             topology,
             ..provisioning_driver()
         };
-        let plan = ok(plan_provision(&pvc, &class, &config, &caps))?;
+        let plan = ok(plan_provision(&pvc, &class, &config, &caps, &[]))?;
         let response = response(&answer, plan.required_bytes);
         let result = build_persistent_volume(&plan, &response);
         let too_small = |capacity| capacity != 0 && capacity < plan.required_bytes;
@@ -999,6 +1002,7 @@ proptest! {
             &class,
             &super::fixtures::config(),
             &provisioning_driver(),
+            &[],
         ))?;
         let request = build_create_volume_request(&plan, secrets.clone(), None, None);
         let blank = build_create_volume_request(&plan, without_values(&secrets), None, None);

@@ -39,6 +39,8 @@ pub struct ProvisionerConfig {
     pub controller_publish_readonly: bool,
     /// `--prevent-volume-mode-conversion`.
     pub prevent_volume_mode_conversion: bool,
+    /// The CrossNamespaceVolumeDataSource gate: a `dataSourceRef` may name another namespace.
+    pub cross_namespace_data_sources: bool,
     /// Identity of this process, see [`provisioner_identity`].
     pub identity: String,
 }

@@ -229,6 +229,7 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+    use crate::api::{ReferenceGrantFrom, ReferenceGrantSpec, ReferenceGrantTo};
     use crate::provision::fixtures::{
         ClassBuilder, DRIVER, IDENTITY, PVC_UID, PvcBuilder, caps, config,
     };
@@ -240,7 +241,7 @@ mod tests {
         config: &ProvisionerConfig,
         caps: &DriverCapabilities,
     ) -> ProvisionPlan {
-        match plan_provision(&pvc.build(), &class.build(), config, caps) {
+        match plan_provision(&pvc.build(), &class.build(), config, caps, &[]) {
             Ok(plan) => plan,
             Err(error) => panic!("unexpected error: {error}"),
         }
@@ -361,6 +362,42 @@ mod tests {
             volume.content_source = Some(csi::VolumeContentSource::default());
         }
         assert!(build_persistent_volume(&plan, &answered).is_ok());
+    }
+
+    #[test]
+    fn a_volume_asked_for_from_another_namespace_must_say_it_came_from_one() {
+        let grant = ReferenceGrantSpec {
+            from: vec![ReferenceGrantFrom {
+                group: String::new(),
+                kind: "PersistentVolumeClaim".into(),
+                namespace: "apps".into(),
+            }],
+            to: vec![ReferenceGrantTo {
+                group: String::new(),
+                kind: "PersistentVolumeClaim".into(),
+                name: None,
+            }],
+        };
+        let config = ProvisionerConfig {
+            cross_namespace_data_sources: true,
+            ..config()
+        };
+        let pvc =
+            PvcBuilder::new().data_source_ref(None, "PersistentVolumeClaim", "src", Some("other"));
+        let plan = plan_provision(
+            &pvc.build(),
+            &ClassBuilder::new().build(),
+            &config,
+            &caps(),
+            &[grant],
+        )
+        .expect("a granted clone");
+        assert_eq!(
+            build_persistent_volume(&plan, &response("v", 1 << 30)),
+            Err(CreateResponseError::ContentSourceMissing {
+                volume_id: "v".into()
+            })
+        );
     }
 
     #[test]

@@ -109,10 +109,9 @@ impl CloneProtection {
             .collect::<Vec<_>>();
         let in_flight = InFlightSources::new(&ctx.journal.registry().content_sources());
         let volume = source_volume(ctx, &source);
-        let volume = volume.as_ref().map(|(driver, handle)| SourceVolume {
-            driver,
-            handle,
-        });
+        let volume = volume
+            .as_ref()
+            .map(|(driver, handle)| SourceVolume { driver, handle });
         match clone_verdict(
             &source,
             &claims,

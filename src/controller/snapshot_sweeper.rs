@@ -17,6 +17,8 @@ use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
+use std::collections::HashMap;
+
 use kube::api::{Api, ListParams};
 use thiserror::Error;
 use tracing::{debug, info, warn};
@@ -26,7 +28,7 @@ use super::context::Context;
 use super::finalizers::remove_finalizer_once;
 use crate::api::{VolumeSnapshot, VolumeSnapshotContent};
 use crate::provision::{
-    ContentHandle, InFlightSources, PendingRestores, SNAPSHOT_PROTECTION_FINALIZER,
+    InFlightSources, PendingRestores, SNAPSHOT_PROTECTION_FINALIZER, SnapshotContent,
     SnapshotVerdict, snapshot_verdict,
 };
 
@@ -152,6 +154,8 @@ pub(super) async fn sweep(
         .collect::<Result<Vec<PersistentVolumeClaim>, _>>()?;
     let pending = PendingRestores::new(&claims);
     let in_flight = InFlightSources::new(&ctx.journal.registry().content_sources());
+    // One list for all: whose each snapshot is (its content's driver), and its handle.
+    let contents = list_contents(ctx).await;
     let mut swept = Swept::default();
     for snapshot in &protected {
         let key = format!(
@@ -159,18 +163,31 @@ pub(super) async fn sweep(
             snapshot.namespace().unwrap_or_default(),
             snapshot.name_any()
         );
-        let mut verdict = snapshot_verdict(snapshot, &pending, &in_flight, ContentHandle::NotRead);
-        if let SnapshotVerdict::ReadContent(content) = &verdict {
-            let handle = content_handle(ctx, content).await;
-            let handle = match &handle {
-                Ok(handle) => ContentHandle::Read(handle.as_deref()),
-                Err(error) => {
-                    debug!(snapshot = key, content, %error, "reading the snapshot's content");
-                    ContentHandle::Unknown
-                }
-            };
-            verdict = snapshot_verdict(snapshot, &pending, &in_flight, handle);
-        }
+        let content = snapshot
+            .status
+            .as_ref()
+            .and_then(|status| status.bound_volume_snapshot_content_name.as_deref());
+        let content = match (&contents, content) {
+            (Err(_), _) => SnapshotContent::Unknown,
+            (Ok(contents), Some(name)) => {
+                contents
+                    .get(name)
+                    .map_or(SnapshotContent::Missing, |(driver, handle)| {
+                        SnapshotContent::Listed {
+                            driver,
+                            handle: handle.as_deref(),
+                        }
+                    })
+            }
+            (Ok(_), None) => SnapshotContent::Missing,
+        };
+        let verdict = snapshot_verdict(
+            snapshot,
+            &pending,
+            &in_flight,
+            content,
+            &ctx.config.driver_name,
+        );
         match verdict {
             SnapshotVerdict::Release => {
                 let api: Api<VolumeSnapshot> = Api::namespaced(
@@ -203,19 +220,33 @@ pub(super) async fn sweep(
                 swept.kept += 1;
                 debug!(snapshot = key, reason = %hold, "snapshot still needed");
             }
-            SnapshotVerdict::Untouched | SnapshotVerdict::ReadContent(_) => {}
+            SnapshotVerdict::Untouched => {}
         }
     }
     Ok(swept)
 }
 
-/// The content's `status.snapshotHandle`; a content that is gone has none.
-async fn content_handle(ctx: &Context, content: &str) -> kube::Result<Option<String>> {
+/// Every VolumeSnapshotContent's driver and `status.snapshotHandle`, by name; `Err` (logged)
+/// when they cannot be listed, and the sweep then releases nothing.
+async fn list_contents(ctx: &Context) -> Result<HashMap<String, (String, Option<String>)>, ()> {
     let api: Api<VolumeSnapshotContent> = Api::all(ctx.client.clone());
-    Ok(api
-        .get_opt(content)
-        .await?
-        .and_then(|content| content.status?.snapshot_handle))
+    match api.list(&ListParams::default()).await {
+        Ok(list) => Ok(list
+            .items
+            .into_iter()
+            .map(|content| {
+                let handle = content.status.and_then(|status| status.snapshot_handle);
+                (
+                    content.metadata.name.unwrap_or_default(),
+                    (content.spec.driver, handle),
+                )
+            })
+            .collect()),
+        Err(error) => {
+            warn!(%error, "failed to list VolumeSnapshotContents; no snapshot is released this sweep");
+            Err(())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -227,12 +258,13 @@ mod tests {
     };
     use crate::csi;
     use crate::csi::volume_content_source::{SnapshotSource, Type};
-    use crate::provision::fixtures::PvcBuilder;
+    use crate::provision::fixtures::{DRIVER, PvcBuilder};
     use futures::future;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use serde_json::json;
 
     const LIST: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshots";
+    const CONTENTS: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents";
 
     fn snapshot(name: &str) -> VolumeSnapshot {
         VolumeSnapshot {
@@ -262,6 +294,44 @@ mod tests {
                 "items": snapshots,
             }),
         )
+    }
+
+    fn content(name: &str, driver: &str, handle: &str) -> VolumeSnapshotContent {
+        VolumeSnapshotContent {
+            metadata: ObjectMeta {
+                name: Some(format!("{name}-content")),
+                ..ObjectMeta::default()
+            },
+            spec: crate::api::VolumeSnapshotContentSpec {
+                driver: driver.into(),
+                ..Default::default()
+            },
+            status: Some(VolumeSnapshotContentStatus {
+                snapshot_handle: Some(handle.into()),
+                ..VolumeSnapshotContentStatus::default()
+            }),
+        }
+    }
+
+    fn contents_listed(contents: &[VolumeSnapshotContent]) -> Step {
+        get(CONTENTS).answer(
+            200,
+            json!({
+                "apiVersion": "snapshot.storage.k8s.io/v1",
+                "kind": "VolumeSnapshotContentList",
+                "metadata": {},
+                "items": contents,
+            }),
+        )
+    }
+
+    /// The contents of the snapshots `names`, of our driver, with handles `<name>-handle`.
+    fn ours(names: &[&str]) -> Step {
+        let contents: Vec<_> = names
+            .iter()
+            .map(|name| content(name, DRIVER, &format!("{name}-handle")))
+            .collect();
+        contents_listed(&contents)
     }
 
     fn released(name: &str) -> Step {
@@ -299,6 +369,7 @@ mod tests {
             .claim(restoring("done", "Bound"))
             .start([
                 listed(&[snapshot("wanted"), snapshot("done")]),
+                ours(&["wanted", "done"]),
                 released("done"),
             ])
             .await;
@@ -326,26 +397,15 @@ mod tests {
             },
             ..recorded_operation()
         };
-        let content = |name: &str, handle: &str| VolumeSnapshotContent {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..ObjectMeta::default()
-            },
-            status: Some(VolumeSnapshotContentStatus {
-                snapshot_handle: Some(handle.into()),
-                ..VolumeSnapshotContentStatus::default()
-            }),
-            ..VolumeSnapshotContent::default()
-        };
         // Its claim is gone: only the journal knows the restore still reads the snapshot.
         let scenario = Cluster::new()
             .journaled(restore)
             .start([
                 listed(&[snapshot("in-use"), snapshot("other")]),
-                get("/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/in-use-content")
-                    .answer(200, content("in-use-content", "snap-handle-1")),
-                get("/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/other-content")
-                    .answer(200, content("other-content", "snap-handle-2")),
+                contents_listed(&[
+                    content("in-use", DRIVER, "snap-handle-1"),
+                    content("other", DRIVER, "snap-handle-2"),
+                ]),
                 released("other"),
             ])
             .await;
@@ -373,12 +433,38 @@ mod tests {
         let scenario = Cluster::new()
             .start([
                 listed(&[snapshot("orphan")]),
+                ours(&["orphan"]),
                 patch("/apis/snapshot.storage.k8s.io/v1/namespaces/apps/volumesnapshots/orphan")
                     .refuse(422, "Invalid"),
             ])
             .await;
         let swept = sweep_once(&scenario, true).await.expect("swept");
         assert_eq!(swept, Swept::default());
+        scenario.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_drivers_snapshot_is_left_alone_and_an_unlisted_content_keeps_all() {
+        let scenario = Cluster::new()
+            .start([
+                listed(&[snapshot("foreign")]),
+                contents_listed(&[content("foreign", "other.example.com", "h")]),
+                listed(&[snapshot("orphan")]),
+                get(CONTENTS).refuse(500, "InternalError"),
+            ])
+            .await;
+        assert_eq!(
+            sweep_once(&scenario, true).await.expect("swept"),
+            Swept::default()
+        );
+        let swept = sweep_once(&scenario, true).await.expect("swept");
+        assert_eq!(
+            swept,
+            Swept {
+                released: 0,
+                kept: 1
+            }
+        );
         scenario.finish().await;
     }
 }

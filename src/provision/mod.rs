@@ -89,8 +89,8 @@ pub use plan::{
     ProvisionError, ProvisionPlan, build_create_volume_request, grant_namespace, plan_provision,
 };
 pub use protection::{
-    CloneHold, CloneVerdict, ContentHandle, InFlightSources, PendingRestores, SnapshotHold,
-    SnapshotVerdict, clone_verdict, snapshot_verdict,
+    CloneHold, CloneVerdict, InFlightSources, PendingRestores, SnapshotContent, SnapshotHold,
+    SnapshotVerdict, SourceVolume, clone_verdict, snapshot_verdict,
 };
 pub use quantity::{QuantityError, format_binary_si, parse_quantity_bytes, requested_bytes};
 pub use reschedule::{NodeVerdict, RescheduleCause, node_verdict, reschedule_patch};

@@ -193,9 +193,6 @@ pub enum SnapshotVerdict {
     /// It does not carry the finalizer.
     Untouched,
     Keep(SnapshotHold),
-    /// Operations in flight restore snapshots: read the snapshot's content for its handle,
-    /// then decide again with it.
-    ReadContent(String),
     Release,
 }
 
@@ -226,27 +223,40 @@ impl std::fmt::Display for SnapshotHold {
     }
 }
 
-/// What the executor learnt of a snapshot's content, when asked to ([`SnapshotVerdict::ReadContent`]).
+/// A snapshot's bound content, as the sweep listed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ContentHandle<'a> {
-    /// Not read yet.
-    NotRead,
-    /// The content's `status.snapshotHandle` (`None`: the content has none, or no content is
-    /// bound).
-    Read(Option<&'a str>),
-    /// Reading the content failed.
+pub enum SnapshotContent<'a> {
+    /// The content's `spec.driver` and `status.snapshotHandle`.
+    Listed {
+        driver: &'a str,
+        handle: Option<&'a str>,
+    },
+    /// No content is bound, or the bound one is gone: no restore can read a handle from it.
+    Missing,
+    /// The contents could not be listed.
     Unknown,
 }
 
-/// Whether `snapshot`'s [`SNAPSHOT_PROTECTION_FINALIZER`] may come off.
+/// Whether `snapshot`'s [`SNAPSHOT_PROTECTION_FINALIZER`] may come off. A snapshot of another
+/// driver is left to that driver's sidecar, whose journal alone knows whether a restore still
+/// reads it (upstream's sweeper releases any driver's snapshot); one whose content could not be
+/// listed waits for the next sweep.
 pub fn snapshot_verdict(
     snapshot: &VolumeSnapshot,
     pending: &PendingRestores,
     in_flight: &InFlightSources,
-    content: ContentHandle<'_>,
+    content: SnapshotContent<'_>,
+    our_driver: &str,
 ) -> SnapshotVerdict {
     if !has_finalizer(&snapshot.metadata.finalizers, SNAPSHOT_PROTECTION_FINALIZER) {
         return SnapshotVerdict::Untouched;
+    }
+    match content {
+        SnapshotContent::Listed { driver, .. } if driver != our_driver => {
+            return SnapshotVerdict::Untouched;
+        }
+        SnapshotContent::Unknown => return SnapshotVerdict::Keep(SnapshotHold::UnknownHandle),
+        _ => {}
     }
     let key = object_key(
         snapshot.metadata.namespace.as_deref(),
@@ -255,24 +265,16 @@ pub fn snapshot_verdict(
     if pending.0.contains(&key) {
         return SnapshotVerdict::Keep(SnapshotHold::PendingRestore);
     }
-    if !in_flight.restores_any() {
-        return SnapshotVerdict::Release;
-    }
-    let bound_content = snapshot
-        .status
-        .as_ref()
-        .and_then(|status| status.bound_volume_snapshot_content_name.clone());
-    match (content, bound_content) {
-        // No content bound: no restore can have read a handle from it.
-        (ContentHandle::NotRead, None) => SnapshotVerdict::Release,
-        (ContentHandle::NotRead, Some(content)) => SnapshotVerdict::ReadContent(content),
-        (ContentHandle::Read(Some(handle)), _) if in_flight.snapshots.contains(handle) => {
+    match content {
+        SnapshotContent::Listed {
+            handle: Some(handle),
+            ..
+        } if in_flight.snapshots.contains(handle) => {
             SnapshotVerdict::Keep(SnapshotHold::InFlight {
                 snapshot_id: handle.to_owned(),
             })
         }
-        (ContentHandle::Read(_), _) => SnapshotVerdict::Release,
-        (ContentHandle::Unknown, _) => SnapshotVerdict::Keep(SnapshotHold::UnknownHandle),
+        _ => SnapshotVerdict::Release,
     }
 }
 
@@ -381,7 +383,13 @@ mod tests {
     #[test]
     fn a_pending_clone_holds_its_source_with_upstreams_text() {
         let clone = clone_of("src", "Pending").build();
-        let verdict = clone_verdict(&source(), [&clone], ours("vol-1"), DRIVER, &Default::default());
+        let verdict = clone_verdict(
+            &source(),
+            [&clone],
+            ours("vol-1"),
+            DRIVER,
+            &Default::default(),
+        );
         assert_eq!(
             verdict,
             CloneVerdict::Keep(CloneHold::PendingClone("apps/copy".into()))
@@ -421,7 +429,13 @@ mod tests {
             .data_source_ref(None, CLAIM_KIND, "src", Some("apps"))
             .build();
         assert_eq!(
-            clone_verdict(&source(), [&clone], ours("vol-1"), DRIVER, &Default::default()),
+            clone_verdict(
+                &source(),
+                [&clone],
+                ours("vol-1"),
+                DRIVER,
+                &Default::default()
+            ),
             CloneVerdict::Keep(CloneHold::PendingClone("other-ns/copy".into()))
         );
     }
@@ -510,6 +524,13 @@ mod tests {
         assert_eq!(keys, ["apps/a", "apps/b", "apps/d", "other/c"]);
     }
 
+    fn our_content(handle: Option<&str>) -> SnapshotContent<'_> {
+        SnapshotContent::Listed {
+            driver: DRIVER,
+            handle,
+        }
+    }
+
     #[test]
     fn a_snapshot_a_pending_claim_restores_is_kept_and_others_released() {
         let claims = [restore_of("Pending")
@@ -517,8 +538,9 @@ mod tests {
             .build()];
         let pending = PendingRestores::new(&claims);
         let none = InFlightSources::default();
-        let verdict =
-            |snap: &VolumeSnapshot| snapshot_verdict(snap, &pending, &none, ContentHandle::NotRead);
+        let verdict = |snap: &VolumeSnapshot| {
+            snapshot_verdict(snap, &pending, &none, our_content(Some("snap-1")), DRIVER)
+        };
         assert_eq!(
             verdict(&snapshot("wanted", Some("c1"), true)),
             SnapshotVerdict::Keep(SnapshotHold::PendingRestore)
@@ -538,30 +560,42 @@ mod tests {
         let pending = PendingRestores::default();
         let in_flight = InFlightSources::new(&[restoring("snap-1")]);
         let snap = snapshot("s", Some("content-1"), true);
-        let verdict = |content| snapshot_verdict(&snap, &pending, &in_flight, content);
+        let verdict = |content| snapshot_verdict(&snap, &pending, &in_flight, content, DRIVER);
         assert_eq!(
-            verdict(ContentHandle::NotRead),
-            SnapshotVerdict::ReadContent("content-1".into())
-        );
-        assert_eq!(
-            verdict(ContentHandle::Read(Some("snap-1"))),
+            verdict(our_content(Some("snap-1"))),
             SnapshotVerdict::Keep(SnapshotHold::InFlight {
                 snapshot_id: "snap-1".into()
             })
         );
         assert_eq!(
-            verdict(ContentHandle::Read(Some("snap-2"))),
+            verdict(our_content(Some("snap-2"))),
             SnapshotVerdict::Release
         );
-        assert_eq!(verdict(ContentHandle::Read(None)), SnapshotVerdict::Release);
+        assert_eq!(verdict(our_content(None)), SnapshotVerdict::Release);
+        assert_eq!(verdict(SnapshotContent::Missing), SnapshotVerdict::Release);
         assert_eq!(
-            verdict(ContentHandle::Unknown),
+            verdict(SnapshotContent::Unknown),
             SnapshotVerdict::Keep(SnapshotHold::UnknownHandle)
         );
-        let unbound = snapshot("s", None, true);
+    }
+
+    #[test]
+    fn another_drivers_snapshot_is_left_to_its_sidecar() {
+        let pending = PendingRestores::default();
+        let none = InFlightSources::default();
+        let foreign = SnapshotContent::Listed {
+            driver: "other.example.com",
+            handle: Some("snap-1"),
+        };
         assert_eq!(
-            snapshot_verdict(&unbound, &pending, &in_flight, ContentHandle::NotRead),
-            SnapshotVerdict::Release
+            snapshot_verdict(
+                &snapshot("s", Some("c"), true),
+                &pending,
+                &none,
+                foreign,
+                DRIVER
+            ),
+            SnapshotVerdict::Untouched
         );
     }
 }

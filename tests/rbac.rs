@@ -49,7 +49,7 @@ const APPLIED_KINDS: [&str; 7] = [
 ];
 /// Granted permissions the end-to-end run cannot exercise cheaply, each with the reason it is
 /// still needed. Everything else granted must show up in the sidecar's requests.
-const NOT_EXERCISED: [(&str, &str, &str, &str); 13] = [
+const NOT_EXERCISED: [(&str, &str, &str, &str); 14] = [
     (
         "provisioner.csi-rs.dev",
         "provisioningjournals",

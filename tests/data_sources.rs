@@ -229,6 +229,9 @@ async fn a_clone_whose_claim_is_deleted_mid_flight_leaks_nothing() {
     let driver = Driver::start(&[]).await;
     // Debug logs say why the source is kept.
     let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &["-v=5"]));
+    // Another driver's sidecar, whose cloning protection must leave our source alone.
+    let bystander = Driver::start(&[]).await;
+    let mut bystander_sidecar = Sidecar::start_with(&bystander, options(&cluster, &[]));
     let class = cluster.class("clone", &driver, "Delete", &[]).await;
     cluster.bound_source(&class, None).await;
 
@@ -255,10 +258,7 @@ async fn a_clone_whose_claim_is_deleted_mid_flight_leaks_nothing() {
         }
     })
     .await;
-    let Some(source) = cluster.get_claim("src").await else {
-        std::fs::write("/tmp/ds-sidecar.log", sidecar.log()).ok();
-        panic!("the source is held");
-    };
+    let source = cluster.get_claim("src").await.expect("the source is held");
     assert!(source.metadata.deletion_timestamp.is_some());
 
     driver.set_faults("fault CreateVolume/volume=after:deadline-exceeded:2\n");
@@ -271,6 +271,7 @@ async fn a_clone_whose_claim_is_deleted_mid_flight_leaks_nothing() {
     })
     .await;
     sidecar.assert_running();
+    bystander_sidecar.assert_running();
 }
 
 // ------------------------------------------------------------------------------ restores
@@ -349,6 +350,9 @@ async fn a_restore_whose_claim_is_deleted_mid_flight_leaks_nothing_and_frees_the
     let driver = Driver::start(&[]).await;
     // Debug logs show each sweep's verdicts.
     let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &["-v=5"]));
+    // Another driver's sidecar, whose sweeper must leave our snapshot alone.
+    let bystander = Driver::start(&[]).await;
+    let mut bystander_sidecar = Sidecar::start_with(&bystander, options(&cluster, &[]));
     let snapshotter = Snapshotter::start(&driver);
     let class = cluster.class("restore", &driver, "Delete", &[]).await;
     cluster.bound_source(&class, None).await;
@@ -402,6 +406,7 @@ async fn a_restore_whose_claim_is_deleted_mid_flight_leaks_nothing_and_frees_the
         .delete_snapshot_and_wait("snap", &content_name)
         .await;
     sidecar.assert_running();
+    bystander_sidecar.assert_running();
 }
 
 /// The sidecar is SIGKILLed while a restore's CreateVolume is in flight and the claim is

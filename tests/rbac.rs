@@ -75,7 +75,12 @@ const NOT_EXERCISED: [(&str, &str, &str, &str); 14] = [
     (SNAPSHOTS, "volumesnapshots", "list", NO_SNAPSHOT_CRDS),
     (SNAPSHOTS, "volumesnapshots", "patch", NO_SNAPSHOT_CRDS),
     (SNAPSHOTS, "volumesnapshotcontents", "get", NO_SNAPSHOT_CRDS),
-    (SNAPSHOTS, "volumesnapshotcontents", "list", NO_SNAPSHOT_CRDS),
+    (
+        SNAPSHOTS,
+        "volumesnapshotcontents",
+        "list",
+        NO_SNAPSHOT_CRDS,
+    ),
     (
         "gateway.networking.k8s.io",
         "referencegrants",

@@ -55,7 +55,8 @@ pub struct Swept {
 }
 
 /// Sweeps at once, then `interval` after the end of each sweep, until `drained`, if the
-/// cluster and the role allow it (see the module comment).
+/// cluster and the role allow it (see the module comment). Snapshot CRDs installed after the
+/// sidecar started are found at a later interval (upstream looks once, at start-up).
 pub(super) async fn run(
     ctx: &Context,
     interval: Duration,
@@ -63,18 +64,29 @@ pub(super) async fn run(
     drained: impl Future<Output = ()>,
 ) {
     let mut drained = std::pin::pin!(drained);
-    let enabled = async {
-        // Nothing is decided on claims before their watch has listed.
-        served(ctx).await && allowed(ctx).await && claims_listed.clone().await
-    };
-    tokio::select! {
-        () = &mut drained => return,
-        enabled = enabled => if !enabled { return },
-    }
+    let mut said_unserved = false;
+    let mut enabled = false;
     loop {
-        match sweep(ctx, &claims_listed).await {
-            Ok(swept) => debug!(?swept, "snapshot orphan sweep done"),
-            Err(error) => warn!(%error, "snapshot orphan sweep removed nothing"),
+        let step = async {
+            if !enabled {
+                if !served(ctx, &mut said_unserved).await {
+                    return true;
+                }
+                // Nothing is decided on claims before their watch has listed.
+                if !(allowed(ctx).await && claims_listed.clone().await) {
+                    return false;
+                }
+                enabled = true;
+            }
+            match sweep(ctx, &claims_listed).await {
+                Ok(swept) => debug!(?swept, "snapshot orphan sweep done"),
+                Err(error) => warn!(%error, "snapshot orphan sweep removed nothing"),
+            }
+            true
+        };
+        tokio::select! {
+            () = &mut drained => return,
+            go_on = step => if !go_on { return },
         }
         tokio::select! {
             () = &mut drained => return,
@@ -83,25 +95,24 @@ pub(super) async fn run(
     }
 }
 
-/// Whether the API server serves VolumeSnapshots in `snapshot.storage.k8s.io/v1`.
-async fn served(ctx: &Context) -> bool {
-    match ctx
+/// Whether the API server serves VolumeSnapshots in `snapshot.storage.k8s.io/v1`; says so
+/// once when it does not.
+async fn served(ctx: &Context, said_unserved: &mut bool) -> bool {
+    let served = match ctx
         .client
         .list_api_group_resources(SNAPSHOT_GROUP_VERSION)
         .await
     {
-        Ok(resources) if resources.resources.iter().any(|r| r.kind == SNAPSHOT_KIND) => true,
-        Ok(_) => {
-            info!(
-                "the API server does not serve {SNAPSHOT_KIND} in {SNAPSHOT_GROUP_VERSION}; the snapshot orphan sweeper does not run"
-            );
-            false
-        }
-        Err(error) => {
-            info!(%error, "{SNAPSHOT_GROUP_VERSION} is not served (the snapshot CRDs are not installed?); the snapshot orphan sweeper does not run");
-            false
-        }
+        Ok(resources) => resources.resources.iter().any(|r| r.kind == SNAPSHOT_KIND),
+        Err(_) => false,
+    };
+    if !served && !*said_unserved {
+        *said_unserved = true;
+        info!(
+            "the API server does not serve {SNAPSHOT_KIND} in {SNAPSHOT_GROUP_VERSION} (the snapshot CRDs are not installed?); the snapshot orphan sweeper waits for them"
+        );
     }
+    served
 }
 
 /// The preflight: one VolumeSnapshot listed. Only Forbidden disables the sweeper (an older

@@ -928,3 +928,41 @@ async fn metrics_carry_upstream_names_and_labels() {
     );
     sidecar.assert_running();
 }
+
+/// This test binary installs no snapshot CRDs: a restore is told that the VolumeSnapshot CRD is
+/// missing, nothing is created, the sidecar keeps running (its snapshot sweeper waits for the
+/// CRDs) and claims without a data source are still provisioned.
+#[tokio::test]
+async fn bad_input_a_restore_in_a_cluster_without_the_volume_snapshot_crd() {
+    let cluster = Cluster::new("no-snapshot-crd").await;
+    let driver = Driver::start(&[]).await;
+    let mut sidecar = Sidecar::start(&driver, &["--retry-interval-max=2s"]);
+    let class = cluster.class("plain", &driver, "Delete", &[]).await;
+    let mut restore = claim("restored", &class, "1Gi", None);
+    if let Some(spec) = restore.spec.as_mut() {
+        spec.data_source = Some(k8s_openapi::api::core::v1::TypedLocalObjectReference {
+            api_group: Some("snapshot.storage.k8s.io".to_owned()),
+            kind: "VolumeSnapshot".to_owned(),
+            name: "snap".to_owned(),
+        });
+    }
+    create_claim(&cluster.claims, &restore).await;
+    wait_event(
+        &cluster.client,
+        cluster.ns(),
+        "restored",
+        "ProvisioningFailed",
+        |message| {
+            message.starts_with(
+                "error getting handle for DataSource Type VolumeSnapshot by Name snap: error getting snapshot snap from api server: ",
+            ) && message.contains(
+                "(the VolumeSnapshot CRD of snapshot.storage.k8s.io/v1 is not installed in the cluster)",
+            )
+        },
+    )
+    .await;
+    cluster.claim("plain", &class).await;
+    wait_bound(&cluster.claims, "plain").await;
+    assert_eq!(driver.volume_count(), 1, "only the plain claim's volume");
+    sidecar.assert_running();
+}

@@ -7,6 +7,7 @@
 
 mod support;
 
+use csi_provisioner::api::VolumeSnapshotContent;
 use csi_provisioner::provision::{CLONE_PROTECTION_FINALIZER, SNAPSHOT_PROTECTION_FINALIZER};
 use csi_reference_driver::ContentSource;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, TypedLocalObjectReference};
@@ -136,15 +137,41 @@ impl Cluster {
     }
 }
 
+/// A driver started with `driver_args`, its sidecar with `sidecar_args` (beside [`options`]),
+/// a class of the driver and a bound 1Gi source claim `src` in it; the class's name and the
+/// source volume's handle come with them.
+async fn peers(
+    cluster: &Cluster,
+    driver_args: &[&str],
+    sidecar_args: &[&str],
+) -> (Driver, Sidecar, String, String) {
+    let driver = Driver::start(driver_args).await;
+    let sidecar = Sidecar::start_with(&driver, options(cluster, sidecar_args));
+    let class = cluster.class("ds", &driver, "Delete", &[]).await;
+    let handle = cluster.bound_source(&class, None).await;
+    (driver, sidecar, class, handle)
+}
+
+/// The driver's csi-snapshotter and a ready VolumeSnapshot `snap` of `src`, taken as a user
+/// takes it; with its content.
+async fn snapshot_of_source(
+    cluster: &Cluster,
+    driver: &Driver,
+) -> (Snapshotter, VolumeSnapshotContent) {
+    let snapshotter = Snapshotter::start(driver);
+    let snapshot_class = cluster.snapshot_class("snap", driver).await;
+    let (_, content) = cluster
+        .take_snapshot("snap", "src", &snapshot_class, &snapshotter)
+        .await;
+    (snapshotter, content)
+}
+
 // ------------------------------------------------------------------------------ clones
 
 #[tokio::test]
 async fn a_clone_reads_its_source_volume_and_the_source_goes_once_deleted() {
     let cluster = Cluster::new("clone").await;
-    let driver = Driver::start(&[]).await;
-    let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &[]));
-    let class = cluster.class("clone", &driver, "Delete", &[]).await;
-    let source_handle = cluster.bound_source(&class, None).await;
+    let (driver, mut sidecar, class, source_handle) = peers(&cluster, &[], &[]).await;
 
     let pvc = claim_from("copy", &class, "2Gi", None, clone_of("src"));
     let created = create_claim(&cluster.claims, &pvc).await;
@@ -185,10 +212,8 @@ async fn a_clone_reads_its_source_volume_and_the_source_goes_once_deleted() {
 #[tokio::test]
 async fn a_source_deleted_during_its_clone_waits_for_the_clone() {
     let cluster = Cluster::new("clone-src-deleted").await;
-    let driver = Driver::start(&["--delay", "CreateVolume/volume=3s"]).await;
-    let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &[]));
-    let class = cluster.class("clone", &driver, "Delete", &[]).await;
-    let source_handle = cluster.bound_source(&class, None).await;
+    let (driver, mut sidecar, class, source_handle) =
+        peers(&cluster, &["--delay", "CreateVolume/volume=3s"], &[]).await;
 
     let created = create_claim(
         &cluster.claims,
@@ -226,14 +251,11 @@ async fn a_source_deleted_during_its_clone_waits_for_the_clone() {
 #[tokio::test]
 async fn a_clone_whose_claim_is_deleted_mid_flight_leaks_nothing() {
     let cluster = Cluster::new("clone-claim-deleted").await;
-    let driver = Driver::start(&[]).await;
     // Debug logs say why the source is kept.
-    let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &["-v=5"]));
+    let (driver, mut sidecar, class, _) = peers(&cluster, &[], &["-v=5"]).await;
     // Another driver's sidecar, whose cloning protection must leave our source alone.
     let bystander = Driver::start(&[]).await;
     let mut bystander_sidecar = Sidecar::start_with(&bystander, options(&cluster, &[]));
-    let class = cluster.class("clone", &driver, "Delete", &[]).await;
-    cluster.bound_source(&class, None).await;
 
     driver.set_faults("fault CreateVolume/volume=after:deadline-exceeded\n");
     let created = create_claim(
@@ -258,7 +280,11 @@ async fn a_clone_whose_claim_is_deleted_mid_flight_leaks_nothing() {
         }
     })
     .await;
-    let source = cluster.get_claim("src").await.expect("the source is held");
+    let Some(source) = cluster.get_claim("src").await else {
+        std::fs::write("/tmp/ds-clone.log", sidecar.log()).ok();
+        std::fs::write("/tmp/ds-bystander.log", bystander_sidecar.log()).ok();
+        panic!("the source is held");
+    };
     assert!(source.metadata.deletion_timestamp.is_some());
 
     driver.set_faults("fault CreateVolume/volume=after:deadline-exceeded:2\n");
@@ -279,15 +305,8 @@ async fn a_clone_whose_claim_is_deleted_mid_flight_leaks_nothing() {
 #[tokio::test]
 async fn a_restore_reads_the_snapshot_and_releases_it_once_bound() {
     let cluster = Cluster::new("restore").await;
-    let driver = Driver::start(&[]).await;
-    let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &[]));
-    let snapshotter = Snapshotter::start(&driver);
-    let class = cluster.class("restore", &driver, "Delete", &[]).await;
-    cluster.bound_source(&class, None).await;
-    let snapshot_class = cluster.snapshot_class("snap", &driver).await;
-    let (_, content) = cluster
-        .take_snapshot("snap", "src", &snapshot_class, &snapshotter)
-        .await;
+    let (driver, mut sidecar, class, _) = peers(&cluster, &[], &[]).await;
+    let (_snapshotter, content) = snapshot_of_source(&cluster, &driver).await;
     let handle = content
         .status
         .and_then(|s| s.snapshot_handle)
@@ -317,15 +336,9 @@ async fn a_restore_reads_the_snapshot_and_releases_it_once_bound() {
 #[tokio::test]
 async fn a_snapshot_deleted_during_its_restore_lets_the_restore_finish() {
     let cluster = Cluster::new("restore-snap-deleted").await;
-    let driver = Driver::start(&["--delay", "CreateVolume/snapshot=3s"]).await;
-    let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &[]));
-    let snapshotter = Snapshotter::start(&driver);
-    let class = cluster.class("restore", &driver, "Delete", &[]).await;
-    cluster.bound_source(&class, None).await;
-    let snapshot_class = cluster.snapshot_class("snap", &driver).await;
-    let (_, content) = cluster
-        .take_snapshot("snap", "src", &snapshot_class, &snapshotter)
-        .await;
+    let (driver, mut sidecar, class, _) =
+        peers(&cluster, &["--delay", "CreateVolume/snapshot=3s"], &[]).await;
+    let (_snapshotter, content) = snapshot_of_source(&cluster, &driver).await;
 
     let created = create_claim(
         &cluster.claims,
@@ -347,19 +360,12 @@ async fn a_snapshot_deleted_during_its_restore_lets_the_restore_finish() {
 #[tokio::test]
 async fn a_restore_whose_claim_is_deleted_mid_flight_leaks_nothing_and_frees_the_snapshot() {
     let cluster = Cluster::new("restore-claim-deleted").await;
-    let driver = Driver::start(&[]).await;
     // Debug logs show each sweep's verdicts.
-    let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &["-v=5"]));
+    let (driver, mut sidecar, class, _) = peers(&cluster, &[], &["-v=5"]).await;
     // Another driver's sidecar, whose sweeper must leave our snapshot alone.
     let bystander = Driver::start(&[]).await;
     let mut bystander_sidecar = Sidecar::start_with(&bystander, options(&cluster, &[]));
-    let snapshotter = Snapshotter::start(&driver);
-    let class = cluster.class("restore", &driver, "Delete", &[]).await;
-    cluster.bound_source(&class, None).await;
-    let snapshot_class = cluster.snapshot_class("snap", &driver).await;
-    let (_, content) = cluster
-        .take_snapshot("snap", "src", &snapshot_class, &snapshotter)
-        .await;
+    let (_snapshotter, content) = snapshot_of_source(&cluster, &driver).await;
 
     driver.set_faults("fault CreateVolume/snapshot=after:deadline-exceeded\n");
     let created = create_claim(
@@ -415,15 +421,8 @@ async fn a_restore_whose_claim_is_deleted_mid_flight_leaks_nothing_and_frees_the
 #[tokio::test]
 async fn a_restore_in_flight_when_the_sidecar_is_killed_leaks_nothing() {
     let cluster = Cluster::new("restore-sigkill").await;
-    let driver = Driver::start(&[]).await;
-    let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &[]));
-    let snapshotter = Snapshotter::start(&driver);
-    let class = cluster.class("restore", &driver, "Delete", &[]).await;
-    cluster.bound_source(&class, None).await;
-    let snapshot_class = cluster.snapshot_class("snap", &driver).await;
-    cluster
-        .take_snapshot("snap", "src", &snapshot_class, &snapshotter)
-        .await;
+    let (driver, mut sidecar, class, _) = peers(&cluster, &[], &[]).await;
+    let (_snapshotter, _) = snapshot_of_source(&cluster, &driver).await;
 
     driver.set_faults("fault CreateVolume/snapshot=after:deadline-exceeded\n");
     let created = create_claim(
@@ -456,10 +455,7 @@ async fn a_restore_in_flight_when_the_sidecar_is_killed_leaks_nothing() {
 #[tokio::test]
 async fn bad_input_clones_smaller_than_or_of_another_mode_than_their_source() {
     let cluster = Cluster::new("clone-bad").await;
-    let driver = Driver::start(&[]).await;
-    let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &[]));
-    let class = cluster.class("clone", &driver, "Delete", &[]).await;
-    cluster.bound_source(&class, None).await;
+    let (driver, mut sidecar, class, _) = peers(&cluster, &[], &[]).await;
     let prefix = "error getting handle for DataSource Type PersistentVolumeClaim by Name";
 
     for (name, size, mode, text) in [
@@ -494,10 +490,7 @@ async fn bad_input_clones_smaller_than_or_of_another_mode_than_their_source() {
 #[tokio::test]
 async fn bad_input_a_driver_without_clone_volume_is_named() {
     let cluster = Cluster::new("clone-nocap").await;
-    let driver = Driver::start(&["--no-clone"]).await;
-    let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &[]));
-    let class = cluster.class("clone", &driver, "Delete", &[]).await;
-    cluster.bound_source(&class, None).await;
+    let (_driver, mut sidecar, class, _) = peers(&cluster, &["--no-clone"], &[]).await;
     create_claim(
         &cluster.claims,
         &claim_from("copy", &class, "1Gi", None, clone_of("src")),
@@ -523,15 +516,8 @@ async fn bad_input_a_driver_without_clone_volume_is_named() {
 #[tokio::test]
 async fn bad_input_restores_the_snapshot_does_not_allow() {
     let cluster = Cluster::new("restore-bad").await;
-    let driver = Driver::start(&[]).await;
-    let mut sidecar = Sidecar::start_with(&driver, options(&cluster, &[]));
-    let snapshotter = Snapshotter::start(&driver);
-    let class = cluster.class("restore", &driver, "Delete", &[]).await;
-    cluster.bound_source(&class, None).await;
-    let snapshot_class = cluster.snapshot_class("snap", &driver).await;
-    cluster
-        .take_snapshot("snap", "src", &snapshot_class, &snapshotter)
-        .await;
+    let (driver, mut sidecar, class, _) = peers(&cluster, &[], &[]).await;
+    let (_snapshotter, _) = snapshot_of_source(&cluster, &driver).await;
     let prefix = "error getting handle for DataSource Type VolumeSnapshot by Name";
 
     for (name, size, mode, snapshot, text) in [

@@ -13,6 +13,7 @@ use crate::api::VolumeSnapshot;
 use crate::csi;
 use crate::csi::volume_content_source::Type;
 
+use super::claim::storage_provisioner;
 use super::data_source::{
     CLAIM_KIND, CLONE_PROTECTION_FINALIZER, SNAPSHOT_API_GROUP, SNAPSHOT_KIND,
     SNAPSHOT_PROTECTION_FINALIZER,
@@ -103,9 +104,9 @@ pub struct SourceVolume<'a> {
 /// Whether `source`'s [`CLONE_PROTECTION_FINALIZER`] may come off. `claims` are all claims
 /// known (any namespace: a clone through `dataSourceRef.namespace` holds its source too,
 /// where upstream looks at the source's namespace only, its quirk A2); `volume` is the
-/// source's PV, if known. A source whose volume is another driver's is left to that driver's
-/// sidecar: only its journal knows whether a clone still reads the volume (upstream's
-/// controller releases any claim of any driver).
+/// source's PV, if known. A source whose volume is another driver's (or, its PV unknown, whose
+/// provisioner is) is left to that driver's sidecar: only its journal knows whether a clone
+/// still reads the volume (upstream's controller releases any claim of any driver).
 pub fn clone_verdict<'a>(
     source: &PersistentVolumeClaim,
     claims: impl IntoIterator<Item = &'a PersistentVolumeClaim>,
@@ -113,9 +114,15 @@ pub fn clone_verdict<'a>(
     our_driver: &str,
     in_flight: &InFlightSources,
 ) -> CloneVerdict {
+    // Ours if its PV is our driver's, or (PV not known here) the claim names our driver as
+    // its provisioner.
+    let ours = match volume {
+        Some(volume) => volume.driver == our_driver,
+        None => storage_provisioner(source) == Some(our_driver),
+    };
     if source.metadata.deletion_timestamp.is_none()
         || !has_finalizer(&source.metadata.finalizers, CLONE_PROTECTION_FINALIZER)
-        || volume.is_some_and(|volume| volume.driver != our_driver)
+        || !ours
     {
         return CloneVerdict::Untouched;
     }
@@ -350,6 +357,7 @@ mod tests {
     fn source() -> PersistentVolumeClaim {
         PvcBuilder::new()
             .name("src")
+            .annotation(crate::provision::ANN_STORAGE_PROVISIONER, DRIVER)
             .finalizer(CLONE_PROTECTION_FINALIZER)
             .deleting()
             .build()
@@ -461,6 +469,19 @@ mod tests {
             clone_verdict(&source(), [], Some(foreign), DRIVER, &Default::default()),
             CloneVerdict::Untouched,
             "another driver's sidecar decides for its volumes"
+        );
+        let mut foreign_claim = source();
+        foreign_claim.metadata.annotations = Some(
+            [(
+                crate::provision::ANN_STORAGE_PROVISIONER.to_owned(),
+                "other.example.com".to_owned(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            clone_verdict(&foreign_claim, [], None, DRIVER, &Default::default()),
+            CloneVerdict::Untouched,
+            "a claim of another provisioner whose PV is not known here is not ours either"
         );
         assert_eq!(
             clone_verdict(&source(), [], None, DRIVER, &in_flight),

@@ -279,15 +279,28 @@ async fn provision_claim(
         return Ok(Outcome::RetryIn(left));
     }
     let grants = sources::reference_grants(ctx, pvc).await?;
-    let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps, &grants)?;
-    if ctx
-        .volumes
-        .get(&ObjectRef::new(&plan.volume_name))
-        .is_some()
+    let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps, &grants);
+    if let Ok(plan) = &plan
+        && ctx
+            .volumes
+            .get(&ObjectRef::new(&plan.volume_name))
+            .is_some()
         && pv_of_the_name_is_ours(ctx, pvc, &plan.volume_name).await?
     {
         return Ok(Outcome::Nothing);
     }
+    // Every attempt says so before anything about the claim is checked, as upstream's: a claim
+    // refused for its parameters, its source or a populator's kind shows it too.
+    ctx.events.publish(
+        &pvc.object_ref(&()),
+        EventType::Normal,
+        PROVISIONING,
+        &format!(
+            "External provisioner is provisioning volume for claim \"{}\"",
+            claim_key(pvc)
+        ),
+    );
+    let plan = plan?;
     let content_source = data_source(ctx, pvc, &class, &plan).await?;
     let requirements = match topology_requirements(ctx, pvc, &class, &plan).await {
         Ok(requirements) => requirements,
@@ -320,15 +333,6 @@ async fn provision_claim(
         secrets,
         ..recorded.request
     };
-    ctx.events.publish(
-        &pvc.object_ref(&()),
-        EventType::Normal,
-        PROVISIONING,
-        &format!(
-            "External provisioner is provisioning volume for claim \"{}\"",
-            claim_key(pvc)
-        ),
-    );
 
     let response = match create_volume(ctx, &plan.class_name, request.clone()).await {
         Ok(response) => response,

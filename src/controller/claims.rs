@@ -937,7 +937,7 @@ mod tests {
             "failed to record the operation in the journal: volume name {} is already taken by an operation of claim apps/other (uid uid-of-another-claim); no volume is created for this claim",
             claim_volume()
         );
-        assert_eq!(scenario.finish().await, [failed(&taken)]);
+        assert_eq!(scenario.finish().await, [provisioning(), failed(&taken)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1199,9 +1199,12 @@ mod tests {
         assert!(!in_flight(&scenario));
         assert_eq!(
             scenario.finish().await,
-            [failed(
-                "failed to record the operation in the journal: the journal did not store the operation within 50ms; CreateVolume is not sent until it does"
-            )]
+            [
+                provisioning(),
+                failed(
+                    "failed to record the operation in the journal: the journal did not store the operation within 50ms; CreateVolume is not sent until it does"
+                )
+            ]
         );
     }
 
@@ -1396,9 +1399,10 @@ mod tests {
             Action::await_change()
         );
         let events = scenario.finish().await;
-        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(events[0], provisioning());
         assert!(
-            events[0].starts_with(&failed("")) && events[0].contains("n3"),
+            events[1].starts_with(&failed("")) && events[1].contains("n3"),
             "{events:?}"
         );
     }
@@ -1412,9 +1416,12 @@ mod tests {
         );
         assert_eq!(
             scenario.finish().await,
-            [failed(
-                "the Node and CSINode watches have not listed yet, so the claim's topology is unknown (does the sidecar's RBAC grant list and watch on nodes and csinodes?)"
-            )]
+            [
+                provisioning(),
+                failed(
+                    "the Node and CSINode watches have not listed yet, so the claim's topology is unknown (does the sidecar's RBAC grant list and watch on nodes and csinodes?)"
+                )
+            ]
         );
     }
 
@@ -1548,9 +1555,12 @@ mod tests {
         assert!(!in_flight(&scenario));
         assert_eq!(
             scenario.finish().await,
-            [failed(
-                "error getting handle for DataSource Type PersistentVolumeClaim by Name src: the PVC DataSource src must have a status of Bound.  Got { [] map[] [] map[] map[] <nil> <nil>}"
-            )]
+            [
+                provisioning(),
+                failed(
+                    "error getting handle for DataSource Type PersistentVolumeClaim by Name src: the PVC DataSource src must have a status of Bound.  Got { [] map[] [] map[] map[] <nil> <nil>}"
+                )
+            ]
         );
     }
 
@@ -1684,9 +1694,10 @@ mod tests {
             Action::requeue(RETRY_START)
         );
         let events = scenario.finish().await;
-        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(events[0], provisioning());
         assert!(
-            events[0].starts_with(&failed("error getting handle for DataSource Type VolumeSnapshot by Name snap: error getting snapshot snap from api server: ")),
+            events[1].starts_with(&failed("error getting handle for DataSource Type VolumeSnapshot by Name snap: error getting snapshot snap from api server: ")),
             "{events:?}"
         );
     }

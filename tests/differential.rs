@@ -9,7 +9,8 @@
 //!
 //! Drivers: the Kubernetes e2e mock (its own log gives the requests as protojson) for the
 //! provisioning cases without topology; the reference driver (its `--request-log`) for
-//! topology: the mock knows one fixed segment only. Topology keys are unique to each scenario,
+//! topology: the mock knows one fixed segment only; and for clones and restores, whose content
+//! source its `--request-log` shows. Topology keys are unique to each scenario,
 //! since Nodes are cluster-wide, and shared by its two runs, which never overlap: the first
 //! run's Nodes are gone before the second starts.
 
@@ -44,7 +45,9 @@ struct Allowed {
 /// Every difference between upstream and ours that these scenarios show and docs/flags.md lists
 /// as deliberate. Empty: none of them shows one. (Ours sorts node-affinity expressions, which
 /// [`pv_json`] normalises; the deliberate differences of docs/flags.md concern failures,
-/// deletion, restarts and leader election, which no scenario here provokes.)
+/// deletion, restarts and leader election, which no scenario here provokes, and of the refused
+/// clones and restores here none meets one: no source claim is unbound, so no claim status is
+/// printed, and the snapshot CRDs are installed.)
 const ALLOWED: &[Allowed] = &[];
 
 // ------------------------------------------------------------------------------ the two runs

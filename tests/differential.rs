@@ -142,10 +142,10 @@ impl Normaliser {
             "/volume_content_source/volume/volume_id",
             "/volume_content_source/snapshot/snapshot_id",
         ] {
-            if let Some(id) = request.pointer_mut(pointer) {
-                if let Some(source) = id.as_str().and_then(|id| self.source_handles.get(id)) {
-                    *id = json!(source);
-                }
+            if let Some(id) = request.pointer_mut(pointer)
+                && let Some(source) = id.as_str().and_then(|id| self.source_handles.get(id))
+            {
+                *id = json!(source);
             }
         }
         request

@@ -1746,9 +1746,12 @@ mod tests {
         assert!(!in_flight(&scenario));
         assert_eq!(
             scenario.finish().await,
-            [failed(
-                "accessing other/snap of VolumeSnapshot dataSource from apps/data isn't allowed"
-            )]
+            [
+                provisioning(),
+                failed(
+                    "accessing other/snap of VolumeSnapshot dataSource from apps/data isn't allowed"
+                )
+            ]
         );
     }
 

@@ -9,7 +9,8 @@
 //!
 //! Drivers: the Kubernetes e2e mock (its own log gives the requests as protojson) for the
 //! provisioning cases without topology; the reference driver (its `--request-log`) for
-//! topology: the mock knows one fixed segment only. Topology keys are unique to each scenario,
+//! topology: the mock knows one fixed segment only; and for clones and restores, whose content
+//! source its `--request-log` shows. Topology keys are unique to each scenario,
 //! since Nodes are cluster-wide, and shared by its two runs, which never overlap: the first
 //! run's Nodes are gone before the second starts.
 
@@ -18,8 +19,10 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+use csi_provisioner::provision::SNAPSHOT_PROTECTION_FINALIZER;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::core::v1::{TopologySelectorLabelRequirement, TopologySelectorTerm};
+use k8s_openapi::api::core::v1::{TypedLocalObjectReference, TypedObjectReference};
 use k8s_openapi::api::storage::v1::StorageClass;
 use serde_json::{Value, json};
 
@@ -28,6 +31,7 @@ use support::cluster::{
 };
 use support::mock_driver::{MockDriver, MockDriverOptions};
 use support::peers::{CsiEndpoint, Driver, Sidecar, SidecarOptions, TIMEOUT};
+use support::snapshots::Snapshotter;
 use support::topology::{ANN_SELECTED_NODE, Topology, scheduling_cluster};
 
 /// A difference the comparison accepts: the scenario and field (globs, `*` matches anything)
@@ -41,7 +45,9 @@ struct Allowed {
 /// Every difference between upstream and ours that these scenarios show and docs/flags.md lists
 /// as deliberate. Empty: none of them shows one. (Ours sorts node-affinity expressions, which
 /// [`pv_json`] normalises; the deliberate differences of docs/flags.md concern failures,
-/// deletion, restarts and leader election, which no scenario here provokes.)
+/// deletion, restarts and leader election, which no scenario here provokes, and of the refused
+/// clones and restores here none meets one: no source claim is unbound, so no claim status is
+/// printed, and the snapshot CRDs are installed.)
 const ALLOWED: &[Allowed] = &[];
 
 // ------------------------------------------------------------------------------ the two runs
@@ -74,25 +80,48 @@ fn start_sidecar(side: Side, driver: &impl CsiEndpoint, flags: &[&str]) -> Sidec
 }
 
 /// What one run produced, normalised: `requests` (by volume name, oldest first), `pvs` and
-/// `claims` (by claim name).
+/// `claims` (by claim name), and the finalizers of the objects claims were cloned or restored
+/// from (`sources`, by `claim <name>` / `snapshot <name>`; empty without such objects).
 struct Observed {
     requests: BTreeMap<String, Vec<Value>>,
     pvs: BTreeMap<String, Value>,
     claims: BTreeMap<String, Value>,
+    sources: BTreeMap<String, Value>,
 }
 
 impl Observed {
     fn to_value(&self) -> Value {
-        json!({"requests": self.requests, "pvs": self.pvs, "claims": self.claims})
+        let mut value = json!({"requests": self.requests, "pvs": self.pvs, "claims": self.claims});
+        // Only where there are sources: the other scenarios' tables stay as they were.
+        if !self.sources.is_empty() {
+            value["sources"] = json!(self.sources);
+        }
+        value
     }
 }
+
+/// The objects a scenario's claims are cloned or restored from: claims and VolumeSnapshots of
+/// the scenario's namespace, by name.
+struct Sources<'a> {
+    claims: &'a [&'a str],
+    snapshots: &'a [&'a str],
+}
+
+const NO_SOURCES: Sources<'static> = Sources {
+    claims: &[],
+    snapshots: &[],
+};
 
 /// Replaces what differs between the two runs by construction: the namespace (class and Node
 /// names contain it), the driver name, claim UIDs (volume and PV names, extra-create-metadata
 /// parameters). Volume handles are replaced where they are ([`pv_json`]): the mock's are small
-/// numbers, which a replacement everywhere would find in sizes too.
+/// numbers, which a replacement everywhere would find in sizes too. So are a CreateVolume's
+/// content source ids ([`Normaliser::content_source`]), by the name of the object they are the
+/// handle of in that run: a request naming another source than upstream's still differs.
 struct Normaliser {
     replacements: Vec<(String, String)>,
+    /// A source volume's or snapshot's handle in this run, and what it stands for.
+    source_handles: BTreeMap<String, String>,
 }
 
 impl Normaliser {
@@ -102,7 +131,24 @@ impl Normaliser {
                 (namespace.to_owned(), "<ns>".to_owned()),
                 (driver.to_owned(), "<driver>".to_owned()),
             ],
+            source_handles: BTreeMap::new(),
         }
+    }
+
+    /// `request` with its content source's id replaced by the source it is the handle of; an
+    /// id of no source of this run is kept, so that it differs.
+    fn content_source(&self, mut request: Value) -> Value {
+        for pointer in [
+            "/volume_content_source/volume/volume_id",
+            "/volume_content_source/snapshot/snapshot_id",
+        ] {
+            if let Some(id) = request.pointer_mut(pointer)
+                && let Some(source) = id.as_str().and_then(|id| self.source_handles.get(id))
+            {
+                *id = json!(source);
+            }
+        }
+        request
     }
 
     fn claim(&mut self, pvc: &PersistentVolumeClaim) {
@@ -220,14 +266,17 @@ async fn provisioner_events(cluster: &Cluster, claim: &str) -> Vec<Value> {
 }
 
 /// Collects what the run produced for `claims` once each is settled (`wait` returned):
-/// `requests` are the driver's CreateVolume requests.
+/// `requests` are the driver's CreateVolume requests; `sources` the objects some of the claims
+/// are made from.
 async fn observe(
     cluster: &Cluster,
     driver: &impl CsiEndpoint,
     claims: &[&str],
+    sources: &Sources<'_>,
     requests: Vec<Value>,
 ) -> Observed {
     let mut normaliser = Normaliser::new(cluster.ns(), driver.name());
+    let observed_sources = observe_sources(cluster, sources, &mut normaliser).await;
     let mut observed_claims = BTreeMap::new();
     for name in claims {
         let pvc = cluster
@@ -260,7 +309,7 @@ async fn observe(
     }
     let mut by_volume: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     for request in &requests {
-        let request = normaliser.apply(request);
+        let request = normaliser.content_source(normaliser.apply(request));
         let name = request["name"].as_str().unwrap_or_default().to_owned();
         by_volume.entry(name).or_default().push(request);
     }
@@ -274,7 +323,64 @@ async fn observe(
             .iter()
             .map(|(k, v)| (k.clone(), normaliser.apply(v)))
             .collect(),
+        sources: observed_sources,
     }
+}
+
+/// The finalizers of each source, and each source's handle for `normaliser`: a source claim's
+/// PV's volume handle, a snapshot's content's snapshot handle.
+async fn observe_sources(
+    cluster: &Cluster,
+    sources: &Sources<'_>,
+    normaliser: &mut Normaliser,
+) -> BTreeMap<String, Value> {
+    let mut observed = BTreeMap::new();
+    for name in sources.claims {
+        let pvc = cluster
+            .get_claim(name)
+            .await
+            .unwrap_or_else(|| panic!("source PVC {name} is gone"));
+        if let Some(volume) = pvc.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
+            let handle = cluster.pv(volume).await.spec.and_then(|s| s.csi);
+            if let Some(csi) = handle {
+                normaliser
+                    .source_handles
+                    .insert(csi.volume_handle, format!("<volume of claim {name}>"));
+            }
+        }
+        observed.insert(
+            format!("claim {name}"),
+            json!({"finalizers": pvc.metadata.finalizers}),
+        );
+    }
+    for name in sources.snapshots {
+        let snapshot = cluster
+            .snapshots()
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("reading VolumeSnapshot {name}: {e}"));
+        let content = snapshot
+            .status
+            .as_ref()
+            .and_then(|s| s.bound_volume_snapshot_content_name.clone());
+        if let Some(content) = content {
+            let content = cluster
+                .snapshot_contents()
+                .get(&content)
+                .await
+                .unwrap_or_else(|e| panic!("reading VolumeSnapshotContent {content}: {e}"));
+            if let Some(handle) = content.status.and_then(|s| s.snapshot_handle) {
+                normaliser
+                    .source_handles
+                    .insert(handle, format!("<snapshot {name}>"));
+            }
+        }
+        observed.insert(
+            format!("snapshot {name}"),
+            json!({"finalizers": snapshot.metadata.finalizers}),
+        );
+    }
+    observed
 }
 
 // ------------------------------------------------------------------------------ comparison
@@ -555,7 +661,14 @@ async fn immediate_plain(side: Side) -> Observed {
     wait_all_bound(&cluster, &claims).await;
     sidecar.assert_running();
     drop(sidecar);
-    observe(&cluster, &driver, &claims, driver.create_volume_requests()).await
+    observe(
+        &cluster,
+        &driver,
+        &claims,
+        &NO_SOURCES,
+        driver.create_volume_requests(),
+    )
+    .await
 }
 
 /// A scenario's topology keys: a zone and a rack (two keys, so that node affinity has two
@@ -639,7 +752,14 @@ async fn topology_immediate(side: Side) -> Observed {
     wait_all_bound(&cluster, &claims).await;
     sidecar.assert_running();
     drop(sidecar);
-    observe(&cluster, &driver, &claims, driver.create_volume_requests()).await
+    observe(
+        &cluster,
+        &driver,
+        &claims,
+        &NO_SOURCES,
+        driver.create_volume_requests(),
+    )
+    .await
 }
 
 /// Immediate claims in a class whose allowedTopologies name two of the three zones.
@@ -666,7 +786,14 @@ async fn allowed_topologies(side: Side) -> Observed {
     wait_all_bound(&cluster, &claims).await;
     sidecar.assert_running();
     drop(sidecar);
-    observe(&cluster, &driver, &claims, driver.create_volume_requests()).await
+    observe(
+        &cluster,
+        &driver,
+        &claims,
+        &NO_SOURCES,
+        driver.create_volume_requests(),
+    )
+    .await
 }
 
 /// `--strict-topology` and a WaitForFirstConsumer claim whose node was selected by hand.
@@ -692,7 +819,14 @@ async fn strict_wffc(side: Side) -> Observed {
     wait_all_bound(&cluster, &claims).await;
     sidecar.assert_running();
     drop(sidecar);
-    observe(&cluster, &driver, &claims, driver.create_volume_requests()).await
+    observe(
+        &cluster,
+        &driver,
+        &claims,
+        &NO_SOURCES,
+        driver.create_volume_requests(),
+    )
+    .await
 }
 
 /// WaitForFirstConsumer claims whose pods kube-scheduler puts on three different Nodes.
@@ -717,7 +851,14 @@ async fn wffc_several_nodes(side: Side) -> Observed {
     wait_all_bound(&cluster, &claims).await;
     sidecar.assert_running();
     drop(sidecar);
-    observe(&cluster, &driver, &claims, driver.create_volume_requests()).await
+    observe(
+        &cluster,
+        &driver,
+        &claims,
+        &NO_SOURCES,
+        driver.create_volume_requests(),
+    )
+    .await
 }
 
 /// ResourceExhausted on the selected node: `--strict-topology` allows only node-z1's zone,
@@ -762,9 +903,337 @@ async fn reschedule(side: Side) -> Observed {
         &cluster,
         &driver,
         &["data"],
+        &NO_SOURCES,
         driver.create_volume_requests(),
     )
     .await
+}
+
+// ------------------------------------------------------------------------------ clones and restores
+
+/// The source claims of the clone and restore scenarios (1Gi each) and their snapshots.
+const SOURCE_FS: &str = "src-fs";
+const SOURCE_BLOCK: &str = "src-block";
+const SNAPSHOT_FS: &str = "snap-fs";
+const SNAPSHOT_BLOCK: &str = "snap-block";
+
+/// A run of a clone or restore scenario: the reference driver (CLONE_VOLUME and snapshots, its
+/// `--request-log` gives the content source) without topology, the sidecar, and the bound
+/// source claims.
+struct SourceRun {
+    cluster: Cluster,
+    driver: Driver,
+    sidecar: Sidecar,
+    class: String,
+}
+
+async fn source_run(side: Side, prefix: &str) -> SourceRun {
+    support::control_plane_with_scheduler();
+    let cluster = Cluster::new(&format!("{prefix}-{}", side.label())).await;
+    let driver = Driver::start(&[]).await;
+    let class = cluster.class("sources", &driver, "Delete", &[]).await;
+    create_claim_with(
+        &cluster,
+        SOURCE_FS,
+        &class,
+        "1Gi",
+        &["ReadWriteOnce"],
+        None,
+        &[],
+    )
+    .await;
+    create_claim_with(
+        &cluster,
+        SOURCE_BLOCK,
+        &class,
+        "1Gi",
+        &["ReadWriteOnce"],
+        Some("Block"),
+        &[],
+    )
+    .await;
+    let sidecar = start_sidecar(side, &driver, &[]);
+    wait_all_bound(&cluster, &[SOURCE_FS, SOURCE_BLOCK]).await;
+    SourceRun {
+        cluster,
+        driver,
+        sidecar,
+        class,
+    }
+}
+
+/// Where a claim's content comes from: `dataSource` (the API server copies it to
+/// `dataSourceRef`) or only `dataSourceRef`, as a populator's claim names its kind.
+enum Origin<'a> {
+    DataSource {
+        api_group: Option<&'a str>,
+        kind: &'a str,
+        name: &'a str,
+    },
+    DataSourceRef {
+        api_group: &'a str,
+        kind: &'a str,
+        name: &'a str,
+    },
+}
+
+impl<'a> Origin<'a> {
+    fn claim(name: &'a str) -> Self {
+        Origin::DataSource {
+            api_group: None,
+            kind: "PersistentVolumeClaim",
+            name,
+        }
+    }
+
+    fn snapshot(name: &'a str) -> Self {
+        Origin::DataSource {
+            api_group: Some("snapshot.storage.k8s.io"),
+            kind: "VolumeSnapshot",
+            name,
+        }
+    }
+}
+
+/// A ReadWriteOnce claim of `size` in `class` whose content comes `from` a source.
+async fn create_claim_from(
+    run: &SourceRun,
+    name: &str,
+    size: &str,
+    volume_mode: Option<&str>,
+    from: Origin<'_>,
+) {
+    let mut pvc = claim(name, &run.class, size, volume_mode);
+    if let Some(spec) = pvc.spec.as_mut() {
+        match from {
+            Origin::DataSource {
+                api_group,
+                kind,
+                name,
+            } => {
+                spec.data_source = Some(TypedLocalObjectReference {
+                    api_group: api_group.map(str::to_owned),
+                    kind: kind.to_owned(),
+                    name: name.to_owned(),
+                });
+            }
+            Origin::DataSourceRef {
+                api_group,
+                kind,
+                name,
+            } => {
+                spec.data_source_ref = Some(TypedObjectReference {
+                    api_group: Some(api_group.to_owned()),
+                    kind: kind.to_owned(),
+                    name: name.to_owned(),
+                    namespace: None,
+                });
+            }
+        }
+    }
+    let created = create_claim(&run.cluster.claims, &pvc).await;
+    eprintln!(
+        "DEBUG created {name}: {:?} / {:?}",
+        created.spec.as_ref().unwrap().data_source,
+        created.spec.as_ref().unwrap().data_source_ref
+    );
+}
+
+/// Waits until the sidecar has said that it works on `claim` and then the event `reason`.
+async fn wait_refused(cluster: &Cluster, claim: &str, reason: &str) {
+    for reason in ["Provisioning", reason] {
+        wait_event(&cluster.client, cluster.ns(), claim, reason, |_| true).await;
+    }
+}
+
+/// Waits until the restores' provisioner finalizer is off `snapshots` (both sidecars take it
+/// off once the restored volume exists; a restore may have put it back just before).
+async fn wait_snapshots_released(cluster: &Cluster, snapshots: &[&str]) {
+    for name in snapshots {
+        support::eventually(
+            &format!("the provisioner's finalizer to be off VolumeSnapshot {name}"),
+            TIMEOUT,
+            || async {
+                let snapshot = cluster
+                    .snapshots()
+                    .get(name)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let finalizers = snapshot.metadata.finalizers.unwrap_or_default();
+                if finalizers
+                    .iter()
+                    .any(|f| f == SNAPSHOT_PROTECTION_FINALIZER)
+                {
+                    Err(format!("finalizers {finalizers:?}"))
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .await;
+    }
+}
+
+/// Clones of the bound source claims into an equal and a larger filesystem claim and into a
+/// block claim; refused: a smaller claim, another volume mode, a source claim that does not
+/// exist.
+async fn clones(side: Side) -> Observed {
+    let mut run = source_run(side, "diff-clone").await;
+    // As in [`restores`]: one source's clones one after another, upstream's protection of the
+    // source may conflict otherwise.
+    create_claim_from(&run, "clone-fs", "1Gi", None, Origin::claim(SOURCE_FS)).await;
+    wait_all_bound(&run.cluster, &["clone-fs"]).await;
+    create_claim_from(
+        &run,
+        "clone-fs-larger",
+        "2Gi",
+        None,
+        Origin::claim(SOURCE_FS),
+    )
+    .await;
+    create_claim_from(
+        &run,
+        "clone-block",
+        "1Gi",
+        Some("Block"),
+        Origin::claim(SOURCE_BLOCK),
+    )
+    .await;
+    create_claim_from(
+        &run,
+        "clone-smaller",
+        "512Mi",
+        None,
+        Origin::claim(SOURCE_FS),
+    )
+    .await;
+    create_claim_from(
+        &run,
+        "clone-fs-into-block",
+        "1Gi",
+        Some("Block"),
+        Origin::claim(SOURCE_FS),
+    )
+    .await;
+    create_claim_from(
+        &run,
+        "clone-missing",
+        "1Gi",
+        None,
+        Origin::claim("no-such-claim"),
+    )
+    .await;
+    let cluster = &run.cluster;
+    wait_all_bound(cluster, &["clone-fs-larger", "clone-block"]).await;
+    for refused in ["clone-smaller", "clone-fs-into-block", "clone-missing"] {
+        wait_refused(cluster, refused, "ProvisioningFailed").await;
+    }
+    run.sidecar.assert_running();
+    drop(run.sidecar);
+    let claims = [
+        SOURCE_FS,
+        SOURCE_BLOCK,
+        "clone-fs",
+        "clone-fs-larger",
+        "clone-block",
+        "clone-smaller",
+        "clone-fs-into-block",
+        "clone-missing",
+    ];
+    let sources = Sources {
+        claims: &[SOURCE_FS, SOURCE_BLOCK],
+        snapshots: &[],
+    };
+    let requests = run.driver.create_volume_requests();
+    observe(cluster, &run.driver, &claims, &sources, requests).await
+}
+
+/// Restores of VolumeSnapshots (taken through snapshot-controller and csi-snapshotter) into an
+/// equal and a larger filesystem claim and of a block snapshot into a block claim; refused: a
+/// smaller claim, a snapshot that does not exist, a VolumeSnapshot of another API group; and a
+/// populator's kind, left alone.
+async fn restores(side: Side) -> Observed {
+    let mut run = source_run(side, "diff-restore").await;
+    let snapshotter = Snapshotter::start(&run.driver);
+    let cluster = &run.cluster;
+    let snapshot_class = cluster.snapshot_class("snap", &run.driver).await;
+    for (snapshot, claim) in [(SNAPSHOT_FS, SOURCE_FS), (SNAPSHOT_BLOCK, SOURCE_BLOCK)] {
+        cluster
+            .take_snapshot(snapshot, claim, &snapshot_class, &snapshotter)
+            .await;
+    }
+    let from_fs = || Origin::snapshot(SNAPSHOT_FS);
+    // Upstream protects a source with an update of the object its cache holds: two first
+    // restores of one snapshot at once may conflict ("Operation cannot be fulfilled", a
+    // ProvisioningFailed event of one run only). One source's restores go one after another.
+    create_claim_from(&run, "restore-fs", "1Gi", None, from_fs()).await;
+    wait_all_bound(cluster, &["restore-fs"]).await;
+    create_claim_from(&run, "restore-fs-larger", "2Gi", None, from_fs()).await;
+    create_claim_from(
+        &run,
+        "restore-block",
+        "1Gi",
+        Some("Block"),
+        Origin::snapshot(SNAPSHOT_BLOCK),
+    )
+    .await;
+    create_claim_from(&run, "restore-smaller", "512Mi", None, from_fs()).await;
+    create_claim_from(
+        &run,
+        "restore-missing",
+        "1Gi",
+        None,
+        Origin::snapshot("no-such-snapshot"),
+    )
+    .await;
+    let wrong_group = Origin::DataSourceRef {
+        api_group: "wrong.example.com",
+        kind: "VolumeSnapshot",
+        name: SNAPSHOT_FS,
+    };
+    create_claim_from(&run, "restore-wrong-group", "1Gi", None, wrong_group).await;
+    let populator = Origin::DataSourceRef {
+        api_group: "populator.example.com",
+        kind: "Backup",
+        name: "nightly",
+    };
+    create_claim_from(&run, "populated", "1Gi", None, populator).await;
+    let restored = ["restore-fs-larger", "restore-block"];
+    wait_all_bound(cluster, &restored).await;
+    for refused in ["restore-smaller", "restore-missing", "restore-wrong-group"] {
+        wait_refused(cluster, refused, "ProvisioningFailed").await;
+    }
+    wait_event(
+        &cluster.client,
+        cluster.ns(),
+        "populated",
+        "Provisioning",
+        |m| m.contains("populator"),
+    )
+    .await;
+    wait_snapshots_released(cluster, &[SNAPSHOT_FS, SNAPSHOT_BLOCK]).await;
+    run.sidecar.assert_running();
+    snapshotter
+        .check_running()
+        .unwrap_or_else(|stopped| panic!("{stopped}"));
+    drop(run.sidecar);
+    let claims = [
+        SOURCE_FS,
+        SOURCE_BLOCK,
+        "restore-fs",
+        "restore-fs-larger",
+        "restore-block",
+        "restore-smaller",
+        "restore-missing",
+        "restore-wrong-group",
+        "populated",
+    ];
+    let sources = Sources {
+        claims: &[SOURCE_FS, SOURCE_BLOCK],
+        snapshots: &[SNAPSHOT_FS, SNAPSHOT_BLOCK],
+    };
+    let requests = run.driver.create_volume_requests();
+    observe(cluster, &run.driver, &claims, &sources, requests).await
 }
 
 // ------------------------------------------------------------------------------ tests
@@ -809,6 +1278,20 @@ async fn reschedule_after_resource_exhausted_matches_upstream() {
     let upstream = reschedule(Side::Upstream).await;
     let ours = reschedule(Side::Ours).await;
     compare("reschedule", &upstream, &ours);
+}
+
+#[tokio::test]
+async fn clones_match_upstream() {
+    let upstream = clones(Side::Upstream).await;
+    let ours = clones(Side::Ours).await;
+    compare("clones", &upstream, &ours);
+}
+
+#[tokio::test]
+async fn restores_match_upstream() {
+    let upstream = restores(Side::Upstream).await;
+    let ours = restores(Side::Ours).await;
+    compare("restores", &upstream, &ours);
 }
 
 #[test]

@@ -15,7 +15,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use nix::sys::signal::Signal;
 
-use support::cluster::{Cluster, driver_pvs, lease_holder, pv_name, wait_bound, wait_event};
+use support::cluster::{Cluster, driver_pvs, lease_holder, pv_name, wait_bound};
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, describe};
 
 /// Short lease timings so a failover takes seconds (flag validation: lease > renew > 1.2 × retry).
@@ -178,15 +178,8 @@ async fn first_sigterm_waits_for_the_create_volume_in_flight() {
     let class = cluster.class("class", &driver, "Delete", &[]).await;
     let created = cluster.claim("slow", &class).await;
 
-    // The Provisioning event is written right before CreateVolume, which then takes 2 s.
-    wait_event(
-        &cluster.client,
-        cluster.ns(),
-        "slow",
-        "Provisioning",
-        |_| true,
-    )
-    .await;
+    // CreateVolume takes 2 s once the driver has it.
+    driver.wait_create_received(&pv_name(&created)).await;
     sidecar.signal(Signal::SIGTERM);
     let signalled = Instant::now();
     let status = sidecar.wait_exit(TIMEOUT).await;
@@ -227,14 +220,7 @@ async fn second_signal_aborts_at_once() {
     let class = cluster.class("class", &driver, "Delete", &[]).await;
     let created = cluster.claim("stuck", &class).await;
 
-    wait_event(
-        &cluster.client,
-        cluster.ns(),
-        "stuck",
-        "Provisioning",
-        |_| true,
-    )
-    .await;
+    driver.wait_create_received(&pv_name(&created)).await;
     sidecar.signal(Signal::SIGTERM);
     support::eventually("the sidecar to start draining", TIMEOUT, || async {
         if sidecar.log().contains("shutting down") {

@@ -704,15 +704,8 @@ async fn claim_deleted_while_create_volume_is_in_flight_leaves_nothing() {
     let driver = Driver::start(&["--delay", "CreateVolume=3s"]).await;
     let mut sidecar = Sidecar::start_with(&driver, SidecarOptions::args(&FAST_RETRIES));
     let class = cluster.class("inflight", &driver, "Delete", &[]).await;
-    cluster.claim("gone", &class).await;
-    wait_event(
-        &cluster.client,
-        cluster.ns(),
-        "gone",
-        "Provisioning",
-        |_| true,
-    )
-    .await;
+    let created = cluster.claim("gone", &class).await;
+    driver.wait_create_received(&pv_name(&created)).await;
     cluster.delete_claim("gone").await;
 
     support::eventually("the delayed CreateVolume to finish", TIMEOUT, || async {

@@ -279,15 +279,28 @@ async fn provision_claim(
         return Ok(Outcome::RetryIn(left));
     }
     let grants = sources::reference_grants(ctx, pvc).await?;
-    let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps, &grants)?;
-    if ctx
-        .volumes
-        .get(&ObjectRef::new(&plan.volume_name))
-        .is_some()
+    let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps, &grants);
+    if let Ok(plan) = &plan
+        && ctx
+            .volumes
+            .get(&ObjectRef::new(&plan.volume_name))
+            .is_some()
         && pv_of_the_name_is_ours(ctx, pvc, &plan.volume_name).await?
     {
         return Ok(Outcome::Nothing);
     }
+    // Every attempt says so before anything about the claim is checked, as upstream's: a claim
+    // refused for its parameters, its source or a populator's kind shows it too.
+    ctx.events.publish(
+        &pvc.object_ref(&()),
+        EventType::Normal,
+        PROVISIONING,
+        &format!(
+            "External provisioner is provisioning volume for claim \"{}\"",
+            claim_key(pvc)
+        ),
+    );
+    let plan = plan?;
     let content_source = data_source(ctx, pvc, &class, &plan).await?;
     let requirements = match topology_requirements(ctx, pvc, &class, &plan).await {
         Ok(requirements) => requirements,
@@ -320,15 +333,6 @@ async fn provision_claim(
         secrets,
         ..recorded.request
     };
-    ctx.events.publish(
-        &pvc.object_ref(&()),
-        EventType::Normal,
-        PROVISIONING,
-        &format!(
-            "External provisioner is provisioning volume for claim \"{}\"",
-            claim_key(pvc)
-        ),
-    );
 
     let response = match create_volume(ctx, &plan.class_name, request.clone()).await {
         Ok(response) => response,
@@ -933,7 +937,7 @@ mod tests {
             "failed to record the operation in the journal: volume name {} is already taken by an operation of claim apps/other (uid uid-of-another-claim); no volume is created for this claim",
             claim_volume()
         );
-        assert_eq!(scenario.finish().await, [failed(&taken)]);
+        assert_eq!(scenario.finish().await, [provisioning(), failed(&taken)]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -1195,9 +1199,12 @@ mod tests {
         assert!(!in_flight(&scenario));
         assert_eq!(
             scenario.finish().await,
-            [failed(
-                "failed to record the operation in the journal: the journal did not store the operation within 50ms; CreateVolume is not sent until it does"
-            )]
+            [
+                provisioning(),
+                failed(
+                    "failed to record the operation in the journal: the journal did not store the operation within 50ms; CreateVolume is not sent until it does"
+                )
+            ]
         );
     }
 
@@ -1392,9 +1399,10 @@ mod tests {
             Action::await_change()
         );
         let events = scenario.finish().await;
-        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(events[0], provisioning());
         assert!(
-            events[0].starts_with(&failed("")) && events[0].contains("n3"),
+            events[1].starts_with(&failed("")) && events[1].contains("n3"),
             "{events:?}"
         );
     }
@@ -1408,9 +1416,12 @@ mod tests {
         );
         assert_eq!(
             scenario.finish().await,
-            [failed(
-                "the Node and CSINode watches have not listed yet, so the claim's topology is unknown (does the sidecar's RBAC grant list and watch on nodes and csinodes?)"
-            )]
+            [
+                provisioning(),
+                failed(
+                    "the Node and CSINode watches have not listed yet, so the claim's topology is unknown (does the sidecar's RBAC grant list and watch on nodes and csinodes?)"
+                )
+            ]
         );
     }
 
@@ -1544,9 +1555,12 @@ mod tests {
         assert!(!in_flight(&scenario));
         assert_eq!(
             scenario.finish().await,
-            [failed(
-                "error getting handle for DataSource Type PersistentVolumeClaim by Name src: the PVC DataSource src must have a status of Bound.  Got { [] map[] [] map[] map[] <nil> <nil>}"
-            )]
+            [
+                provisioning(),
+                failed(
+                    "error getting handle for DataSource Type PersistentVolumeClaim by Name src: the PVC DataSource src must have a status of Bound.  Got { [] map[] [] map[] map[] <nil> <nil>}"
+                )
+            ]
         );
     }
 
@@ -1680,9 +1694,10 @@ mod tests {
             Action::requeue(RETRY_START)
         );
         let events = scenario.finish().await;
-        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(events[0], provisioning());
         assert!(
-            events[0].starts_with(&failed("error getting handle for DataSource Type VolumeSnapshot by Name snap: error getting snapshot snap from api server: ")),
+            events[1].starts_with(&failed("error getting handle for DataSource Type VolumeSnapshot by Name snap: error getting snapshot snap from api server: ")),
             "{events:?}"
         );
     }
@@ -1731,9 +1746,12 @@ mod tests {
         assert!(!in_flight(&scenario));
         assert_eq!(
             scenario.finish().await,
-            [failed(
-                "accessing other/snap of VolumeSnapshot dataSource from apps/data isn't allowed"
-            )]
+            [
+                provisioning(),
+                failed(
+                    "accessing other/snap of VolumeSnapshot dataSource from apps/data isn't allowed"
+                )
+            ]
         );
     }
 

@@ -71,14 +71,20 @@ async fn clone_source(
 ) -> Result<csi::VolumeContentSource, SourceError> {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &source.namespace);
     let source_claim = claims.get(&source.name).await.map_err(|error| {
-        invalid(
-            source,
-            SourceProblem::ClaimRead {
-                source_name: source.name.clone(),
-                namespace: pvc.metadata.namespace.clone().unwrap_or_default(),
-                error: error.to_string(),
+        let source_name = source.name.clone();
+        let namespace = pvc.metadata.namespace.clone().unwrap_or_default();
+        let problem = match &error {
+            kube::Error::Api(status) if status.code == 404 => SourceProblem::ClaimMissing {
+                source_name,
+                namespace,
             },
-        )
+            _ => SourceProblem::ClaimRead {
+                source_name,
+                namespace,
+                error: go_error_text(&error),
+            },
+        };
+        invalid(source, problem)
     })?;
     let volume = check_clone_source(pvc, source, &source_claim)?;
     let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
@@ -205,10 +211,20 @@ fn invalid(source: &DataSource, problem: SourceProblem) -> SourceError {
 /// An API error's text; a resource the server does not serve at all says which CRD is
 /// missing, where the API server only says it "could not find the requested resource".
 fn api_error_text(error: &kube::Error, kind: &str) -> String {
+    let text = go_error_text(error);
     match error {
         kube::Error::Api(status) if status.code == 404 && status.details.is_none() => format!(
-            "{error} (the {kind} CRD of snapshot.storage.k8s.io/v1 is not installed in the cluster)"
+            "{text} (the {kind} CRD of snapshot.storage.k8s.io/v1 is not installed in the cluster)"
         ),
+        _ => text,
+    }
+}
+
+/// An error's text as upstream's Go client prints it: an API error is its Status message alone
+/// (kube's text adds the reason and the whole Status).
+fn go_error_text(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => status.message.clone(),
         _ => error.to_string(),
     }
 }

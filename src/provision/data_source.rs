@@ -78,6 +78,15 @@ pub enum SourceProblem {
         namespace: String,
         error: String,
     },
+    /// Upstream reads the source claim from its informer, whose miss reads so.
+    #[error(
+        "error getting PVC {source_name} (namespace {namespace:?}) from api server: persistentvolumeclaim \"{source_name}\" not found"
+    )]
+    ClaimMissing {
+        source_name: String,
+        /// The new claim's namespace, as upstream names it.
+        namespace: String,
+    },
     #[error("the PVC DataSource {source_name} must have a status of Bound.  Got {status}")]
     ClaimNotBound { source_name: String, status: String },
     #[error("the PVC DataSource {0} is currently being deleted")]

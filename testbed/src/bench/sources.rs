@@ -35,6 +35,8 @@ const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
 const SNAPSHOT_CLASS: &str = "csi-bench-snapshots";
 const SOURCE_CLAIM: &str = "source";
 const SNAPSHOT: &str = "source-snapshot";
+/// Both sidecars' default `--retry-interval-max`.
+const RETRY_INTERVAL_MAX: Duration = Duration::from_secs(300);
 /// Creating the snapshot and the content, and CreateSnapshot, take a few seconds on 2 shared
 /// cores; this is far more.
 const SNAPSHOT_READY_LIMIT: Duration = Duration::from_secs(120);
@@ -119,7 +121,9 @@ pub async fn data_sources(
         .wait_quiet(QUIET, Duration::from_secs(60), say)
         .await?;
 
-    let limit = Duration::from_secs_f64(180.0 + n as f64 * 0.5);
+    // A claim whose source update keeps conflicting backs off up to both sidecars' default
+    // `--retry-interval-max` (5 minutes) between attempts: a run must outlast one such wait.
+    let limit = Duration::from_secs_f64(180.0 + n as f64 * 0.5) + RETRY_INTERVAL_MAX;
     let mut bound_before = 1;
     for phase in [Phase::Restore, Phase::Clone] {
         let names = api::numbered(phase.prefix(), n);

@@ -124,6 +124,9 @@ pub async fn data_sources(
     // A claim whose source update keeps conflicting backs off up to both sidecars' default
     // `--retry-interval-max` (5 minutes) between attempts: a run must outlast one such wait.
     let limit = Duration::from_secs_f64(180.0 + n as f64 * 0.5) + RETRY_INTERVAL_MAX;
+    // Recorded only once the check at the end has passed.
+    let mut samples = Vec::new();
+    let mut requests = Vec::new();
     let mut bound_before = 1;
     for phase in [Phase::Restore, Phase::Clone] {
         let names = api::numbered(phase.prefix(), n);
@@ -162,12 +165,8 @@ pub async fn data_sources(
         let cpu = sidecar.now(b.ticks).cpu_secs - cpu_before;
         let writes = delta.sidecar_writes() / n as f64;
         let [m_bound, m_writes, m_cpu] = phase.metrics();
-        results.sample(m_bound, Some(imp), round, to_bound);
-        results.sample(m_writes, Some(imp), round, writes);
-        results.sample(m_cpu, Some(imp), round, cpu);
-        results
-            .requests
-            .extend(request_rows(&delta, "i", imp, round, phase.prefix(), n));
+        samples.extend([(m_bound, to_bound), (m_writes, writes), (m_cpu, cpu)]);
+        requests.extend(request_rows(&delta, "i", imp, round, phase.prefix(), n));
         say(format!(
             "{}: all Bound {to_bound:.1}s, {writes:.2} sidecar writes per volume, CPU {cpu:.2}s",
             phase.prefix()
@@ -175,7 +174,7 @@ pub async fn data_sources(
         bound_before = want;
     }
     let peak = sidecar.now(b.ticks).hwm_mib();
-    results.sample(stats::I_PEAK_RSS, Some(imp), round, peak);
+    samples.push((stats::I_PEAK_RSS, peak));
     sidecar.stop().await;
     let sources = proc::driver_volume_sources(driver.state_dir())?;
     driver.stop().await;
@@ -189,6 +188,10 @@ pub async fn data_sources(
         step: format!("{tag}: content sources of the volumes"),
         detail,
     })?;
+    for (metric, value) in samples {
+        results.sample(metric, Some(imp), round, value);
+    }
+    results.requests.extend(requests);
     say(format!(
         "done: every restore from {snapshot_handle}, every clone from the source's volume; \
          peak RSS {peak:.0} MiB"

@@ -11,6 +11,7 @@ mod plot;
 mod proc;
 mod report;
 mod scenarios;
+mod sources;
 mod stats;
 mod wffc;
 
@@ -59,6 +60,7 @@ pub enum Scenario {
     F,
     G,
     H,
+    I,
     Chaos,
 }
 
@@ -105,6 +107,8 @@ pub struct Sizes {
     pub chaos: usize,
     /// (h): pods, one claim each, over `wffc::NODES` Nodes.
     pub wffc_pods: usize,
+    /// (i): claims restored from one snapshot, and as many cloned from one claim.
+    pub sources: usize,
 }
 
 impl Sizes {
@@ -118,6 +122,7 @@ impl Sizes {
                 steady_window: Duration::from_secs(5),
                 chaos: 40,
                 wffc_pods: 100,
+                sources: 50,
             },
             Size::Full => Sizes {
                 claims_a: 1_000,
@@ -127,6 +132,7 @@ impl Sizes {
                 steady_window: Duration::from_secs(20),
                 chaos: 200,
                 wffc_pods: 500,
+                sources: 200,
             },
         }
     }
@@ -207,6 +213,7 @@ async fn run_all(args: BenchArgs) -> Result<ExitCode, BenchError> {
         Scenario::F,
         Scenario::G,
         Scenario::H,
+        Scenario::I,
         Scenario::Chaos,
     ];
     let selected: BTreeSet<Scenario> = if args.only.is_empty() {
@@ -315,6 +322,34 @@ async fn run_all(args: BenchArgs) -> Result<ExitCode, BenchError> {
                 let t = Begin::now("h", Some(imp), round);
                 let outcome = wffc::wait_for_first_consumer(&bench, imp, round, &mut results).await;
                 t.end(&bench, &mut results, outcome);
+            }
+        }
+    }
+    if has(Scenario::I) {
+        let prepared = tokio::task::spawn_blocking(sources::prepare)
+            .await
+            .map_err(|e| BenchError::Step {
+                step: "preparing the snapshot programs".into(),
+                detail: e.to_string(),
+            })
+            .and_then(|built| built);
+        match prepared {
+            Ok(binaries) => {
+                for round in 1..=rounds {
+                    for imp in Impl::BOTH {
+                        let t = Begin::now("i", Some(imp), round);
+                        let outcome =
+                            sources::data_sources(&bench, &binaries, imp, round, &mut results)
+                                .await;
+                        t.end(&bench, &mut results, outcome);
+                    }
+                }
+            }
+            Err(e) => {
+                bench.say(format!("(i) setup failed: {e}"));
+                results
+                    .unavailable
+                    .push(("i", format!("setup failed: {e}")));
             }
         }
     }
@@ -432,7 +467,8 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
             "control plane",
             "a fresh one (etcd, kube-apiserver, kube-controller-manager with --kube-api-qps 1000 \
              --kube-api-burst 2000, API Priority and Fairness off; docs/control-plane.md) for every \
-             run of (a), (b), (f), (g) and (h) (with kube-scheduler in (h)), so no run inherits another's objects or caches; one for \
+             run of (a), (b), (f), (g), (h) and (i) (with kube-scheduler in (h), with the snapshot \
+             CRDs, snapshot-controller and csi-snapshotter in (i)), so no run inherits another's objects or caches; one for \
              all runs of (d), whose objects the sidecars only read"
                 .to_owned(),
         ),
@@ -445,7 +481,7 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
         (
             "flags",
             "both sidecars get exactly `--csi-address=<socket> --kubeconfig=<admin kubeconfig> \
-             --v=0`, plus `--kube-api-qps=500 --kube-api-burst=1000` in (b) and (h), and \
+             --v=0`, plus `--kube-api-qps=500 --kube-api-burst=1000` in (b), (h) and (i), and \
              `--leader-election --leader-election-namespace=default` in (f); everything else is \
              each one's default (upstream: QPS 5, burst 10, 100 workers)"
                 .to_owned(),
@@ -531,6 +567,28 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
                 nodes = wffc::NODES,
                 zones = wffc::ZONES,
                 n = s.wffc_pods
+            ),
+        ),
+        (
+            "(i)",
+            format!(
+                "the snapshot machinery of external-snapshotter (its CRDs, snapshot-controller, \
+                 csi-snapshotter for the driver; docs/control-plane.md) runs beside the sidecar; \
+                 the driver serves CLONE_VOLUME and snapshots. After the warm-up claim, one source \
+                 claim is provisioned and one VolumeSnapshot of it (in a VolumeSnapshotClass of \
+                 the driver, both created through the API) becomes readyToUse; nothing of that is \
+                 counted. Then {n} claims with `dataSource` that VolumeSnapshot are created at \
+                 once, and once they are Bound and the API writes have stopped, {n} claims with \
+                 `dataSource` the source claim. Per phase: time from the first create until a \
+                 watch has seen the last claim Bound; sidecar writes per volume as in (e) (the \
+                 snapshot programs' writes, if any, count as the sidecar's: they have no request \
+                 metrics to subtract); CPU until no API write for 3 s. Both sidecars run with their \
+                 cloning protection and ours also with its snapshot sweeper (both on by default). \
+                 Every run ends with a check in the driver's state that each restored volume was \
+                 created from the snapshot's handle, each clone from the source claim's volume, \
+                 and that there are exactly one PV and one driver volume per claim, and fails \
+                 otherwise",
+                n = s.sources
             ),
         ),
         (

@@ -5,7 +5,7 @@
 //! plane's do: a Ctrl-C reaches only the benchmark, which stops them, and if the benchmark dies
 //! the kernel kills them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -243,10 +243,19 @@ pub fn driver_volume_count(state_dir: &Path) -> Result<usize, BenchError> {
 
 /// The ids of the volumes the reference driver holds (the keys of `volumes` in its state file).
 pub fn driver_volume_ids(state_dir: &Path) -> Result<BTreeSet<String>, BenchError> {
+    Ok(driver_volume_sources(state_dir)?.into_keys().collect())
+}
+
+/// Each volume the reference driver holds, by id, with the content source its durable record
+/// names (`source` in docs/reference-driver.md's state layout: `{"snapshot": id}` or
+/// `{"volume": id}`; `None` for an empty volume).
+pub fn driver_volume_sources(
+    state_dir: &Path,
+) -> Result<BTreeMap<String, Option<serde_json::Value>>, BenchError> {
     let path = state_dir.join("state.json");
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeSet::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
         Err(source) => {
             return Err(BenchError::Io {
                 what: format!("reading {}", path.display()),
@@ -261,7 +270,15 @@ pub fn driver_volume_ids(state_dir: &Path) -> Result<BTreeSet<String>, BenchErro
     Ok(state
         .get("volumes")
         .and_then(serde_json::Value::as_object)
-        .map(|volumes| volumes.keys().cloned().collect())
+        .map(|volumes| {
+            volumes
+                .iter()
+                .map(|(id, record)| {
+                    let source = record.get("source").filter(|s| !s.is_null()).cloned();
+                    (id.clone(), source)
+                })
+                .collect()
+        })
         .unwrap_or_default())
 }
 
@@ -299,13 +316,19 @@ mod tests {
         );
         std::fs::write(
             dir.path().join("state.json"),
-            r#"{"version":1,"volumes":{"vol-1":{},"vol-2":{}},"snapshots":{}}"#,
+            r#"{"version":1,"volumes":{"vol-1":{},"vol-2":{"source":{"snapshot":"snap-1"}}},"snapshots":{}}"#,
         )
         .expect("write");
         assert_eq!(driver_volume_count(dir.path()).expect("count"), 2);
         assert_eq!(
             driver_volume_ids(dir.path()).expect("ids"),
             BTreeSet::from(["vol-1".to_owned(), "vol-2".to_owned()])
+        );
+        let sources = driver_volume_sources(dir.path()).expect("sources");
+        assert_eq!(sources.get("vol-1"), Some(&None));
+        assert_eq!(
+            sources.get("vol-2"),
+            Some(&Some(serde_json::json!({"snapshot": "snap-1"})))
         );
     }
 }

@@ -301,7 +301,11 @@ pub fn markdown(results: &Results, ctx: &Context<'_>, notes: Option<&str>) -> St
         }
     }
 
-    for (scenario, title) in [("e", "default QPS"), ("e_fast", "QPS 500 / burst 1000")] {
+    for (scenario, title) in [
+        ("e", "default QPS"),
+        ("e_fast", "QPS 500 / burst 1000"),
+        ("i", "data sources (i), QPS 500 / burst 1000"),
+    ] {
         let table = requests_table(&results.requests, scenario);
         if !table.is_empty() {
             let _ = writeln!(
@@ -309,8 +313,8 @@ pub fn markdown(results: &Results, ctx: &Context<'_>, notes: Option<&str>) -> St
                 "\n## API requests per volume, {title} (apiserver side, all clients)\n\n\
                  Counted from `apiserver_request_total` between the phases' start and the moment \
                  the apiserver saw no more writes; includes the controller manager's binding \
-                 work and the benchmark client's own create/delete of each claim (one write each). \
-                 Leases and watches are left out.\n\n{table}"
+                 work and the benchmark client's own create (and delete, in (e)) of each claim \
+                 (one write each). Leases and watches are left out.\n\n{table}"
             );
         }
     }

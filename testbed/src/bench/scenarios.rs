@@ -139,6 +139,11 @@ impl Driver {
         &self.state
     }
 
+    /// Its CSI socket, for a peer such as csi-snapshotter.
+    pub fn socket(&self) -> &std::path::Path {
+        &self.socket
+    }
+
     /// Replaces the driver's fault rules through its control file (docs/reference-driver.md),
     /// written to a temporary file and renamed so the driver never reads half of it.
     pub fn set_faults(&self, rules: &str) -> Result<(), BenchError> {

@@ -313,6 +313,56 @@ pub const H_PEAK_RSS: Metric = metric(
     Target::None,
 );
 
+pub const I_RESTORE_BOUND: Metric = metric(
+    "i_restore_time_to_bound",
+    "i",
+    "data sources: restores from one snapshot created → all Bound, QPS 500",
+    "s",
+    Target::RatioAtMost(1.0),
+);
+pub const I_CLONE_BOUND: Metric = metric(
+    "i_clone_time_to_bound",
+    "i",
+    "data sources: clones of one claim created → all Bound, QPS 500",
+    "s",
+    Target::RatioAtMost(1.0),
+);
+pub const I_RESTORE_WRITES: Metric = metric(
+    "i_restore_writes_per_volume",
+    "i",
+    "data sources: sidecar API writes per restored volume",
+    "",
+    Target::RatioAtMost(1.0),
+);
+pub const I_CLONE_WRITES: Metric = metric(
+    "i_clone_writes_per_volume",
+    "i",
+    "data sources: sidecar API writes per cloned volume",
+    "",
+    Target::RatioAtMost(1.0),
+);
+pub const I_RESTORE_CPU: Metric = metric(
+    "i_restore_cpu",
+    "i",
+    "data sources: CPU while restoring",
+    "s",
+    Target::None,
+);
+pub const I_CLONE_CPU: Metric = metric(
+    "i_clone_cpu",
+    "i",
+    "data sources: CPU while cloning",
+    "s",
+    Target::None,
+);
+pub const I_PEAK_RSS: Metric = metric(
+    "i_peak_rss",
+    "i",
+    "peak RSS, data sources (restores, then clones)",
+    "MiB",
+    Target::None,
+);
+
 pub const CHAOS_LEAKS: Metric = metric(
     "chaos_leaked_volumes",
     "chaos",
@@ -329,7 +379,7 @@ pub const CHAOS_UNBOUND: Metric = metric(
 );
 
 /// Every metric in report order.
-pub const METRICS: [Metric; 42] = [
+pub const METRICS: [Metric; 49] = [
     A_BOUND,
     A_PVS,
     A_RATE,
@@ -366,6 +416,13 @@ pub const METRICS: [Metric; 42] = [
     H_SCHEDULED,
     H_CPU,
     H_PEAK_RSS,
+    I_RESTORE_BOUND,
+    I_CLONE_BOUND,
+    I_RESTORE_WRITES,
+    I_CLONE_WRITES,
+    I_RESTORE_CPU,
+    I_CLONE_CPU,
+    I_PEAK_RSS,
     B_OF_G,
     B_OF_G_UPSTREAM,
     B_BOUND_OF_G,

@@ -280,11 +280,7 @@ async fn a_clone_whose_claim_is_deleted_mid_flight_leaks_nothing() {
         }
     })
     .await;
-    let Some(source) = cluster.get_claim("src").await else {
-        std::fs::write("/tmp/ds-clone.log", sidecar.log()).ok();
-        std::fs::write("/tmp/ds-bystander.log", bystander_sidecar.log()).ok();
-        panic!("the source is held");
-    };
+    let source = cluster.get_claim("src").await.expect("the source is held");
     assert!(source.metadata.deletion_timestamp.is_some());
 
     driver.set_faults("fault CreateVolume/volume=after:deadline-exceeded:2\n");

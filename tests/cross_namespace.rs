@@ -247,3 +247,37 @@ async fn sources_in_another_namespace_need_the_crd_and_a_grant() {
     )
     .await;
 }
+
+/// kube-apiserver keeps `dataSourceRef.namespace` (its gate is on), the sidecar runs without
+/// the gate: the claim is refused with upstream's text and nothing is sent to the driver.
+#[tokio::test]
+async fn bad_input_a_source_in_another_namespace_without_the_gate() {
+    support::control_plane_with_apiserver_flags(&[GATE]);
+    let source = Cluster::new("xns-nogate-src").await;
+    let target = Cluster::new("xns-nogate-dst").await;
+    let driver = Driver::start(&[]).await;
+    let class = source.class("c", &driver, "Delete", &[]).await;
+    let mut sidecar = Sidecar::start(&driver, &[RETRY_MAX]);
+    source.claim("src", &class).await;
+    wait_bound(&source.claims, "src").await;
+
+    let clone = create_claim(
+        &target.claims,
+        &from_other_namespace("clone", &class, CLAIMS, source.ns(), "src"),
+    )
+    .await;
+    wait_event(
+        &target.client,
+        target.ns(),
+        "clone",
+        "ProvisioningFailed",
+        |message| {
+            message
+                == "dataSourceRef namespace specified but the CrossNamespaceVolumeDataSource feature is disabled"
+        },
+    )
+    .await;
+    assert!(creates_of(&driver, &pv_name(&clone)).is_empty());
+    assert_eq!(driver.volume_count(), 1, "only the source's volume");
+    sidecar.assert_running();
+}

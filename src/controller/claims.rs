@@ -1507,6 +1507,17 @@ mod tests {
         Ok(response)
     }
 
+    /// CreateVolume from the source's volume `vol-src`, answered with the clone.
+    fn cloned() -> Step {
+        create_volume(
+            CreateVolumeCall {
+                content_source: from_volume("vol-src"),
+                ..expected_create()
+            },
+            created_from(from_volume("vol-src")),
+        )
+    }
+
     fn clone_claim() -> PvcBuilder {
         claim().data_source(None, "PersistentVolumeClaim", "src")
     }
@@ -1523,13 +1534,7 @@ mod tests {
                     .echo(200),
                 secret_read(),
                 record_written(),
-                create_volume(
-                    CreateVolumeCall {
-                        content_source: from_volume("vol-src"),
-                        ..expected_create()
-                    },
-                    created_from(from_volume("vol-src")),
-                ),
+                cloned(),
                 pv_created(),
                 record_removed(),
             ])
@@ -1603,18 +1608,7 @@ mod tests {
         // The source may be gone by now: nothing of it is read, the recorded request is sent.
         let scenario = cluster()
             .journaled(recorded)
-            .start([
-                secret_read(),
-                create_volume(
-                    CreateVolumeCall {
-                        content_source: from_volume("vol-src"),
-                        ..expected_create()
-                    },
-                    created_from(from_volume("vol-src")),
-                ),
-                pv_created(),
-                record_removed(),
-            ])
+            .start([secret_read(), cloned(), pv_created(), record_removed()])
             .await;
         assert_eq!(
             reconcile(&scenario, clone_claim().build()).await,

@@ -120,6 +120,10 @@ pub enum Step {
         expected: csi::DeleteVolumeRequest,
         answer: Result<(), Status>,
     },
+    GetCapacity {
+        expected: csi::GetCapacityRequest,
+        answer: Result<csi::GetCapacityResponse, Status>,
+    },
 }
 
 impl fmt::Display for Step {
@@ -129,6 +133,9 @@ impl fmt::Display for Step {
             Step::CreateVolume { expected, .. } => write!(f, "CreateVolume {}", expected.name),
             Step::DeleteVolume { expected, .. } => {
                 write!(f, "DeleteVolume {}", expected.volume_id)
+            }
+            Step::GetCapacity { expected, .. } => {
+                write!(f, "GetCapacity {:?}", expected.accessible_topology)
             }
         }
     }
@@ -739,6 +746,20 @@ impl CsiController for ScriptedDriver {
                 answer
                     .map(|()| csi::DeleteVolumeResponse {})
                     .map_err(CallError::from)
+            }
+            step => panic!("the driver got {got}, the scenario expected {step}"),
+        }
+    }
+
+    async fn get_capacity(
+        &self,
+        request: csi::GetCapacityRequest,
+    ) -> Result<csi::GetCapacityResponse, CallError> {
+        let got = format!("GetCapacity {:?}", request.accessible_topology);
+        match self.script.next(&got) {
+            Step::GetCapacity { expected, answer } => {
+                assert_eq!(request, expected, "{got}");
+                answer.map_err(CallError::from)
             }
             step => panic!("the driver got {got}, the scenario expected {step}"),
         }

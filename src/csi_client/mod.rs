@@ -116,6 +116,12 @@ pub trait CsiController: Send + Sync {
         &self,
         request: DeleteVolumeRequest,
     ) -> Result<DeleteVolumeResponse, CallError>;
+
+    /// Controller.GetCapacity (capacity tracking and the node-mode ownership check).
+    async fn get_capacity(
+        &self,
+        request: GetCapacityRequest,
+    ) -> Result<GetCapacityResponse, CallError>;
 }
 
 /// A connection to the CSI driver. Cheap to clone; clones share the connection.
@@ -438,5 +444,12 @@ impl CsiController for CsiClient {
         request: DeleteVolumeRequest,
     ) -> Result<DeleteVolumeResponse, CallError> {
         CsiClient::delete_volume(self, request).await
+    }
+
+    async fn get_capacity(
+        &self,
+        request: GetCapacityRequest,
+    ) -> Result<GetCapacityResponse, CallError> {
+        CsiClient::get_capacity(self, request).await
     }
 }

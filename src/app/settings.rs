@@ -67,6 +67,7 @@ pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppEr
             strict: args.topology.strict_topology,
             immediate: args.topology.immediate_topology,
         },
+        node: None,
     })
 }
 

@@ -48,6 +48,23 @@ pub struct Settings {
     pub draining: bool,
     /// `--strict-topology` and `--immediate-topology`.
     pub topology: TopologyFlags,
+    /// `--node-deployment`: this sidecar serves one node only.
+    pub node: Option<NodeDeployment>,
+}
+
+/// `--node-deployment`: the node this sidecar runs on, as `NODE_NAME` names it and the
+/// driver's NodeGetInfo describes it, and how it competes for Immediate claims.
+#[derive(Debug, Clone)]
+pub struct NodeDeployment {
+    /// `NODE_NAME`.
+    pub name: String,
+    /// NodeGetInfo's `accessible_topology` segments; empty when the driver reports none.
+    pub segment: std::collections::BTreeMap<String, String>,
+    /// `--node-deployment-immediate-binding`.
+    pub immediate_binding: bool,
+    /// `--node-deployment-base-delay` and `--node-deployment-max-delay`.
+    pub base_delay: Duration,
+    pub max_delay: Duration,
 }
 
 /// `--strict-topology` and `--immediate-topology`; they act only when `caps.topology`.

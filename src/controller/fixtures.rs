@@ -532,6 +532,7 @@ impl Cluster {
                 strict: false,
                 immediate: true,
             },
+            node: None,
         };
         let journal = bounded(Journal::load(
             client.clone(),

@@ -47,7 +47,7 @@ use crate::provision::claim_class_name;
 use claims::ClaimReconciler;
 use clone_protection::CloneProtection;
 use context::{Context, FencedDriver, Stores};
-pub use context::{Settings, TopologyFlags};
+pub use context::{NodeDeployment, Settings, TopologyFlags};
 use events::EventRecorder;
 use volumes::VolumeReconciler;
 

@@ -23,7 +23,9 @@ use csi_provisioner::provision::SNAPSHOT_PROTECTION_FINALIZER;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::core::v1::{TopologySelectorLabelRequirement, TopologySelectorTerm};
 use k8s_openapi::api::core::v1::{TypedLocalObjectReference, TypedObjectReference};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSIStorageCapacity, StorageClass};
+use kube::Api;
+use kube::api::ListParams;
 use serde_json::{Value, json};
 
 use support::cluster::{
@@ -87,6 +89,9 @@ struct Observed {
     pvs: BTreeMap<String, Value>,
     claims: BTreeMap<String, Value>,
     sources: BTreeMap<String, Value>,
+    /// The CSIStorageCapacity objects published (by class and segment); empty without
+    /// `--enable-capacity`.
+    capacities: BTreeMap<String, Value>,
 }
 
 impl Observed {
@@ -95,6 +100,9 @@ impl Observed {
         // Only where there are sources: the other scenarios' tables stay as they were.
         if !self.sources.is_empty() {
             value["sources"] = json!(self.sources);
+        }
+        if !self.capacities.is_empty() {
+            value["capacities"] = json!(self.capacities);
         }
         value
     }
@@ -324,6 +332,7 @@ async fn observe(
             .map(|(k, v)| (k.clone(), normaliser.apply(v)))
             .collect(),
         sources: observed_sources,
+        capacities: BTreeMap::new(),
     }
 }
 
@@ -1236,6 +1245,219 @@ async fn restores(side: Side) -> Observed {
     observe(cluster, &run.driver, &claims, &sources, requests).await
 }
 
+// ------------------------------------------------------------------------------ capacity
+
+const CAPACITY_DRIVER_LABEL: &str = "csi.storage.k8s.io/drivername";
+
+/// The CSIStorageCapacity objects of `driver` in the scenario's namespace, keyed by managed-by
+/// label, class and segment (a duplicate gets `#2`), as compared: everything but the name the
+/// server generated, the UID and the resourceVersion.
+async fn capacity_objects(cluster: &Cluster, driver: &str) -> BTreeMap<String, Value> {
+    let api: Api<CSIStorageCapacity> = Api::namespaced(cluster.client.clone(), cluster.ns());
+    let listed = api
+        .list(&ListParams::default().labels(&format!("{CAPACITY_DRIVER_LABEL}={driver}")))
+        .await
+        .unwrap_or_else(|e| panic!("list CSIStorageCapacities: {e}"));
+    let mut objects = BTreeMap::new();
+    for object in listed.items {
+        let labels = object.metadata.labels.clone().unwrap_or_default();
+        let segment: Vec<String> = object
+            .node_topology
+            .as_ref()
+            .and_then(|selector| selector.match_labels.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(key, value)| format!("{key}={value}"))
+            .collect();
+        let base = format!(
+            "{} {} [{}]",
+            labels
+                .get("csi.storage.k8s.io/managed-by")
+                .map_or("-", String::as_str),
+            object.storage_class_name,
+            segment.join(",")
+        );
+        let mut key = base.clone();
+        let mut copy = 1;
+        while objects.contains_key(&key) {
+            copy += 1;
+            key = format!("{base}#{copy}");
+        }
+        let owners: Vec<Value> = object
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|owner| {
+                json!({"apiVersion": owner.api_version, "kind": owner.kind, "name": owner.name,
+                       "controller": owner.controller, "blockOwnerDeletion": owner.block_owner_deletion})
+            })
+            .collect();
+        objects.insert(
+            key,
+            json!({
+                "generateName": object.metadata.generate_name,
+                "labels": labels,
+                "ownerReferences": owners,
+                "storageClassName": object.storage_class_name,
+                "nodeTopology": object.node_topology,
+                "capacity": object.capacity,
+                "maximumVolumeSize": object.maximum_volume_size,
+            }),
+        );
+    }
+    objects
+}
+
+/// Waits until the published objects are `expected` many and `settled` accepts them.
+async fn wait_capacities(
+    cluster: &Cluster,
+    driver: &str,
+    expected: usize,
+    settled: impl Fn(&BTreeMap<String, Value>) -> bool,
+) -> BTreeMap<String, Value> {
+    support::eventually(
+        &format!("{expected} CSIStorageCapacity objects of {driver}"),
+        TIMEOUT,
+        || async {
+            let objects = capacity_objects(cluster, driver).await;
+            if objects.len() == expected && settled(&objects) {
+                Ok(objects)
+            } else {
+                Err(format!("{objects:#?}"))
+            }
+        },
+    )
+    .await
+}
+
+/// Central capacity tracking: three zones whose driver reports different capacities (one
+/// zone full), two WaitForFirstConsumer classes (one with parameters) and an Immediate class
+/// (not published without `--capacity-for-immediate-binding`), no owner.
+async fn capacity_central(side: Side) -> Observed {
+    let keys = Keys::of("capacity");
+    let (cluster, topology) = scheduling_cluster(&format!("diff-capacity-{}", side.label())).await;
+    let driver = zone_driver(&keys, &ZONES, &[("z1", "10Gi"), ("z2", "3Mi"), ("z3", "0")]).await;
+    zone_nodes(&topology, &driver, &keys, &ZONES).await;
+    topology.wffc_class("fast", driver.name()).await;
+    let slow = format!("{}-slow", cluster.ns());
+    let class = class_with(&slow, &driver, "Delete", &[("tier", "slow")], |c| {
+        c.volume_binding_mode = Some("WaitForFirstConsumer".to_owned());
+    });
+    create_class(&cluster.client, &class).await;
+    cluster.class("immediate", &driver, "Delete", &[]).await;
+    let mut options = SidecarOptions::args(&FAST_RETRIES);
+    options.args.extend(
+        [
+            "--enable-capacity",
+            "--capacity-ownerref-level=-1",
+            "--capacity-poll-interval=2s",
+        ]
+        .map(str::to_owned),
+    );
+    options.env.push(("NAMESPACE", cluster.ns().to_owned()));
+    let mut sidecar = match side {
+        Side::Upstream => Sidecar::start_upstream(&driver, options),
+        Side::Ours => Sidecar::start_with(&driver, options),
+    };
+    let objects = wait_capacities(&cluster, driver.name(), ZONES.len() * 2, |objects| {
+        objects.values().all(|object| !object["capacity"].is_null())
+    })
+    .await;
+    sidecar.assert_running();
+    drop(sidecar);
+    let mut observed = observe(&cluster, &driver, &[], &NO_SOURCES, Vec::new()).await;
+    let normaliser = Normaliser::new(cluster.ns(), driver.name());
+    observed.capacities = objects
+        .iter()
+        .map(|(key, object)| (normaliser.replace(key), normaliser.apply(object)))
+        .collect();
+    observed
+}
+
+/// `--node-deployment` with `--enable-capacity`: two Nodes, each with its own driver
+/// instance (the node's own segment) and its own sidecar; a WaitForFirstConsumer claim per
+/// node whose pod kube-scheduler puts there. Compared: each instance's CreateVolume request,
+/// the PVs, and each node's capacity object after the provisioning refreshed it.
+async fn node_mode(side: Side) -> Observed {
+    let key = "node.diff.example/node";
+    let (cluster, topology) = scheduling_cluster(&format!("diff-node-{}", side.label())).await;
+    let nodes = [topology.node_name("n1"), topology.node_name("n2")];
+    let first = Driver::start(&[
+        "--node-id",
+        &nodes[0],
+        "--topology",
+        &format!("{key}={}", nodes[0]),
+        "--capacity=10Gi",
+    ])
+    .await;
+    let second = first
+        .twin(&[
+            "--node-id",
+            &nodes[1],
+            "--topology",
+            &format!("{key}={}", nodes[1]),
+            "--capacity=10Gi",
+        ])
+        .await;
+    for (suffix, node) in ["n1", "n2"].iter().zip(&nodes) {
+        topology.create_node(suffix, &[(key, node.as_str())]).await;
+        topology
+            .create_csi_node(node, first.name(), node, &[key])
+            .await;
+    }
+    let class = topology.wffc_class("local", first.name()).await;
+    let sidecars: Vec<Sidecar> = [&first, &second]
+        .iter()
+        .zip(&nodes)
+        .map(|(driver, node)| {
+            let mut options = SidecarOptions::args(&FAST_RETRIES);
+            options.args.extend(
+                [
+                    "--node-deployment",
+                    "--enable-capacity",
+                    "--capacity-ownerref-level=-1",
+                    "--capacity-poll-interval=10m",
+                ]
+                .map(str::to_owned),
+            );
+            options.env.push(("NODE_NAME", node.clone()));
+            options.env.push(("NAMESPACE", cluster.ns().to_owned()));
+            match side {
+                Side::Upstream => Sidecar::start_upstream(*driver, options),
+                Side::Ours => Sidecar::start_with(*driver, options),
+            }
+        })
+        .collect();
+    let claims = ["vol-n1", "vol-n2"];
+    for (claim, node) in claims.iter().zip(&nodes) {
+        cluster.claim(claim, &class).await;
+        topology
+            .create_pod(&format!("app-{claim}"), &[*claim], &[(key, node.as_str())])
+            .await;
+    }
+    wait_all_bound(&cluster, &claims).await;
+    // Each node's object shows the claim of 1 GiB taken from its 10 GiB.
+    let objects = wait_capacities(&cluster, first.name(), nodes.len(), |objects| {
+        objects
+            .values()
+            .all(|object| object["capacity"] == json!("9Gi"))
+    })
+    .await;
+    for mut sidecar in sidecars {
+        sidecar.assert_running();
+    }
+    let mut requests = first.create_volume_requests();
+    requests.extend(second.create_volume_requests());
+    let mut observed = observe(&cluster, &first, &claims, &NO_SOURCES, requests).await;
+    let normaliser = Normaliser::new(cluster.ns(), first.name());
+    observed.capacities = objects
+        .iter()
+        .map(|(key, object)| (normaliser.replace(key), normaliser.apply(object)))
+        .collect();
+    observed
+}
+
 // ------------------------------------------------------------------------------ tests
 
 #[tokio::test]
@@ -1292,6 +1514,20 @@ async fn restores_match_upstream() {
     let upstream = restores(Side::Upstream).await;
     let ours = restores(Side::Ours).await;
     compare("restores", &upstream, &ours);
+}
+
+#[tokio::test]
+async fn capacity_objects_match_upstream() {
+    let upstream = capacity_central(Side::Upstream).await;
+    let ours = capacity_central(Side::Ours).await;
+    compare("capacity-central", &upstream, &ours);
+}
+
+#[tokio::test]
+async fn node_deployment_matches_upstream() {
+    let upstream = node_mode(Side::Upstream).await;
+    let ours = node_mode(Side::Ours).await;
+    compare("node-mode", &upstream, &ours);
 }
 
 #[test]

@@ -26,6 +26,7 @@ use super::actions::{
 use super::cache::CachedClaim;
 use super::context::Context;
 use super::events::EventType;
+use super::ownership;
 use super::sources::{self, SourceError};
 use crate::csi;
 use crate::csi_client::{CallError, ErrorClass};
@@ -34,7 +35,8 @@ use crate::provision::{
     ClaimWork, CreateResponseError, DecisionError, ExistingPv, NodeVerdict, ProvisionError,
     ProvisionPlan, RescheduleCause, TopologyError, TopologyInputs, accessibility_requirements,
     build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
-    drain_claim_work, existing_pv, names_may_collide, needs_finalizer, node_verdict,
+    drain_claim_work, existing_pv, has_operation_in_flight, names_may_collide, needs_finalizer,
+    node_claim_work, node_verdict,
     plan_provision, pv_is_for_claim, reschedule_patch, selected_node, topology_missing,
 };
 
@@ -222,6 +224,8 @@ enum Work {
     ReleaseFinalizer,
     Provision(Arc<StorageClass>),
     Refuse(DecisionError),
+    /// Node mode: compete for an Immediate claim no node owns yet (`ownership`).
+    BecomeOwner(Arc<StorageClass>),
 }
 
 /// The claim and its work, or `None` (and its failure count forgotten) if it has none now.
@@ -233,7 +237,7 @@ fn triage(cached: &CachedClaim, ctx: &Context) -> Option<(PersistentVolumeClaim,
     let class = ctx.classes.get(&ObjectRef::new(claim_class_name(&pvc)));
     let registry = ctx.journal.registry();
     let in_flight = |volume: &str| registry.contains(volume);
-    let work = if ctx.draining {
+    let mut work = if ctx.draining {
         drain_claim_work(&pvc, class, &ctx.config, in_flight)
     } else {
         claim_work(
@@ -244,19 +248,28 @@ fn triage(cached: &CachedClaim, ctx: &Context) -> Option<(PersistentVolumeClaim,
             in_flight,
         )
     };
+    if let Some(node) = ctx.node_scope() {
+        let in_flight = has_operation_in_flight(&pvc, &ctx.config, in_flight);
+        work = node_claim_work(work, &pvc, &node, in_flight);
+    }
+    let uid = pvc.uid().unwrap_or_default();
     let work = match work {
         ClaimWork::ReleaseFinalizer => Work::ReleaseFinalizer,
         ClaimWork::Provision(class) => Work::Provision(class),
         ClaimWork::Refuse(error) => Work::Refuse(error),
+        ClaimWork::BecomeOwner(class) => return Some((pvc, Work::BecomeOwner(class))),
         ClaimWork::Nothing(reason) => {
             if let Some(reason) = reason {
                 debug!(claim = %claim_key(&pvc), %reason, "not provisioning");
             }
             debug!(claim = %claim_key(&pvc), "nothing to do");
-            ctx.claim_backoff().forget(&pvc.uid().unwrap_or_default());
+            ctx.claim_backoff().forget(&uid);
+            ctx.races().forget(&uid);
             return None;
         }
     };
+    // Node mode: a race this node was in is over once the claim has other work.
+    ctx.races().forget(&uid);
     Some((pvc, work))
 }
 
@@ -271,6 +284,11 @@ async fn provision_claim(
             return Ok(Outcome::Nothing);
         }
         Work::Refuse(error) => return Err(error.into()),
+        Work::BecomeOwner(class) => {
+            return Ok(ownership::compete(pvc, &class, ctx)
+                .await
+                .map_or(Outcome::Nothing, Outcome::RetryIn));
+        }
         Work::Provision(class) => class,
     };
     let uid = pvc.uid().unwrap_or_default();

@@ -25,7 +25,7 @@ use crate::csi_client::CallError;
 use crate::provision::{
     AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
     check_detached, deletion_secret_from_class, deletion_target, may_delete_pv_first,
-    pv_finalizer_action, should_delete, volume_has_work,
+    pv_finalizer_action, should_delete, volume_has_work, volume_on_node,
 };
 
 #[derive(Debug, Error)]
@@ -127,7 +127,11 @@ fn triage(cached: &CachedVolume, ctx: &Context) -> Option<PersistentVolume> {
         .to_volume()
         .inspect_err(|error| error!(%error, "not reconciling"))
         .ok()?;
-    if volume_has_work(&pv, &ctx.config.driver_name) {
+    // Node mode: another node's PV is left alone, silently (its own sidecar deletes it).
+    let on_this_node = ctx
+        .node_scope()
+        .is_none_or(|node| volume_on_node(&pv, &ctx.config.driver_name, &node));
+    if on_this_node && volume_has_work(&pv, &ctx.config.driver_name) {
         Some(pv)
     } else {
         ctx.volume_backoff().forget(&pv.name_any());

@@ -31,7 +31,12 @@ pub(super) async fn node_deployment(
         .map(|topology| topology.segments.into_iter().collect())
         .unwrap_or_default();
     check_node_exists(client, &name).await?;
-    info!(node = name, node_id = reply.node_id, ?segment, "node deployment: serving this node only");
+    info!(
+        node = name,
+        node_id = reply.node_id,
+        ?segment,
+        "node deployment: serving this node only"
+    );
     Ok(Some(NodeDeployment {
         name,
         segment,

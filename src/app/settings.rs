@@ -5,8 +5,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use super::error::AppError;
 use crate::config::{Args, ConsistencyDefault, Gate};
 use crate::controller::{NodeDeployment, Settings, TopologyFlags};
-use crate::journal::JournalScope;
 use crate::csi_client::DriverInfo;
+use crate::journal::JournalScope;
 use crate::leader;
 use crate::provision::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
 
@@ -34,8 +34,7 @@ pub(super) fn settings(
         i32::try_from(provision.volume_name_uuid_length).map_err(|_| AppError::UuidLength)?;
     let hostname = leader::sanitize_name(&hostname());
     let node_name = node.as_ref().map(|node| node.name.as_str());
-    let identity =
-        provisioner_identity(unix_millis(), random_below_10000(), &info.name, node_name);
+    let identity = provisioner_identity(unix_millis(), random_below_10000(), &info.name, node_name);
     let journal_scope = JournalScope::new(&leader::lease_name(&info.name), node_name);
     Ok(Settings {
         config: ProvisionerConfig {

@@ -69,7 +69,10 @@ mod tests {
     #[test]
     fn node_name_is_required_only_in_node_mode() {
         assert_eq!(args(false).node_name(None), Ok(None));
-        assert_eq!(args(true).node_name(Some("n1".into())), Ok(Some("n1".into())));
+        assert_eq!(
+            args(true).node_name(Some("n1".into())),
+            Ok(Some("n1".into()))
+        );
         for missing in [None, Some(String::new())] {
             let error = args(true).node_name(missing).unwrap_err();
             assert_eq!(

@@ -34,16 +34,17 @@ use tokio::task::JoinHandle;
 use tonic::Status;
 use tower_test::mock;
 
+use super::context::NodeDeployment;
 use super::context::{Context, FencedDriver, Settings, Stores, TopologyFlags};
 use super::events::EventRecorder;
 use super::grants::GrantCache;
-use super::context::NodeDeployment;
 use super::topology::{TopologyCache, TopologyView};
 use crate::csi;
 use crate::csi_client::{CallError, CsiController};
 use crate::fence::LeaseFence;
 use crate::journal::{
-    DRIVER_LABEL, Journal, JournalScope, Operation, OperationRecord, ProvisioningJournal, ProvisioningJournalSpec,
+    DRIVER_LABEL, Journal, JournalScope, Operation, OperationRecord, ProvisioningJournal,
+    ProvisioningJournalSpec,
 };
 use crate::kube_client::RateLimitLayer;
 use crate::metrics::Metrics;

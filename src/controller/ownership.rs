@@ -11,7 +11,9 @@
 //! `--timeout` (A12) and works for a driver without topology (A13).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -137,7 +139,10 @@ pub(super) async fn compete(
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
     let patch = Patch::Merge(select_node_patch(pvc, &node.name));
-    match api.patch(&pvc.name_any(), &PatchParams::default(), &patch).await {
+    match api
+        .patch(&pvc.name_any(), &PatchParams::default(), &patch)
+        .await
+    {
         Ok(_) => {
             ctx.races().forget(&uid);
             info!(claim = %claim_key(pvc), node = node.name, "selected this node for the claim");
@@ -233,7 +238,10 @@ mod tests {
         let uid = pvc.uid().unwrap();
         let mut races = Races::default();
         let start = Instant::now();
-        assert_eq!(races.wait(&pvc, start, fixed), Some(Duration::from_secs(10)));
+        assert_eq!(
+            races.wait(&pvc, start, fixed),
+            Some(Duration::from_secs(10))
+        );
         assert_eq!(
             races.wait(&pvc, start + Duration::from_secs(4), fixed),
             Some(Duration::from_secs(6))

@@ -62,7 +62,6 @@ pub enum NotOwner {
     ImmediateBindingOff,
 }
 
-
 impl fmt::Display for SkipReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -96,7 +96,9 @@ pub fn node_claim_work<C: Deref<Target = StorageClass>>(
     match work {
         ClaimWork::Provision(class) => match check_node(pvc, &class, node) {
             Ownership::Owner => ClaimWork::Provision(class),
-            Ownership::NotOwner(reason) => ClaimWork::Nothing(Some(SkipReason::NotThisNode(reason))),
+            Ownership::NotOwner(reason) => {
+                ClaimWork::Nothing(Some(SkipReason::NotThisNode(reason)))
+            }
             Ownership::Compete => ClaimWork::BecomeOwner(class),
         },
         ClaimWork::Refuse(error) if selected == Some(node.name) => ClaimWork::Refuse(error),
@@ -238,7 +240,11 @@ pub fn volume_on_node(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>)
         }
         _ => spec
             .and_then(|spec| spec.csi.as_ref())
-            .and_then(|csi| csi.volume_attributes.as_ref()?.get(PROVISIONER_IDENTITY_KEY))
+            .and_then(|csi| {
+                csi.volume_attributes
+                    .as_ref()?
+                    .get(PROVISIONER_IDENTITY_KEY)
+            })
             .is_some_and(|identity| identity_node(identity, driver) == Some(node.name)),
     }
 }
@@ -421,15 +427,25 @@ mod tests {
             false,
         );
         assert_eq!(refused, "provision", "a selector is refused by the plan");
-        let no_class = ours().class("gone").annotation(ANN_SELECTED_NODE, NODE).build();
+        let no_class = ours()
+            .class("gone")
+            .annotation(ANN_SELECTED_NODE, NODE)
+            .build();
         let segment = segment();
-        let work = claim_work(&no_class, None::<&StorageClass>, &config(), false, |_| false);
+        let work = claim_work(&no_class, None::<&StorageClass>, &config(), false, |_| {
+            false
+        });
         assert!(matches!(
             node_claim_work(work, &no_class, &scope(&segment), false),
             ClaimWork::Refuse(DecisionError::StorageClassNotFound(_))
         ));
-        let elsewhere = ours().class("gone").annotation(ANN_SELECTED_NODE, "node-a").build();
-        let work = claim_work(&elsewhere, None::<&StorageClass>, &config(), false, |_| false);
+        let elsewhere = ours()
+            .class("gone")
+            .annotation(ANN_SELECTED_NODE, "node-a")
+            .build();
+        let work = claim_work(&elsewhere, None::<&StorageClass>, &config(), false, |_| {
+            false
+        });
         assert!(matches!(
             node_claim_work(work, &elsewhere, &scope(&segment), false),
             ClaimWork::Nothing(_)
@@ -509,8 +525,7 @@ mod tests {
         let pvc = ours().build();
         let plan = plan_for(&pvc, &class);
         let requirements = requirements(&class, false).unwrap();
-        let CapacityCheck::Ask { needed, requests } =
-            capacity_check(&plan, requirements.as_ref())
+        let CapacityCheck::Ask { needed, requests } = capacity_check(&plan, requirements.as_ref())
         else {
             panic!("a claim with a size asks");
         };
@@ -544,16 +559,14 @@ mod tests {
     #[test]
     fn allowed_topologies_without_this_node_make_it_no_owner() {
         let mut class = immediate();
-        class.allowed_topologies = Some(vec![
-            k8s_openapi::api::core::v1::TopologySelectorTerm {
-                match_label_expressions: Some(vec![
-                    k8s_openapi::api::core::v1::TopologySelectorLabelRequirement {
-                        key: "example.com/node".into(),
-                        values: vec!["node-a".into()],
-                    },
-                ]),
-            },
-        ]);
+        class.allowed_topologies = Some(vec![k8s_openapi::api::core::v1::TopologySelectorTerm {
+            match_label_expressions: Some(vec![
+                k8s_openapi::api::core::v1::TopologySelectorLabelRequirement {
+                    key: "example.com/node".into(),
+                    values: vec!["node-a".into()],
+                },
+            ]),
+        }]);
         assert!(requirements(&class, false).is_err());
         assert!(requirements(&class, true).is_err());
     }
@@ -588,7 +601,10 @@ mod tests {
         assert_eq!(view.csinode_keys("node-a"), None);
         assert_eq!(view.node_labels(NODE), Some(segment()));
         assert_eq!(view.node_labels("node-a"), None);
-        assert_eq!(view.node_segments(&["example.com/node".into()]), vec![segment()]);
+        assert_eq!(
+            view.node_segments(&["example.com/node".into()]),
+            vec![segment()]
+        );
         assert!(view.node_segments(&["zone".into()]).is_empty());
         let bare = SingleNode {
             name: NODE.into(),
@@ -630,11 +646,31 @@ mod tests {
     fn a_pv_is_deleted_by_the_node_its_affinity_names() {
         let segment = segment();
         let node = scope(&segment);
-        assert!(volume_on_node(&pv_on("In", "example.com/node", &[NODE]), DRIVER, &node));
-        assert!(!volume_on_node(&pv_on("In", "example.com/node", &["node-a"]), DRIVER, &node));
-        assert!(volume_on_node(&pv_on("NotIn", "example.com/node", &["node-a"]), DRIVER, &node));
-        assert!(!volume_on_node(&pv_on("In", "zone", &["z1"]), DRIVER, &node));
-        assert!(volume_on_node(&pv_on("Exists", "example.com/node", &[]), DRIVER, &node));
+        assert!(volume_on_node(
+            &pv_on("In", "example.com/node", &[NODE]),
+            DRIVER,
+            &node
+        ));
+        assert!(!volume_on_node(
+            &pv_on("In", "example.com/node", &["node-a"]),
+            DRIVER,
+            &node
+        ));
+        assert!(volume_on_node(
+            &pv_on("NotIn", "example.com/node", &["node-a"]),
+            DRIVER,
+            &node
+        ));
+        assert!(!volume_on_node(
+            &pv_on("In", "zone", &["z1"]),
+            DRIVER,
+            &node
+        ));
+        assert!(volume_on_node(
+            &pv_on("Exists", "example.com/node", &[]),
+            DRIVER,
+            &node
+        ));
         // An affinity on another node's segment wins over an identity naming this node.
         let mislabelled = with_identity(
             pv_on("In", "example.com/node", &["node-a"]),
@@ -648,7 +684,10 @@ mod tests {
         let segment = segment();
         let node = scope(&segment);
         let bare = || PvBuilder::new().build();
-        assert!(!volume_on_node(&bare(), DRIVER, &node), "no identity: no node's");
+        assert!(
+            !volume_on_node(&bare(), DRIVER, &node),
+            "no identity: no node's"
+        );
         let mine = with_identity(bare(), &format!("1700000000000-42-{DRIVER}-{NODE}"));
         assert!(volume_on_node(&mine, DRIVER, &node));
         let theirs = with_identity(bare(), &format!("1700000000000-42-{DRIVER}-node-a"));

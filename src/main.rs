@@ -21,6 +21,14 @@ fn main() -> ExitCode {
 
 async fn run() -> ExitCode {
     let args = Args::parse_flags();
+    // Before `--version`, as upstream.
+    if let Err(error) = args
+        .node_deployment
+        .node_name(std::env::var("NODE_NAME").ok())
+    {
+        eprintln!("csi-provisioner: {error}");
+        return ExitCode::FAILURE;
+    }
     if args.version {
         println!(
             "{}",

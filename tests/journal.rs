@@ -54,6 +54,7 @@ impl Cluster {
             args,
             metrics,
             hostname: None,
+            env: Vec::new(),
         }
     }
 

@@ -60,6 +60,7 @@ async fn ten_thousand_operations_in_flight_keep_every_shard_small_and_provisioni
         ],
         metrics: false,
         hostname: None,
+        env: Vec::new(),
     };
     let mut sidecar = Sidecar::start_with(&driver, options);
     let class = cluster.class("scale", &driver, "Delete", &[]).await;

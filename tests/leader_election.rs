@@ -62,6 +62,7 @@ async fn one_replica_leads_and_hands_over_on_sigterm() {
             SidecarOptions {
                 args: leader_args(ns),
                 hostname: Some(host.to_owned()),
+                env: Vec::new(),
                 ..SidecarOptions::default()
             },
         )
@@ -281,6 +282,7 @@ async fn a_leader_paused_past_its_lease_sends_nothing_when_it_wakes_up() {
             SidecarOptions {
                 args,
                 hostname: Some(host.to_owned()),
+                env: Vec::new(),
                 ..SidecarOptions::default()
             },
         )

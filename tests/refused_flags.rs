@@ -42,13 +42,11 @@ fn flags_whose_behaviour_is_not_built_are_refused() {
     // One line per flag, so every one to remove is named at once.
     assert_eq!(
         refused(&[
-            "--node-deployment",
             "--enable-pprof",
             "--vmodule=foo=2",
             "--log-text-split-stream",
         ]),
         vec![
-            "--node-deployment is not supported yet (node deployment is not built); remove the flag",
             "--enable-pprof is not supported yet (profiling endpoints are not built); remove the flag",
             "--vmodule is not supported yet (per-module verbosity is not built); remove the flag",
             "--log-text-split-stream is not supported yet (split log streams are not built); remove the flag",

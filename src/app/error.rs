@@ -28,6 +28,16 @@ pub enum AppError {
     #[error(transparent)]
     KubeClient(KubeClientError),
     #[error(transparent)]
+    NodeName(crate::config::ConfigError),
+    #[error("Failed to get node info from CSI driver: {0}")]
+    NodeInfo(#[source] csi_client::CallError),
+    /// Ours: upstream starts and serves a node that does not exist (nothing is ever selected
+    /// for it, and its PVs' affinity names a node no pod can run on).
+    #[error(
+        "--node-deployment: NODE_NAME is {node:?}, but the cluster has no Node of that name (set NODE_NAME from the pod's spec.nodeName)"
+    )]
+    NodeNotFound { node: String },
+    #[error(transparent)]
     Http(HttpError),
     #[error("--volume-name-uuid-length: out of range")]
     UuidLength,

@@ -7,6 +7,7 @@
 mod driver;
 mod error;
 mod lease;
+mod node;
 mod server;
 mod settings;
 
@@ -70,7 +71,8 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
     )
     .await?;
 
-    let settings = settings::settings(&args, &info)?;
+    let node = node::node_deployment(&args.node_deployment, &driver, &clients.client).await?;
+    let settings = settings::settings(&args, &info, node)?;
     let driver: Arc<dyn CsiController> = Arc::new(driver);
     let elector = if leader_election {
         let config = LeaderConfig::from_args(&args.leader, &info.name).map_err(AppError::Leader)?;

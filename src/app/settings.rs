@@ -4,14 +4,20 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::error::AppError;
 use crate::config::{Args, ConsistencyDefault, Gate};
-use crate::controller::{Settings, TopologyFlags};
+use crate::controller::{NodeDeployment, Settings, TopologyFlags};
 use crate::csi_client::DriverInfo;
+use crate::journal::JournalScope;
 use crate::leader;
 use crate::provision::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
 
 const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
 
-pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppError> {
+/// `node`: the node of `--node-deployment` (`app::node`), `None` otherwise.
+pub(super) fn settings(
+    args: &Args,
+    info: &DriverInfo,
+    node: Option<NodeDeployment>,
+) -> Result<Settings, AppError> {
     let gates = args.feature_gates();
     let caps = DriverCapabilities {
         controller_service: info.supports_controller_service(),
@@ -27,7 +33,9 @@ pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppEr
     let uuid_length =
         i32::try_from(provision.volume_name_uuid_length).map_err(|_| AppError::UuidLength)?;
     let hostname = leader::sanitize_name(&hostname());
-    let identity = provisioner_identity(unix_millis(), random_below_10000(), &info.name, None);
+    let node_name = node.as_ref().map(|node| node.name.as_str());
+    let identity = provisioner_identity(unix_millis(), random_below_10000(), &info.name, node_name);
+    let journal_scope = JournalScope::new(&leader::lease_name(&info.name), node_name);
     Ok(Settings {
         config: ProvisionerConfig {
             driver_name: info.name.clone(),
@@ -60,14 +68,14 @@ pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppEr
                 .ok()
                 .as_deref(),
         ),
-        journal_base_name: leader::lease_name(&info.name),
+        journal_scope,
         journal_timeout: args.driver.timeout,
         draining: controller.drain,
         topology: TopologyFlags {
             strict: args.topology.strict_topology,
             immediate: args.topology.immediate_topology,
         },
-        node: None,
+        node,
     })
 }
 

@@ -29,6 +29,10 @@ pub enum ConfigError {
         flag: &'static str,
         missing: &'static str,
     },
+    /// Upstream's fatal text, which names a flag that does not exist (`--node-deployment` is
+    /// meant).
+    #[error("The NODE_NAME environment variable must be set when using --enable-node-deployment.")]
+    NodeNameMissing,
     #[error(
         "--feature-gates={gate}=true is not supported yet ({missing}); remove it or set {gate}=false"
     )]

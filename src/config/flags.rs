@@ -57,7 +57,6 @@ const fn ours(name: &'static str, status: FlagStatus) -> FlagInfo {
 }
 
 const CAPACITY: FlagStatus = FlagStatus::Refused("capacity tracking is not built");
-const NODE_DEPLOYMENT: FlagStatus = FlagStatus::Refused("node deployment is not built");
 const SPLIT_LOGS: FlagStatus = FlagStatus::Refused("split log streams are not built");
 
 /// Every flag with its status; docs/flags.md must agree (checked by a test).
@@ -87,10 +86,10 @@ pub const FLAGS: &[FlagInfo] = {
         up("capacity-threads", CAPACITY),
         up("kube-api-capacity-qps", CAPACITY),
         up("kube-api-capacity-burst", CAPACITY),
-        up("node-deployment", NODE_DEPLOYMENT),
-        up("node-deployment-immediate-binding", NODE_DEPLOYMENT),
-        up("node-deployment-base-delay", NODE_DEPLOYMENT),
-        up("node-deployment-max-delay", NODE_DEPLOYMENT),
+        up("node-deployment", Different),
+        up("node-deployment-immediate-binding", Different),
+        up("node-deployment-base-delay", Same),
+        up("node-deployment-max-delay", Same),
         up("leader-election", Different),
         up("leader-election-namespace", Same),
         up("leader-election-lease-duration", Same),

@@ -23,7 +23,7 @@ use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 use k8s_openapi::api::core::v1::{
     CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimStatus, PersistentVolumeSpec, PersistentVolumeStatus,
+    PersistentVolumeClaimStatus, PersistentVolumeSpec, PersistentVolumeStatus, VolumeNodeAffinity,
 };
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -35,7 +35,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use crate::provision::Attachment;
+use crate::provision::{Attachment, PROVISIONER_IDENTITY_KEY};
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
@@ -112,6 +112,9 @@ struct CachedVolumeSpec {
     persistent_volume_reclaim_policy: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     storage_class_name: Option<String>,
+    /// Node mode decides by it which node deletes the PV (`provision::volume_on_node`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    node_affinity: Option<VolumeNodeAffinity>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -121,6 +124,23 @@ struct CachedCsiSource {
     driver: String,
     #[serde(default)]
     volume_handle: String,
+    /// Only the provisioner identity, which names the node that created a PV in node mode;
+    /// the other attributes (the driver's own, often many) are dropped while parsing.
+    #[serde(
+        default,
+        deserialize_with = "identity_only",
+        skip_serializing_if = "Option::is_none"
+    )]
+    volume_attributes: Option<BTreeMap<String, String>>,
+}
+
+fn identity_only<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<BTreeMap<String, String>>, D::Error> {
+    let attributes = Option::<BTreeMap<String, String>>::deserialize(deserializer)?;
+    Ok(attributes
+        .and_then(|mut attributes| attributes.remove_entry(PROVISIONER_IDENTITY_KEY))
+        .map(|entry| BTreeMap::from([entry])))
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -146,10 +166,12 @@ impl CachedVolume {
                 csi: spec.csi.map(|csi| CSIPersistentVolumeSource {
                     driver: csi.driver,
                     volume_handle: csi.volume_handle,
+                    volume_attributes: csi.volume_attributes,
                     ..CSIPersistentVolumeSource::default()
                 }),
                 persistent_volume_reclaim_policy: spec.persistent_volume_reclaim_policy,
                 storage_class_name: spec.storage_class_name,
+                node_affinity: spec.node_affinity,
                 ..PersistentVolumeSpec::default()
             }),
             status: status.map(|status| PersistentVolumeStatus {

@@ -26,6 +26,7 @@ use super::actions::{
 use super::cache::CachedClaim;
 use super::context::Context;
 use super::events::EventType;
+use super::ownership;
 use super::sources::{self, SourceError};
 use crate::csi;
 use crate::csi_client::{CallError, ErrorClass};
@@ -34,8 +35,9 @@ use crate::provision::{
     ClaimWork, CreateResponseError, DecisionError, ExistingPv, NodeVerdict, ProvisionError,
     ProvisionPlan, RescheduleCause, TopologyError, TopologyInputs, accessibility_requirements,
     build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
-    drain_claim_work, existing_pv, names_may_collide, needs_finalizer, node_verdict,
-    plan_provision, pv_is_for_claim, reschedule_patch, selected_node, topology_missing,
+    drain_claim_work, existing_pv, has_operation_in_flight, names_may_collide, needs_finalizer,
+    node_claim_work, node_verdict, plan_provision, pv_is_for_claim, reschedule_patch,
+    selected_node, topology_missing,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -222,6 +224,8 @@ enum Work {
     ReleaseFinalizer,
     Provision(Arc<StorageClass>),
     Refuse(DecisionError),
+    /// Node mode: compete for an Immediate claim no node owns yet (`ownership`).
+    BecomeOwner(Arc<StorageClass>),
 }
 
 /// The claim and its work, or `None` (and its failure count forgotten) if it has none now.
@@ -233,7 +237,7 @@ fn triage(cached: &CachedClaim, ctx: &Context) -> Option<(PersistentVolumeClaim,
     let class = ctx.classes.get(&ObjectRef::new(claim_class_name(&pvc)));
     let registry = ctx.journal.registry();
     let in_flight = |volume: &str| registry.contains(volume);
-    let work = if ctx.draining {
+    let mut work = if ctx.draining {
         drain_claim_work(&pvc, class, &ctx.config, in_flight)
     } else {
         claim_work(
@@ -244,19 +248,28 @@ fn triage(cached: &CachedClaim, ctx: &Context) -> Option<(PersistentVolumeClaim,
             in_flight,
         )
     };
+    if let Some(node) = ctx.node_scope() {
+        let in_flight = has_operation_in_flight(&pvc, &ctx.config, in_flight);
+        work = node_claim_work(work, &pvc, &node, in_flight);
+    }
+    let uid = pvc.uid().unwrap_or_default();
     let work = match work {
         ClaimWork::ReleaseFinalizer => Work::ReleaseFinalizer,
         ClaimWork::Provision(class) => Work::Provision(class),
         ClaimWork::Refuse(error) => Work::Refuse(error),
+        ClaimWork::BecomeOwner(class) => return Some((pvc, Work::BecomeOwner(class))),
         ClaimWork::Nothing(reason) => {
             if let Some(reason) = reason {
                 debug!(claim = %claim_key(&pvc), %reason, "not provisioning");
             }
             debug!(claim = %claim_key(&pvc), "nothing to do");
-            ctx.claim_backoff().forget(&pvc.uid().unwrap_or_default());
+            ctx.claim_backoff().forget(&uid);
+            ctx.races().forget(&uid);
             return None;
         }
     };
+    // Node mode: a race this node was in is over once the claim has other work.
+    ctx.races().forget(&uid);
     Some((pvc, work))
 }
 
@@ -271,6 +284,11 @@ async fn provision_claim(
             return Ok(Outcome::Nothing);
         }
         Work::Refuse(error) => return Err(error.into()),
+        Work::BecomeOwner(class) => {
+            return Ok(ownership::compete(pvc, &class, ctx)
+                .await
+                .map_or(Outcome::Nothing, Outcome::RetryIn));
+        }
         Work::Provision(class) => class,
     };
     let uid = pvc.uid().unwrap_or_default();
@@ -1817,5 +1835,268 @@ mod tests {
                 succeeded()
             ]
         );
+    }
+
+    // ------------------------------------------------------------------ node deployment
+
+    const NODE: &str = "node-b";
+    const NODE_KEY: &str = "example.com/node";
+
+    /// `--node-deployment` on node-b, whose driver's segment is `example.com/node=node-b`;
+    /// class `standard` as above, and class `now` with Immediate binding.
+    fn node_b() -> Cluster {
+        cluster()
+            .class(
+                ClassBuilder::new()
+                    .name("now")
+                    .binding_mode("Immediate")
+                    .parameter("type", "fast")
+                    .build(),
+            )
+            .node_mode(NODE, &[(NODE_KEY, NODE)])
+            .claim(immediate_claim().build())
+    }
+
+    fn node_b_segment() -> Vec<csi::Topology> {
+        vec![csi::Topology {
+            segments: strings(&[(NODE_KEY, NODE)]),
+        }]
+    }
+
+    /// An Immediate claim (class `now`) no node owns yet.
+    fn immediate_claim() -> PvcBuilder {
+        claim().class("now")
+    }
+
+    fn capacity_asked(available: i64) -> Step {
+        let pvc = immediate_claim().build();
+        let class = ClassBuilder::new()
+            .name("now")
+            .binding_mode("Immediate")
+            .build();
+        let caps = crate::provision::DriverCapabilities {
+            topology: true,
+            ..crate::provision::fixtures::caps()
+        };
+        let plan = crate::provision::plan_provision(
+            &pvc,
+            &class,
+            &crate::provision::fixtures::config(),
+            &caps,
+            &[],
+        )
+        .expect("a plan");
+        Step::GetCapacity {
+            expected: csi::GetCapacityRequest {
+                volume_capabilities: plan.volume_capabilities,
+                parameters: strings(&[("type", "fast")]),
+                accessible_topology: node_b_segment().pop(),
+            },
+            answer: Ok(csi::GetCapacityResponse {
+                available_capacity: available,
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn node_selected(status: u16) -> Step {
+        let call = patch(CLAIM_PATH).body(json!({"metadata": {
+            "resourceVersion": "7",
+            "annotations": {"volume.kubernetes.io/selected-node": NODE},
+        }}));
+        if status == 200 {
+            call.answer(
+                200,
+                immediate_claim()
+                    .annotation(ANN_SELECTED_NODE, NODE)
+                    .build(),
+            )
+        } else {
+            call.refuse(status, "Conflict")
+        }
+    }
+
+    /// The wait of a requeue, within `range` (kube-runtime's `Action` shows it only in its
+    /// `Debug`, as `Duration`'s).
+    fn waits(action: &Action, range: std::ops::RangeInclusive<Duration>) -> Duration {
+        let shown = format!("{action:?}");
+        let wait = shown
+            .split_once("Some(")
+            .and_then(|(_, rest)| rest.split_once(')'))
+            .and_then(|(duration, _)| {
+                let unit = duration.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
+                let number: f64 = duration.strip_suffix(unit)?.parse().ok()?;
+                let seconds = match unit {
+                    "s" => number,
+                    "ms" => number / 1e3,
+                    "µs" => number / 1e6,
+                    "ns" => number / 1e9,
+                    _ => return None,
+                };
+                Some(Duration::from_secs_f64(seconds))
+            })
+            .unwrap_or_else(|| panic!("{shown} is not a requeue"));
+        assert!(range.contains(&wait), "{wait:?} not in {range:?}");
+        assert_eq!(*action, Action::requeue(wait), "read back as shown");
+        wait
+    }
+
+    /// Just past `wait` (its decimal form may have lost a fraction of a nanosecond).
+    async fn sleep_past(wait: Duration) {
+        tokio::time::advance(wait + Duration::from_millis(1)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_selected_to_another_node_gets_no_request() {
+        let scenario = node_b().start([]).await;
+        assert_eq!(
+            reconcile(&scenario, on_node("node-a").build()).await,
+            Action::await_change()
+        );
+        assert!(!ClaimReconciler::has_work(
+            &cached(&on_node("node-a").build()),
+            &scenario.ctx()
+        ));
+        assert!(scenario.finish().await.is_empty(), "no event either");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_selected_to_this_node_is_created_on_its_segment() {
+        let create = CreateVolumeCall {
+            accessibility: Some(csi::TopologyRequirement {
+                requisite: node_b_segment(),
+                preferred: node_b_segment(),
+            }),
+            ..expected_create()
+        };
+        let mut answer = created("vol-1", GIB);
+        if let Ok(Some(volume)) = answer.as_mut().map(|r| r.volume.as_mut()) {
+            volume.accessible_topology = node_b_segment();
+        }
+        let scenario = node_b()
+            .start([
+                secret_read(),
+                record_written(),
+                create_volume(create, answer),
+                pv_created(),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, on_node(NODE).build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_immediate_claim_is_taken_after_the_delay_and_a_capacity_check() {
+        let scenario = node_b()
+            .start([capacity_asked(GIB), node_selected(200)])
+            .await;
+        let first = reconcile(&scenario, immediate_claim().build()).await;
+        let wait = waits(&first, Duration::from_millis(1)..=Duration::from_secs(1));
+        // Woken early (an update of the claim): the rest of the wait, nothing sent.
+        let early = reconcile(&scenario, immediate_claim().build()).await;
+        waits(&early, Duration::ZERO..=wait);
+        sleep_past(wait).await;
+        assert_eq!(
+            reconcile(&scenario, immediate_claim().build()).await,
+            Action::await_change()
+        );
+        assert!(scenario.finish().await.is_empty(), "no event for a race");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_write_or_no_room_waits_longer_and_another_nodes_name_ends_the_race() {
+        let scenario = node_b()
+            .start([
+                capacity_asked(GIB - 1),
+                capacity_asked(GIB),
+                node_selected(409),
+            ])
+            .await;
+        let wait = waits(
+            &reconcile(&scenario, immediate_claim().build()).await,
+            Duration::from_millis(1)..=Duration::from_secs(1),
+        );
+        sleep_past(wait).await;
+        // No room here: the second wait is (1, 2] s.
+        let wait = waits(
+            &reconcile(&scenario, immediate_claim().build()).await,
+            Duration::from_millis(1001)..=Duration::from_secs(2),
+        );
+        sleep_past(wait).await;
+        // Room, but another node wrote first: capped at 2 s, less up to 1 s of jitter.
+        let wait = waits(
+            &reconcile(&scenario, immediate_claim().build()).await,
+            Duration::from_millis(1001)..=Duration::from_secs(2),
+        );
+        assert_eq!(scenario.ctx().races().attempts(PVC_UID), Some(3));
+        sleep_past(wait).await;
+        // The winner's name is in the cache now: nothing is sent and the race is over.
+        let taken = immediate_claim()
+            .annotation(ANN_SELECTED_NODE, "node-a")
+            .build();
+        assert_eq!(reconcile(&scenario, taken).await, Action::await_change());
+        assert_eq!(scenario.ctx().races().attempts(PVC_UID), None);
+        assert!(scenario.finish().await.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_driver_without_topology_is_asked_for_capacity_without_a_segment() {
+        let pvc = immediate_claim().build();
+        let Step::GetCapacity {
+            mut expected,
+            answer,
+        } = capacity_asked(GIB)
+        else {
+            unreachable!()
+        };
+        expected.accessible_topology = None;
+        let scenario = cluster()
+            .class(
+                ClassBuilder::new()
+                    .name("now")
+                    .binding_mode("Immediate")
+                    .parameter("type", "fast")
+                    .build(),
+            )
+            .node_mode(NODE, &[])
+            .claim(pvc.clone())
+            .start([Step::GetCapacity { expected, answer }, node_selected(200)])
+            .await;
+        let wait = waits(
+            &reconcile(&scenario, pvc.clone()).await,
+            Duration::from_millis(1)..=Duration::from_secs(1),
+        );
+        sleep_past(wait).await;
+        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert!(scenario.finish().await.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn allowed_topologies_without_this_node_leave_the_claim_to_others() {
+        let mut class = ClassBuilder::new()
+            .name("elsewhere")
+            .binding_mode("Immediate")
+            .build();
+        class.allowed_topologies = Some(vec![k8s_openapi::api::core::v1::TopologySelectorTerm {
+            match_label_expressions: Some(vec![
+                k8s_openapi::api::core::v1::TopologySelectorLabelRequirement {
+                    key: NODE_KEY.into(),
+                    values: vec!["node-a".into()],
+                },
+            ]),
+        }]);
+        let pvc = claim().class("elsewhere").build();
+        let scenario = node_b().class(class).claim(pvc.clone()).start([]).await;
+        let wait = waits(
+            &reconcile(&scenario, pvc.clone()).await,
+            Duration::from_millis(1)..=Duration::from_secs(1),
+        );
+        sleep_past(wait).await;
+        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert!(scenario.finish().await.is_empty());
     }
 }

@@ -15,12 +15,13 @@ use super::cache::{CachedAttachment, CachedClaim, CachedVolume, listed};
 use super::events::EventRecorder;
 use super::grants::GrantCache;
 use super::limits::CallLimits;
-use super::topology::TopologyCache;
+use super::ownership::Races;
+use super::topology::TopologyView;
 use crate::csi_client::CsiController;
 use crate::fence::LeaseFence;
-use crate::journal::Journal;
+use crate::journal::{Journal, JournalScope};
 use crate::metrics::Metrics;
-use crate::provision::{DriverCapabilities, ProvisionerConfig};
+use crate::provision::{DriverCapabilities, NodeScope, ProvisionerConfig};
 
 /// Settings of [`run`] that come from flags.
 pub struct Settings {
@@ -39,9 +40,10 @@ pub struct Settings {
     pub event_component: String,
     pub hostname: String,
     pub consistency_by_default: bool,
-    /// Where the journal shards live (the sidecar's namespace) and their name prefix.
+    /// Where the journal shards live (the sidecar's namespace), and which are this sidecar's
+    /// (its driver's; in node mode, its node's only).
     pub journal_namespace: String,
-    pub journal_base_name: String,
+    pub journal_scope: JournalScope,
     /// How long a journal write may take before CreateVolume is given up for this attempt.
     pub journal_timeout: Duration,
     /// `--drain`: hand over to another provisioner (see `provision::drain_claim_work`).
@@ -67,6 +69,16 @@ pub struct NodeDeployment {
     pub max_delay: Duration,
 }
 
+impl NodeDeployment {
+    pub fn scope(&self) -> NodeScope<'_> {
+        NodeScope {
+            name: &self.name,
+            segment: &self.segment,
+            immediate_binding: self.immediate_binding,
+        }
+    }
+}
+
 /// `--strict-topology` and `--immediate-topology`; they act only when `caps.topology`.
 #[derive(Debug, Clone, Copy)]
 pub struct TopologyFlags {
@@ -83,9 +95,12 @@ pub struct Context {
     pub claims: Store<CachedClaim>,
     pub volumes: Store<CachedVolume>,
     pub classes: Store<StorageClass>,
-    /// Nodes and CSINodes, watched only when the driver reports topology.
-    pub topology: Option<TopologyCache>,
+    /// Nodes and CSINodes, watched only when the driver reports topology; this node alone in
+    /// node mode.
+    pub topology: Option<TopologyView>,
     pub topology_flags: TopologyFlags,
+    /// `--node-deployment`: the node this sidecar serves.
+    pub node: Option<NodeDeployment>,
     /// ReferenceGrants, watched only with the CrossNamespaceVolumeDataSource gate on.
     pub grants: Option<GrantCache>,
     /// Only for a driver with PUBLISH_UNPUBLISH_VOLUME.
@@ -103,6 +118,8 @@ pub struct Context {
     claim_backoff: Mutex<Backoff<String>>,
     volume_backoff: Mutex<Backoff<String>>,
     infeasible: Mutex<InfeasibleSet>,
+    /// Node mode: this node's wait before each try to own an Immediate claim.
+    races: Mutex<Races>,
 }
 
 /// The CSI driver as the controllers reach it: through a fence that is closed while this
@@ -117,7 +134,7 @@ pub struct Stores {
     pub claims: Store<CachedClaim>,
     pub volumes: Store<CachedVolume>,
     pub classes: Store<StorageClass>,
-    pub topology: Option<TopologyCache>,
+    pub topology: Option<TopologyView>,
     pub grants: Option<GrantCache>,
     pub attachments: Option<Store<CachedAttachment>>,
 }
@@ -172,6 +189,7 @@ impl Context {
             classes: stores.classes,
             topology: stores.topology,
             topology_flags: settings.topology,
+            node: settings.node.clone(),
             grants: stores.grants,
             attachments: stores.attachments.map(Attachments::new),
             events,
@@ -185,6 +203,7 @@ impl Context {
             claim_backoff: backoff(),
             volume_backoff: backoff(),
             infeasible: Mutex::new(InfeasibleSet::new(settings.retry_interval_max)),
+            races: Mutex::new(Races::default()),
         }
     }
 
@@ -198,6 +217,15 @@ impl Context {
 
     pub(super) fn infeasible(&self) -> MutexGuard<'_, InfeasibleSet> {
         lock(&self.infeasible)
+    }
+
+    pub(super) fn races(&self) -> MutexGuard<'_, Races> {
+        lock(&self.races)
+    }
+
+    /// Node mode: this node as the decisions take it.
+    pub(super) fn node_scope(&self) -> Option<NodeScope<'_>> {
+        self.node.as_ref().map(NodeDeployment::scope)
     }
 }
 

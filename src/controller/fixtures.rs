@@ -34,21 +34,23 @@ use tokio::task::JoinHandle;
 use tonic::Status;
 use tower_test::mock;
 
+use super::context::NodeDeployment;
 use super::context::{Context, FencedDriver, Settings, Stores, TopologyFlags};
 use super::events::EventRecorder;
 use super::grants::GrantCache;
-use super::topology::TopologyCache;
+use super::topology::{TopologyCache, TopologyView};
 use crate::csi;
 use crate::csi_client::{CallError, CsiController};
 use crate::fence::LeaseFence;
 use crate::journal::{
-    DRIVER_LABEL, Journal, Operation, OperationRecord, ProvisioningJournal, ProvisioningJournalSpec,
+    DRIVER_LABEL, Journal, JournalScope, Operation, OperationRecord, ProvisioningJournal,
+    ProvisioningJournalSpec,
 };
 use crate::kube_client::RateLimitLayer;
 use crate::metrics::Metrics;
 use crate::provision::SecretRef;
 use crate::provision::fixtures::{DRIVER, PVC_UID, caps, config};
-use crate::provision::{DriverCapabilities, ProvisionerConfig};
+use crate::provision::{DriverCapabilities, ProvisionerConfig, SingleNode};
 
 /// The sidecar's namespace, where the journal lives.
 pub const JOURNAL_NAMESPACE: &str = "csi";
@@ -380,6 +382,8 @@ pub struct Cluster {
     grants_unlisted: bool,
     /// With a driver that reports PUBLISH_UNPUBLISH_VOLUME: the listed VolumeAttachments.
     attachments: Option<Vec<VolumeAttachment>>,
+    /// `--node-deployment`.
+    node: Option<NodeDeployment>,
 }
 
 impl Cluster {
@@ -398,7 +402,28 @@ impl Cluster {
             grants: None,
             grants_unlisted: false,
             attachments: None,
+            node: None,
         }
+    }
+
+    /// `--node-deployment` on `node`, whose driver reports `segment` (and so topology when
+    /// it is not empty); base delay 1 s, max delay 2 s.
+    pub fn node_mode(mut self, node: &str, segment: &[(&str, &str)]) -> Self {
+        let segment: std::collections::BTreeMap<String, String> = segment
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        if !segment.is_empty() {
+            self.topology = Some((Vec::new(), Vec::new()));
+        }
+        self.node = Some(NodeDeployment {
+            name: node.to_owned(),
+            segment,
+            immediate_binding: true,
+            base_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(2),
+        });
+        self
     }
 
     /// The driver reports topology, and the cluster has these Nodes and CSINodes (as JSON).
@@ -525,20 +550,20 @@ impl Cluster {
             hostname: "test-host".to_owned(),
             consistency_by_default: false,
             journal_namespace: JOURNAL_NAMESPACE.to_owned(),
-            journal_base_name: JOURNAL_BASE_NAME.to_owned(),
+            journal_scope: JournalScope::new(JOURNAL_BASE_NAME, None),
             journal_timeout: self.journal_timeout,
             draining: self.draining,
             topology: TopologyFlags {
                 strict: false,
                 immediate: true,
             },
-            node: None,
+            node: self.node.clone(),
         };
         let journal = bounded(Journal::load(
             client.clone(),
             RateLimitLayer::unlimited(),
             JOURNAL_NAMESPACE,
-            JOURNAL_BASE_NAME,
+            &settings.journal_scope,
             DRIVER,
             settings.journal_timeout,
         ))
@@ -555,14 +580,19 @@ impl Cluster {
             volumes: store(self.volumes.iter().map(cached)),
             classes: store(self.classes),
             topology: self.topology.map(|(nodes, csinodes)| {
-                if self.topology_unlisted {
-                    TopologyCache::from_stores(store([]), store([]), DRIVER)
+                if let Some(node) = &self.node {
+                    TopologyView::Node(SingleNode {
+                        name: node.name.clone(),
+                        segment: node.segment.clone(),
+                    })
+                } else if self.topology_unlisted {
+                    TopologyView::Watched(TopologyCache::from_stores(store([]), store([]), DRIVER))
                 } else {
-                    TopologyCache::from_stores(
+                    TopologyView::Watched(TopologyCache::from_stores(
                         listed(parse(nodes)),
                         listed(parse(csinodes)),
                         DRIVER,
-                    )
+                    ))
                 }
             }),
             grants: self.grants.map(|grants| {

@@ -22,6 +22,7 @@ mod fixtures;
 mod grants;
 pub mod limits;
 mod orphans;
+mod ownership;
 mod snapshot_sweeper;
 mod sources;
 mod topology;
@@ -43,12 +44,13 @@ use crate::fence::LeaseFence;
 use crate::journal::{Journal, JournalError};
 use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
-use crate::provision::claim_class_name;
+use crate::provision::{SingleNode, claim_class_name};
 use claims::ClaimReconciler;
 use clone_protection::CloneProtection;
 use context::{Context, FencedDriver, Stores};
 pub use context::{NodeDeployment, Settings, TopologyFlags};
 use events::EventRecorder;
+use topology::TopologyView;
 use volumes::VolumeReconciler;
 
 /// Periodic re-examination of every claim and volume, as upstream's 15-minute resync.
@@ -88,7 +90,7 @@ pub async fn run(
         prepaid,
         rate_limit.clone(),
         &settings.journal_namespace,
-        &settings.journal_base_name,
+        &settings.journal_scope,
         &settings.config.driver_name,
         settings.journal_timeout,
     )
@@ -115,13 +117,22 @@ pub async fn run(
         settings.hostname.clone(),
         rate_limit,
     );
-    let (topology, topology_watches) = if settings.caps.topology {
-        let (cache, nodes, csinodes) =
-            topology::watch_topology(&client, initial_list, &settings.config.driver_name);
-        let watches = future::join(drive(nodes), drive(csinodes)).map(|_| ());
-        (Some(cache), watches.boxed())
-    } else {
-        (None, future::ready(()).boxed())
+    let (topology, topology_watches) = match (&settings.node, settings.caps.topology) {
+        (_, false) => (None, future::ready(()).boxed()),
+        // Node mode sees this node only, as NodeGetInfo describes it: nothing to watch.
+        (Some(node), true) => {
+            let view = TopologyView::Node(SingleNode {
+                name: node.name.clone(),
+                segment: node.segment.clone(),
+            });
+            (Some(view), future::ready(()).boxed())
+        }
+        (None, true) => {
+            let (cache, nodes, csinodes) =
+                topology::watch_topology(&client, initial_list, &settings.config.driver_name);
+            let watches = future::join(drive(nodes), drive(csinodes)).map(|_| ());
+            (Some(TopologyView::Watched(cache)), watches.boxed())
+        }
     };
     // Not awaited before the controllers start, unlike upstream's (A6): only a claim with a
     // data source in another namespace waits for it.

@@ -19,7 +19,7 @@ use kube::{Api, Client, Resource};
 use serde::Deserialize;
 
 use super::cache::{InitialList, listed, watch};
-use crate::provision::ClusterTopology;
+use crate::provision::{ClusterTopology, SingleNode};
 
 /// A Node as cached: its name (in `metadata`) and its labels.
 #[derive(Clone, Debug, Deserialize, Resource)]
@@ -222,6 +222,50 @@ impl ClusterTopology for TopologyCache {
                     .collect()
             })
             .collect()
+    }
+}
+
+/// What the claim reconciler reads the topology from: the watched Nodes and CSINodes, or in
+/// node mode (`--node-deployment`) this node alone, as NodeGetInfo described it (upstream's
+/// static listers: no Node or CSINode is watched).
+#[derive(Clone)]
+pub enum TopologyView {
+    Watched(TopologyCache),
+    Node(SingleNode),
+}
+
+impl TopologyView {
+    /// See [`TopologyCache::wait_until_ready`]; this node's view is ready from the start.
+    pub async fn wait_until_ready(&self) -> bool {
+        match self {
+            TopologyView::Watched(cache) => cache.wait_until_ready().await,
+            TopologyView::Node(_) => true,
+        }
+    }
+
+    fn view(&self) -> &dyn ClusterTopology {
+        match self {
+            TopologyView::Watched(cache) => cache,
+            TopologyView::Node(node) => node,
+        }
+    }
+}
+
+impl ClusterTopology for TopologyView {
+    fn csinode_keys(&self, node: &str) -> Option<Vec<String>> {
+        self.view().csinode_keys(node)
+    }
+
+    fn any_csinode_keys(&self) -> Option<Vec<String>> {
+        self.view().any_csinode_keys()
+    }
+
+    fn node_labels(&self, node: &str) -> Option<BTreeMap<String, String>> {
+        self.view().node_labels(node)
+    }
+
+    fn node_segments(&self, keys: &[String]) -> Vec<BTreeMap<String, String>> {
+        self.view().node_segments(keys)
     }
 }
 

@@ -25,7 +25,7 @@ use crate::csi_client::CallError;
 use crate::provision::{
     AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
     check_detached, deletion_secret_from_class, deletion_target, may_delete_pv_first,
-    pv_finalizer_action, should_delete, volume_has_work,
+    pv_finalizer_action, should_delete, volume_has_work, volume_on_node,
 };
 
 #[derive(Debug, Error)]
@@ -127,7 +127,11 @@ fn triage(cached: &CachedVolume, ctx: &Context) -> Option<PersistentVolume> {
         .to_volume()
         .inspect_err(|error| error!(%error, "not reconciling"))
         .ok()?;
-    if volume_has_work(&pv, &ctx.config.driver_name) {
+    // Node mode: another node's PV is left alone, silently (its own sidecar deletes it).
+    let on_this_node = ctx
+        .node_scope()
+        .is_none_or(|node| volume_on_node(&pv, &ctx.config.driver_name, &node));
+    if on_this_node && volume_has_work(&pv, &ctx.config.driver_name) {
         Some(pv)
     } else {
         ctx.volume_backoff().forget(&pv.name_any());
@@ -479,6 +483,79 @@ mod tests {
             reconcile(&scenario, retained().build()).await,
             Action::await_change()
         );
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    // ------------------------------------------------------------------ node deployment
+
+    const NODE_KEY: &str = "example.com/node";
+
+    fn node_b() -> Cluster {
+        Cluster::new().node_mode("node-b", &[(NODE_KEY, "node-b")])
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pv_of_another_node_gets_no_request() {
+        let scenario = node_b().start([]).await;
+        let theirs = released().on(NODE_KEY, "node-a").build();
+        assert!(!VolumeReconciler::has_work(
+            &cached(&theirs),
+            &scenario.ctx()
+        ));
+        assert_eq!(reconcile(&scenario, theirs).await, Action::await_change());
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pv_of_this_node_is_deleted() {
+        let mine = || released().on(NODE_KEY, "node-b");
+        let scenario = node_b()
+            .start([
+                delete(PV_PATH)
+                    .body(json!({ "preconditions": { "uid": PV_UID, "resourceVersion": "5" } }))
+                    .answer(200, mine().deleting().build()),
+                secret_read(),
+                delete_volume("vol-1", SECRETS, Ok(())),
+                finalizer_removed(mine().deleting()),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, mine().build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pv_without_affinity_is_deleted_only_by_the_node_that_created_it() {
+        let with_identity = |node: &str| {
+            let mut pv = released().build();
+            if let Some(csi) = pv.spec.as_mut().and_then(|spec| spec.csi.as_mut()) {
+                csi.volume_attributes = Some(
+                    [(
+                        crate::provision::PROVISIONER_IDENTITY_KEY.to_owned(),
+                        format!("1700000000000-42-{DRIVER}-{node}"),
+                    )]
+                    .into(),
+                );
+            }
+            pv
+        };
+        let scenario = node_b().start([]).await;
+        let ctx = scenario.ctx();
+        assert!(!VolumeReconciler::has_work(
+            &cached(&with_identity("node-a")),
+            &ctx
+        ));
+        assert!(!VolumeReconciler::has_work(
+            &cached(&released().build()),
+            &ctx
+        ));
+        assert!(VolumeReconciler::has_work(
+            &cached(&with_identity("node-b")),
+            &ctx
+        ));
+        drop(ctx);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 }

@@ -11,11 +11,11 @@ mod holdings;
 mod placement;
 mod record;
 mod registry;
+mod scope;
 mod shard;
 mod watch;
 mod writer;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
@@ -38,8 +38,7 @@ pub use record::{
 pub use registry::{Busy, NameTaken, Operation, Registry, Reservation};
 use writer::{Queued, Writers, shard_index};
 
-/// Label naming the driver on every shard.
-pub const DRIVER_LABEL: &str = "provisioner.csi-rs.dev/driver";
+pub use scope::{DRIVER_LABEL, JournalScope, NODE_LABEL, node_key};
 
 #[derive(Debug, Error)]
 pub enum JournalError {
@@ -72,19 +71,20 @@ pub struct Journal {
 }
 
 impl Journal {
-    /// Loads every recorded operation of `driver` from `namespace` and starts the shard
-    /// writers. `base_name` is the sanitised driver name (as the Lease uses).
+    /// Loads every recorded operation of `driver` from `namespace` (the shards of `scope`:
+    /// this driver's, and in node mode this node's only) and starts the shard writers.
     /// `client` has no rate limiter: every request takes its token from `rate_limit` first.
     pub async fn load(
         client: Client,
         rate_limit: RateLimitLayer,
         namespace: &str,
-        base_name: &str,
+        scope: &JournalScope,
         driver: &str,
         record_timeout: Duration,
     ) -> Result<Self, JournalError> {
         let api: Api<ProvisioningJournal> = Api::namespaced(client, namespace);
-        let selector = format!("{DRIVER_LABEL}={base_name}");
+        let base_name = scope.base_name.as_str();
+        let selector = scope.selector.clone();
         rate_limit.acquire().await;
         let existing = api
             .list(&ListParams::default().labels(&selector))
@@ -94,14 +94,12 @@ impl Journal {
                 source,
             })?;
         let holdings = Arc::new(Holdings::default());
-        let labels: BTreeMap<String, String> =
-            [(DRIVER_LABEL.to_owned(), base_name.to_owned())].into();
         let writers = Arc::new(Writers::new(
             api.clone(),
             rate_limit,
             base_name,
             driver,
-            labels,
+            scope.labels.clone(),
             holdings.clone(),
         ));
         for mut shard in existing.items {

@@ -45,6 +45,21 @@ pub enum SkipReason {
     /// The sidecar drains (`--drain`) and the claim has no operation in flight: the
     /// provisioner taking over provisions it.
     Draining,
+    /// `--node-deployment`: the claim is not this node's (see `provision::node`).
+    NotThisNode(NotOwner),
+}
+
+/// Why a claim is not this node's (debug log only: other nodes' claims are ignored silently).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotOwner {
+    #[error("the claim is assigned to node {0:?}")]
+    OtherNode(String),
+    #[error("the claim waits for the scheduler to select a node")]
+    NotScheduled,
+    #[error(
+        "Immediate class and --node-deployment-immediate-binding=false: another controller must select a node"
+    )]
+    ImmediateBindingOff,
 }
 
 impl fmt::Display for SkipReason {
@@ -73,6 +88,7 @@ impl fmt::Display for SkipReason {
             Self::Draining => f.write_str(
                 "the sidecar drains and no operation of this claim is in flight; the next provisioner takes it",
             ),
+            Self::NotThisNode(reason) => write!(f, "not this node's claim: {reason}"),
         }
     }
 }

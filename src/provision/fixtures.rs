@@ -254,6 +254,11 @@ impl ClassBuilder {
         self
     }
 
+    pub fn name(mut self, name: &str) -> Self {
+        self.0.metadata.name = Some(name.to_owned());
+        self
+    }
+
     pub fn binding_mode(mut self, mode: &str) -> Self {
         self.0.volume_binding_mode = Some(mode.to_owned());
         self
@@ -408,6 +413,28 @@ impl PvBuilder {
 
     pub fn deleting(mut self) -> Self {
         self.0.metadata.deletion_timestamp = Some(deletion_time());
+        self
+    }
+
+    /// Node affinity of one term: `key In [value]`, as a PV of a topology-aware volume has.
+    pub fn on(mut self, key: &str, value: &str) -> Self {
+        use k8s_openapi::api::core::v1::{
+            NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, VolumeNodeAffinity,
+        };
+        if let Some(spec) = self.0.spec.as_mut() {
+            spec.node_affinity = Some(VolumeNodeAffinity {
+                required: Some(NodeSelector {
+                    node_selector_terms: vec![NodeSelectorTerm {
+                        match_expressions: Some(vec![NodeSelectorRequirement {
+                            key: key.to_owned(),
+                            operator: "In".to_owned(),
+                            values: Some(vec![value.to_owned()]),
+                        }]),
+                        match_fields: None,
+                    }],
+                }),
+            });
+        }
         self
     }
 

@@ -32,6 +32,7 @@ mod deletion;
 mod finalizers;
 mod names;
 mod naming;
+mod node;
 mod parameters;
 mod plan;
 mod protection;
@@ -56,7 +57,7 @@ pub use capabilities::{
     volume_capabilities,
 };
 pub use claim::{
-    DecisionError, ProvisionDecision, SkipReason, claim_class_name, selected_node,
+    DecisionError, NotOwner, ProvisionDecision, SkipReason, claim_class_name, selected_node,
     should_provision, storage_provisioner,
 };
 pub use consistency::{
@@ -82,6 +83,10 @@ pub use names::{
     ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER, PROVISIONER_IDENTITY_KEY, PV_FINALIZER,
 };
 pub use naming::{VolumeNameError, check_volume_name_flags, names_may_collide, volume_name};
+pub use node::{
+    CapacityCheck, NodeScope, Ownership, SingleNode, capacity_check, check_node, enough_capacity,
+    node_claim_work, ownership_delay, select_node_patch, volume_on_node,
+};
 pub use parameters::{
     ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,
 };
@@ -103,4 +108,7 @@ pub use topology::{
     ClusterTopology, TopologyError, TopologyInputs, TopologyTerm, accessibility_requirements,
 };
 pub use volume::{CreateResponseError, build_persistent_volume, topology_missing};
-pub use work::{ClaimWork, claim_work, drain_claim_work, holds_up_drain, volume_has_work};
+pub use work::{
+    ClaimWork, claim_work, drain_claim_work, has_operation_in_flight, holds_up_drain,
+    volume_has_work,
+};

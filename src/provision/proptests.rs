@@ -938,6 +938,7 @@ proptest! {
             }
             ClaimWork::ReleaseFinalizer => prop_assert!(has_provisioning_finalizer(&pvc)),
             ClaimWork::Nothing(_) | ClaimWork::Refuse(_) => {}
+            ClaimWork::BecomeOwner(_) => prop_assert!(false, "only node mode competes"),
         }
     }
 
@@ -960,6 +961,7 @@ proptest! {
             }
             ClaimWork::ReleaseFinalizer => prop_assert!(has_provisioning_finalizer(&pvc)),
             ClaimWork::Nothing(_) | ClaimWork::Refuse(_) => {}
+            ClaimWork::BecomeOwner(_) => prop_assert!(false, "only node mode competes"),
         }
         let nothing_in_flight = drain_claim_work(&pvc, class.as_ref(), &config, |_| false);
         let holds = holds_up_drain(&pvc, &config.driver_name);

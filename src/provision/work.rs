@@ -30,6 +30,9 @@ pub enum ClaimWork<C> {
     Provision(C),
     /// Ours, but it cannot proceed: a failure to report and retry.
     Refuse(DecisionError),
+    /// `--node-deployment`: an Immediate claim no node owns yet; compete for it with this
+    /// class (see `provision::node`). Never returned by [`claim_work`] itself.
+    BecomeOwner(C),
 }
 
 /// The work of a claim, from the claim, the class it names (`None` if that class does not
@@ -91,7 +94,7 @@ pub fn drain_claim_work<C: Deref<Target = StorageClass>>(
 
 /// Whether an operation is in flight under the claim's volume name (none if the claim has no
 /// valid name: nothing can have been recorded for it).
-fn has_operation_in_flight(
+pub fn has_operation_in_flight(
     pvc: &PersistentVolumeClaim,
     config: &ProvisionerConfig,
     in_flight: impl FnOnce(&str) -> bool,

@@ -1,0 +1,352 @@
+//! Node deployment (`--node-deployment`) end to end, on the real control plane with
+//! kube-scheduler: three simulated Nodes, each with its own reference driver instance (own
+//! socket and state, `--node-id`, segment `example.com/node=<node>`) and its own sidecar
+//! process in node mode (`NODE_NAME=<node>`), as a DaemonSet would run them.
+//!
+//! Isolation: every test has its own driver name (the three drivers of a test are twins of
+//! one name), its own Nodes and namespace (support::topology).
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+
+use support::cluster::{Cluster, journal_operations, pv_name, wait_bound};
+use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT};
+use support::topology::{ANN_SELECTED_NODE, Topology, pv_segments, scheduling_cluster};
+
+const NODE_KEY: &str = "example.com/node";
+
+/// One simulated node: its name, its driver and its node-mode sidecar.
+struct Node {
+    name: String,
+    driver: Driver,
+    sidecar: Sidecar,
+}
+
+/// Three Nodes `a`, `b`, `c` with their drivers and sidecars. `driver_extra` gives each
+/// node's driver its extra flags (by index), `sidecar_extra` every sidecar's.
+async fn three_nodes(
+    cluster: &Cluster,
+    topology: &Topology,
+    driver_extra: [&[&str]; 3],
+    sidecar_extra: &[&str],
+) -> Vec<Node> {
+    let mut nodes = Vec::new();
+    for (suffix, extra) in ["a", "b", "c"].into_iter().zip(driver_extra) {
+        let name = topology.node_name(suffix);
+        topology.create_node(suffix, &[(NODE_KEY, &name)]).await;
+        let segment = format!("{NODE_KEY}={name}");
+        let mut flags = vec!["--node-id", &name, "--topology", &segment];
+        flags.extend(extra);
+        let driver = match nodes.first() {
+            None => Driver::start(&flags).await,
+            Some(Node { driver, .. }) => driver.twin(&flags).await,
+        };
+        let sidecar = node_sidecar(cluster, &driver, &name, sidecar_extra);
+        nodes.push(Node {
+            name,
+            driver,
+            sidecar,
+        });
+    }
+    nodes
+}
+
+fn node_sidecar(cluster: &Cluster, driver: &Driver, node: &str, extra: &[&str]) -> Sidecar {
+    let mut args = vec![
+        "--node-deployment".to_owned(),
+        format!("--leader-election-namespace={}", cluster.ns()),
+        "--retry-interval-start=200ms".to_owned(),
+        "--retry-interval-max=2s".to_owned(),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    Sidecar::start_with(
+        driver,
+        SidecarOptions {
+            args,
+            env: vec![("NODE_NAME", node.to_owned())],
+            ..SidecarOptions::default()
+        },
+    )
+}
+
+/// The volume names the node's driver got CreateVolume (or DeleteVolume) for.
+fn created(node: &Node) -> BTreeSet<String> {
+    node.driver
+        .create_requests()
+        .into_iter()
+        .map(|request| request.name)
+        .collect()
+}
+
+fn deleted(node: &Node) -> Vec<String> {
+    node.driver
+        .volume_requests("DeleteVolume")
+        .into_iter()
+        .map(|request| request.volume_id)
+        .collect()
+}
+
+fn selected(pvc: &PersistentVolumeClaim) -> Option<String> {
+    pvc.metadata
+        .annotations
+        .as_ref()?
+        .get(ANN_SELECTED_NODE)
+        .cloned()
+}
+
+#[tokio::test]
+async fn a_pod_on_node_b_gets_its_volume_from_node_bs_driver_only_and_b_deletes_it() {
+    let (cluster, topology) = scheduling_cluster("node-wffc").await;
+    let nodes = three_nodes(&cluster, &topology, [&[], &[], &[]], &[]).await;
+    let class = topology.wffc_class("wffc", nodes[0].driver.name()).await;
+    cluster.claim("data", &class).await;
+    let b = &nodes[1];
+    topology
+        .create_pod("app", &["data"], &[("kubernetes.io/hostname", &b.name)])
+        .await;
+    let bound = wait_bound(&cluster.claims, "data").await;
+    let volume = pv_name(&bound);
+    assert_eq!(selected(&bound).as_deref(), Some(b.name.as_str()));
+    assert_eq!(created(b), BTreeSet::from([volume.clone()]));
+    for other in [&nodes[0], &nodes[2]] {
+        assert!(
+            created(other).is_empty(),
+            "{} got a CreateVolume",
+            other.name
+        );
+    }
+    let pv = cluster.pv(&volume).await;
+    assert_eq!(
+        pv_segments(&pv),
+        vec![[(NODE_KEY.to_owned(), b.name.clone())].into()]
+    );
+
+    topology.delete_pod("app").await;
+    cluster.delete_claim("data").await;
+    cluster.wait_pv_gone(&volume).await;
+    assert!(
+        b.driver.volumes().is_empty(),
+        "B's driver deleted the volume"
+    );
+    assert_eq!(deleted(b).len(), 1);
+    for other in [&nodes[0], &nodes[2]] {
+        assert!(
+            deleted(other).is_empty(),
+            "{} got a DeleteVolume",
+            other.name
+        );
+    }
+    for mut node in nodes {
+        node.sidecar.assert_running();
+    }
+}
+
+#[tokio::test]
+async fn immediate_claims_get_one_node_each_spread_and_never_a_node_without_room() {
+    let (cluster, topology) = scheduling_cluster("node-immediate").await;
+    let delays = [
+        "--node-deployment-base-delay=1s",
+        "--node-deployment-max-delay=2s",
+    ];
+    let nodes = three_nodes(
+        &cluster,
+        &topology,
+        [&[], &[], &["--capacity", "0"]],
+        &delays,
+    )
+    .await;
+    let class = cluster.class("now", &nodes[0].driver, "Delete", &[]).await;
+    let claims = cluster.claims_named("data", &class, 8).await;
+    let mut used = BTreeSet::new();
+    for claim in &claims {
+        let bound = wait_bound(&cluster.claims, claim).await;
+        let node = selected(&bound).unwrap_or_else(|| panic!("{claim} has no selected node"));
+        let volume = pv_name(&bound);
+        let owner = nodes
+            .iter()
+            .find(|n| n.name == node)
+            .unwrap_or_else(|| panic!("{claim} selected {node}, not a node of this test"));
+        assert!(
+            created(owner).contains(&volume),
+            "{node}'s driver made {volume}"
+        );
+        assert_eq!(
+            pv_segments(&cluster.pv(&volume).await),
+            vec![[(NODE_KEY.to_owned(), node.clone())].into()]
+        );
+        used.insert(node);
+    }
+    // One volume per claim, each made by one node only.
+    let all: Vec<String> = nodes.iter().flat_map(created).collect();
+    assert_eq!(
+        all.len(),
+        claims.len(),
+        "one CreateVolume name per claim: {all:?}"
+    );
+    let volumes: usize = nodes.iter().map(|n| n.driver.volume_count()).sum();
+    assert_eq!(volumes, claims.len());
+    let roomless = &nodes[2];
+    assert!(!used.contains(&roomless.name), "a node without room won");
+    assert!(created(roomless).is_empty());
+    // With the jitter, two nodes with room share eight claims (all on one: p = 1/128).
+    assert_eq!(
+        used.len(),
+        2,
+        "claims spread over the nodes with room: {used:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_node_killed_mid_create_reaps_its_orphan_and_no_other_node_touches_it() {
+    let (cluster, topology) = scheduling_cluster("node-orphan").await;
+    let mut nodes = three_nodes(&cluster, &topology, [&[], &[], &[]], &[]).await;
+    let class = topology.wffc_class("wffc", nodes[0].driver.name()).await;
+    let a = 0;
+    // Node a's driver makes the volume and never answers: a reply lost in flight.
+    nodes[a]
+        .driver
+        .set_faults("fault CreateVolume=after:hang\n");
+    let claim = cluster.claim("data", &class).await;
+    let volume = pv_name(&claim);
+    let node_a = nodes[a].name.clone();
+    topology
+        .create_pod("app", &["data"], &[("kubernetes.io/hostname", &node_a)])
+        .await;
+    nodes[a].driver.wait_create_received(&volume).await;
+    support::eventually("node a's driver to hold the volume", TIMEOUT, || async {
+        let held = nodes[a].driver.volume_count();
+        if held == 1 {
+            Ok(())
+        } else {
+            Err(format!("{held} volumes"))
+        }
+    })
+    .await;
+    // The operation is in node a's shards, labelled with its node.
+    let shards = node_shards(&cluster, nodes[a].driver.name()).await;
+    assert_eq!(shards.len(), 1, "{shards:?}");
+    assert_eq!(shards[0].0, support_node_key(&node_a));
+    nodes[a].sidecar.kill().await;
+
+    topology.delete_pod("app").await;
+    cluster.delete_claim("data").await;
+    cluster.wait_claim_gone("data").await;
+    nodes[a].driver.clear_faults();
+    nodes[a].sidecar.restart().await;
+    support::eventually("node a to reap its orphan", TIMEOUT, || async {
+        let held = nodes[a].driver.volume_count();
+        let operations =
+            journal_operations(&cluster.client, cluster.ns(), &nodes[a].driver).await?;
+        if held == 0 && operations.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{held} volumes, journal {operations:?}"))
+        }
+    })
+    .await;
+    assert_eq!(deleted(&nodes[a]).len(), 1);
+    for other in &nodes[1..] {
+        assert!(
+            created(other).is_empty(),
+            "{} got a CreateVolume",
+            other.name
+        );
+        assert!(
+            deleted(other).is_empty(),
+            "{} got a DeleteVolume",
+            other.name
+        );
+        assert!(
+            !other.sidecar.log().contains(&volume),
+            "{}'s sidecar saw {volume}",
+            other.name
+        );
+    }
+}
+
+/// The node label of each shard of `driver` in the test namespace.
+async fn node_shards(cluster: &Cluster, driver: &str) -> Vec<(String, String)> {
+    use kube::api::{Api, ListParams};
+    let selector = format!(
+        "{}={}",
+        csi_provisioner::journal::DRIVER_LABEL,
+        csi_provisioner::leader::lease_name(driver)
+    );
+    Api::<csi_provisioner::journal::ProvisioningJournal>::namespaced(
+        cluster.client.clone(),
+        cluster.ns(),
+    )
+    .list(&ListParams::default().labels(&selector))
+    .await
+    .unwrap_or_else(|e| panic!("listing shards: {e}"))
+    .items
+    .into_iter()
+    .map(|shard| {
+        let labels = shard.metadata.labels.unwrap_or_default();
+        let node = labels
+            .get(csi_provisioner::journal::NODE_LABEL)
+            .cloned()
+            .unwrap_or_default();
+        (node, shard.metadata.name.unwrap_or_default())
+    })
+    .collect()
+}
+
+fn support_node_key(node: &str) -> String {
+    csi_provisioner::journal::node_key(node)
+}
+
+// ------------------------------------------------------------------------------ bad input
+
+/// Runs a node-mode sidecar for `driver` with `NODE_NAME` set to `node` (unset: `None`) and
+/// returns its exit code and stderr; it must exit on its own.
+async fn exits(driver: &Driver, node: Option<&str>) -> (Option<i32>, String) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_csi-provisioner"));
+    command
+        .arg("--node-deployment")
+        .arg("--csi-address")
+        .arg(driver.socket())
+        .arg("--kubeconfig")
+        .arg(support::control_plane_with_scheduler().kubeconfig_path())
+        .env_remove("NODE_NAME")
+        .env_remove("RUST_LOG");
+    if let Some(node) = node {
+        command.env("NODE_NAME", node);
+    }
+    let output = tokio::time::timeout(TIMEOUT, command.output())
+        .await
+        .expect("the sidecar exits on its own")
+        .expect("running csi-provisioner");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn node_name_missing_or_naming_no_node_stops_the_sidecar_with_a_message() {
+    let (cluster, _topology) = scheduling_cluster("node-bad").await;
+    let driver =
+        Driver::start(&["--node-id", "ghost", "--topology", "example.com/node=ghost"]).await;
+    let (code, stderr) = exits(&driver, None).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "csi-provisioner: The NODE_NAME environment variable must be set when using --enable-node-deployment."
+        ),
+        "{stderr}"
+    );
+    let ghost = format!("{}-ghost", cluster.ns());
+    let (code, stderr) = exits(&driver, Some(&ghost)).await;
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "csi-provisioner: --node-deployment: NODE_NAME is {ghost:?}, but the cluster has no Node of that name"
+        )),
+        "{stderr}"
+    );
+    assert!(driver.volumes().is_empty());
+}

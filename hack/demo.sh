@@ -35,8 +35,8 @@ eval "$(grep '^export KUBECONFIG=' "$work/testbed.log")"
 k() { "$kubectl" "$@"; }
 echo "KUBECONFIG=$KUBECONFIG"
 
-say "installing the journal CRD (deploy/crd.yaml)"
-k apply -f deploy/crd.yaml
+say "installing the journal CRD (deploy/base/crd.yaml)"
+k apply -f deploy/base/crd.yaml
 k wait --for=condition=Established crd/provisioningjournals.provisioner.csi-rs.dev --timeout=60s
 
 say "starting the reference driver and the sidecar"

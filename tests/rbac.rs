@@ -15,12 +15,12 @@ use std::time::Instant;
 use csi_provisioner::journal::Phase;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{
-    Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
 };
-use k8s_openapi::api::storage::v1::CSINode;
+use k8s_openapi::api::storage::v1::{CSINode, CSIStorageCapacity, StorageClass};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
     PatchParams, PostParams,
 };
 use kube::{Client, ResourceExt};
@@ -34,9 +34,16 @@ use support::cluster::{
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, describe};
 
 const DEPLOY_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
+/// The per-node overlay (a DaemonSet with --node-deployment and --enable-capacity).
+const NODE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/node");
 const SERVICE_ACCOUNT: &str = "csi-provisioner";
 /// Files of deploy/ holding RBAC rules; each rule must say why it exists.
-const RULE_FILES: [&str; 2] = ["clusterrole.yaml", "role.yaml"];
+const RULE_FILES: [&str; 4] = [
+    "base/clusterrole.yaml",
+    "base/role.yaml",
+    "node/clusterrole.yaml",
+    "node/role.yaml",
+];
 /// Kinds the tests create for real; the rest of deploy/ is only validated (dry run).
 const APPLIED_KINDS: [&str; 7] = [
     "CustomResourceDefinition",
@@ -133,15 +140,15 @@ fn kubectl() -> PathBuf {
     PathBuf::from(dir.trim()).join("kubectl")
 }
 
-/// Every object `kubectl kustomize deploy/` renders.
-fn render_deploy() -> Vec<Value> {
+/// Every object `kubectl kustomize` renders of `dir` (deploy/ or an overlay in it).
+fn render(dir: &str) -> Vec<Value> {
     let output = Command::new(kubectl())
-        .args(["kustomize", DEPLOY_DIR])
+        .args(["kustomize", dir])
         .output()
         .expect("running kubectl kustomize");
     assert!(
         output.status.success(),
-        "kubectl kustomize deploy/ failed: {}",
+        "kubectl kustomize {dir} failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
@@ -158,7 +165,12 @@ fn kind(object: &Value) -> &str {
 /// (its labels are applied to the test namespace); the CRD is shared as it is (its name is fixed
 /// by its group and plural).
 fn adapt(objects: &[Value], ns: &str) -> Vec<Value> {
-    let cluster_scoped = ["ClusterRole", "ClusterRoleBinding", "StorageClass"];
+    let cluster_scoped = [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "StorageClass",
+        "CSIDriver",
+    ];
     objects
         .iter()
         .cloned()
@@ -273,13 +285,14 @@ async fn apply(client: &Client, objects: &[Value]) {
         }
         match types.kind.as_str() {
             "CustomResourceDefinition" => wait_established(client, &dynamic.name_any()).await,
-            "Deployment" => dry_run_pod(client, object).await,
+            "Deployment" | "DaemonSet" => dry_run_pod(client, object).await,
             _ => {}
         }
     }
 }
 
-/// A pod of the Deployment's template, created as a dry run (admission runs, nothing is stored).
+/// A pod of the Deployment's or DaemonSet's template, created as a dry run (admission runs,
+/// nothing is stored).
 async fn dry_run_pod(client: &Client, deployment: &Value) {
     let namespace = deployment["metadata"]["namespace"]
         .as_str()
@@ -290,7 +303,7 @@ async fn dry_run_pod(client: &Client, deployment: &Value) {
         "metadata": {"name": "pod-security-check", "namespace": namespace},
         "spec": deployment["spec"]["template"]["spec"],
     }))
-    .expect("the Deployment's template is a pod spec");
+    .expect("the workload's template is a pod spec");
     let dry_run = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -299,7 +312,7 @@ async fn dry_run_pod(client: &Client, deployment: &Value) {
         .create(&dry_run, &pod)
         .await
     {
-        panic!("a pod of deploy/deployment.yaml is not admitted: {e}");
+        panic!("a pod of deploy/ is not admitted: {e}");
     }
 }
 
@@ -438,8 +451,18 @@ async fn deployed(
     broken: impl Fn(Vec<Value>) -> Vec<Value>,
     dir: &Path,
 ) -> (Client, support::TestNamespace, Vec<Value>, PathBuf) {
+    deployed_from(DEPLOY_DIR, prefix, broken, dir).await
+}
+
+/// [`deployed`] from the kustomization in `kustomization` (deploy/ or an overlay).
+async fn deployed_from(
+    kustomization: &str,
+    prefix: &str,
+    broken: impl Fn(Vec<Value>) -> Vec<Value>,
+    dir: &Path,
+) -> (Client, support::TestNamespace, Vec<Value>, PathBuf) {
     let (client, ns) = support::test_namespace(prefix).await;
-    let objects = broken(adapt(&render_deploy(), ns.name()));
+    let objects = broken(adapt(&render(kustomization), ns.name()));
     apply(&client, &objects).await;
     let kubeconfig = service_account_kubeconfig(&client, ns.name(), dir).await;
     (client, ns, objects, kubeconfig)
@@ -655,14 +678,30 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     assert_not_refused(&sidecar);
     let log = sidecar.log();
     let used = requests_in_log(&log);
-    let granted = granted(&objects);
-    let excused: BTreeSet<Permission> = NOT_EXERCISED
+    assert_rules_match(&used, &objects, &NOT_EXERCISED);
+    node.delete().await;
+    eprintln!("requests the sidecar sent: {used:?}");
+    eprintln!(
+        "the deploy/ RBAC end to end took {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// Every request in `used` has a rule in `objects`, and every rule is used, except the
+/// permissions `not_exercised` names (each of which must still be granted).
+fn assert_rules_match(
+    used: &BTreeSet<Permission>,
+    objects: &[Value],
+    not_exercised: &[(&str, &str, &str, &str)],
+) {
+    let granted = granted(objects);
+    let excused: BTreeSet<Permission> = not_exercised
         .iter()
         .map(|(group, resource, verb, _why)| permission(group, resource, verb))
         .collect();
     let missing: Vec<_> = used.difference(&granted).collect();
     let unused: Vec<_> = granted
-        .difference(&used)
+        .difference(used)
         .filter(|p| !excused.contains(*p))
         .collect();
     let stale: Vec<_> = excused.difference(&granted).collect();
@@ -677,13 +716,7 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     );
     assert!(
         stale.is_empty(),
-        "NOT_EXERCISED names permissions deploy/ no longer grants: {stale:?}"
-    );
-    node.delete().await;
-    eprintln!("requests the sidecar sent: {used:?}");
-    eprintln!(
-        "the deploy/ RBAC end to end took {:.1}s",
-        started.elapsed().as_secs_f64()
+        "the not-exercised list names permissions deploy/ no longer grants: {stale:?}"
     );
 }
 
@@ -733,6 +766,287 @@ impl TopologyNode {
             .delete(&self.name, &params)
             .await;
     }
+}
+
+/// Granted by deploy/node/ (which keeps the base's rules for the central Deployment) and not
+/// sent by a node-mode sidecar, each with the reason.
+const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 20] = [
+    ("coordination.k8s.io", "leases", "get", NO_LEADER_ELECTION),
+    ("coordination.k8s.io", "leases", "watch", NO_LEADER_ELECTION),
+    (
+        "coordination.k8s.io",
+        "leases",
+        "create",
+        NO_LEADER_ELECTION,
+    ),
+    (
+        "coordination.k8s.io",
+        "leases",
+        "update",
+        NO_LEADER_ELECTION,
+    ),
+    ("", "nodes", "list", NODE_TOPOLOGY),
+    ("", "nodes", "watch", NODE_TOPOLOGY),
+    ("storage.k8s.io", "csinodes", "list", NODE_TOPOLOGY),
+    ("storage.k8s.io", "csinodes", "watch", NODE_TOPOLOGY),
+    ("", "persistentvolumeclaims", "list", LISTED_ONLY),
+    ("", "persistentvolumes", "list", LISTED_ONLY),
+    ("storage.k8s.io", "storageclasses", "list", LISTED_ONLY),
+    (
+        "storage.k8s.io",
+        "csistoragecapacities",
+        "list",
+        LISTED_ONLY,
+    ),
+    (
+        "provisioner.csi-rs.dev",
+        "provisioningjournals",
+        "get",
+        "journal/writer.rs re-reads a shard only after a conflicting or failed write \
+         (tests/journal.rs)",
+    ),
+    ("", "secrets", "get", IN_THE_BASE_TEST),
+    ("", "events", "patch", IN_THE_BASE_TEST),
+    (
+        "storage.k8s.io",
+        "volumeattachments",
+        "list",
+        IN_THE_BASE_TEST,
+    ),
+    (
+        "storage.k8s.io",
+        "volumeattachments",
+        "watch",
+        IN_THE_BASE_TEST,
+    ),
+    (SNAPSHOTS, "volumesnapshots", "get", NO_SNAPSHOT_CRDS),
+    (SNAPSHOTS, "volumesnapshotcontents", "get", NO_SNAPSHOT_CRDS),
+    (
+        "gateway.networking.k8s.io",
+        "referencegrants",
+        "watch",
+        "only with the CrossNamespaceVolumeDataSource gate, which the DaemonSet leaves off",
+    ),
+];
+
+const NO_LEADER_ELECTION: &str = "the DaemonSet runs without --leader-election: each instance \
+     owns its node";
+const NODE_TOPOLOGY: &str = "in node mode the topology is the driver's NodeGetInfo: no Node or \
+     CSINode watch (the base's rule serves the central Deployment)";
+const IN_THE_BASE_TEST: &str = "the same code path as in the central mode, which \
+     the_deploy_rbac_is_enough_and_every_rule_is_used exercises";
+
+/// The per-node overlay end to end: the DaemonSet's sidecar flags, run as the ServiceAccount
+/// with NODE_NAME, NAMESPACE and POD_NAME (a Pod whose controller owns the capacity objects).
+/// It checks its Node (nodes get), reads its Pod (pods get), publishes its node's
+/// CSIStorageCapacity objects (watch, create), provisions a claim selected to its node and one
+/// Immediate claim it wins (claim patch), refreshes its capacity after each (update), deletes a
+/// volume, and deletes the object of a class that goes (delete). Every request has a rule and
+/// every rule is used, except `NOT_EXERCISED_IN_NODE_MODE`.
+#[tokio::test]
+async fn the_node_overlay_rbac_is_enough_and_every_rule_is_used() {
+    let dir = test_dir();
+    let (client, ns, objects, kubeconfig) =
+        deployed_from(NODE_DIR, "rbac-node", |o| o, dir.path()).await;
+    let ns = ns.name();
+    let node_key = format!("{ns}.example/node");
+    let driver = Driver::start(&["--topology", &format!("{node_key}=z1"), "--capacity=10Gi"]).await;
+    let node = TopologyNode::create(&client, ns, &driver, &node_key).await;
+    let pod = owned_pod(&client, ns).await;
+
+    let daemonset = objects
+        .iter()
+        .find(|o| kind(o) == "DaemonSet")
+        .expect("deploy/node/ renders a DaemonSet");
+    let mut args: Vec<String> = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("the sidecar container has args")
+        .iter()
+        .filter_map(|arg| arg.as_str())
+        // The socket and the metrics port are the test's own.
+        .filter(|arg| !arg.starts_with("--csi-address") && !arg.starts_with("--http-endpoint"))
+        .filter(|arg| !arg.starts_with("-v="))
+        .map(str::to_owned)
+        .collect();
+    assert!(args.contains(&"--node-deployment".to_owned()), "{args:?}");
+    args.extend([
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--leader-election-namespace={ns}"),
+        "--logging-format=json".to_owned(),
+        "-v=4".to_owned(),
+        // The Immediate claim is won within a second, not twenty.
+        "--node-deployment-base-delay=200ms".to_owned(),
+        "--node-deployment-max-delay=1s".to_owned(),
+    ]);
+    let mut sidecar = Sidecar::start_with(
+        &driver,
+        SidecarOptions {
+            args,
+            env: vec![
+                ("NODE_NAME", node.name.clone()),
+                ("NAMESPACE", ns.to_owned()),
+                ("POD_NAME", pod),
+            ],
+            ..SidecarOptions::default()
+        },
+    );
+
+    let local = format!("{ns}-local");
+    let mut wffc = storage_class(&local, &driver, "Delete", &[]);
+    wffc.volume_binding_mode = Some("WaitForFirstConsumer".to_owned());
+    create_class(&client, &wffc).await;
+    let immediate = format!("{ns}-immediate");
+    create_class(&client, &storage_class(&immediate, &driver, "Delete", &[])).await;
+
+    let capacities: Api<CSIStorageCapacity> = Api::namespaced(client.clone(), ns);
+    let capacity_of = |class: String| {
+        let capacities = capacities.clone();
+        async move {
+            let listed = capacities
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let objects: Vec<_> = listed
+                .items
+                .into_iter()
+                .filter(|c| c.storage_class_name == class)
+                .collect();
+            Ok::<_, String>(objects)
+        }
+    };
+    support::eventually("the node's capacity object", TIMEOUT, || async {
+        assert_not_refused(&sidecar);
+        let objects = capacity_of(local.clone()).await?;
+        match objects.as_slice() {
+            [object] if object.capacity.as_ref().is_some_and(|c| c.0 == "10Gi") => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let mut selected = claim("selected", &local, "1Gi", None);
+    selected.metadata.annotations = Some([(SELECTED_NODE.to_owned(), node.name.clone())].into());
+    let selected = create_claim(&claims, &selected).await;
+    create_claim(&claims, &claim("raced", &immediate, "1Gi", None)).await;
+    wait_bound(&claims, "selected").await;
+    wait_bound(&claims, "raced").await;
+    let raced = claims.get("raced").await.expect("reading the raced claim");
+    assert_eq!(
+        raced
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get(SELECTED_NODE),
+        Some(&node.name),
+        "the Immediate claim went to the only node"
+    );
+    support::eventually(
+        "the capacity refreshed after provisioning",
+        TIMEOUT,
+        || async {
+            assert_not_refused(&sidecar);
+            let objects = capacity_of(local.clone()).await?;
+            match objects.as_slice() {
+                [object] if object.capacity.as_ref().is_some_and(|c| c.0 == "8Gi") => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+
+    claims
+        .delete("selected", &DeleteParams::default())
+        .await
+        .expect("deleting the claim");
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let volume_name = pv_name(&selected);
+    support::eventually("the PV to be gone", TIMEOUT, || async {
+        assert_not_refused(&sidecar);
+        match volumes
+            .get_opt(&volume_name)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            None => Ok(()),
+            Some(pv) => Err(format!("phase {:?}", pv.status.and_then(|s| s.phase))),
+        }
+    })
+    .await;
+
+    Api::<StorageClass>::all(client.clone())
+        .delete(&local, &DeleteParams::default())
+        .await
+        .expect("deleting the class");
+    support::eventually("the class's capacity object to go", TIMEOUT, || async {
+        assert_not_refused(&sidecar);
+        let objects = capacity_of(local.clone()).await?;
+        objects
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("{objects:?}"))
+    })
+    .await;
+
+    sidecar.signal(Signal::SIGTERM);
+    let status = sidecar.wait_exit(TIMEOUT).await;
+    assert!(
+        status.success(),
+        "the sidecar ended with {}",
+        describe(status)
+    );
+    assert_not_refused(&sidecar);
+    let used = requests_in_log(&sidecar.log());
+    assert_rules_match(&used, &objects, &NOT_EXERCISED_IN_NODE_MODE);
+    node.delete().await;
+}
+
+const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+/// A Pod whose controlling owner is a ConfigMap: what `--capacity-ownerref-level=1` reads
+/// (the owner reference as it is, without reading the owner), as a DaemonSet's pod would
+/// carry. A ConfigMap, because nothing manages it: a DaemonSet or ReplicaSet would act on the
+/// Pod. Returns its name.
+async fn owned_pod(client: &Client, ns: &str) -> String {
+    let owner = Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("owner".to_owned()),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            },
+        )
+        .await
+        .expect("creating the owner");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": "csi-provisioner-node-pod",
+            "ownerReferences": [{
+                "apiVersion": "v1", "kind": "ConfigMap", "name": "owner",
+                "uid": owner.metadata.uid, "controller": true,
+            }],
+        },
+        "spec": {
+            // Never scheduled, never run: only its metadata is read.
+            "nodeName": format!("{ns}-nowhere"),
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "c", "image": "none",
+                "securityContext": {"allowPrivilegeEscalation": false,
+                                    "capabilities": {"drop": ["ALL"]}},
+            }],
+        },
+    }))
+    .expect("a Pod");
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .expect("creating the owner's Pod");
+    "csi-provisioner-node-pod".to_owned()
 }
 
 /// Without `create` on persistentvolumes the driver creates the volume but no PV appears, and

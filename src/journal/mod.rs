@@ -43,7 +43,7 @@ pub use scope::{DRIVER_LABEL, JournalScope, NODE_LABEL, node_key};
 #[derive(Debug, Error)]
 pub enum JournalError {
     #[error(
-        "the ProvisioningJournal CRD is not installed (apply deploy/crd.yaml), or the sidecar may not list provisioningjournals in namespace {namespace}: {source}"
+        "the ProvisioningJournal CRD is not installed (apply deploy/base/crd.yaml), or the sidecar may not list provisioningjournals in namespace {namespace}: {source}"
     )]
     Load {
         namespace: String,
@@ -292,9 +292,9 @@ mod tests {
     use super::*;
     use kube::CustomResourceExt;
 
-    const SHIPPED_CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/crd.yaml");
+    const SHIPPED_CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base/crd.yaml");
 
-    /// deploy/crd.yaml is generated from the Rust type; regenerate it with
+    /// deploy/base/crd.yaml is generated from the Rust type; regenerate it with
     /// `UPDATE_CRD=1 cargo test --lib journal`.
     #[test]
     fn the_shipped_crd_is_the_one_the_code_defines() {
@@ -303,12 +303,12 @@ mod tests {
         let generated =
             format!("# Generated from src/journal/record.rs; do not edit by hand.\n{yaml}");
         if std::env::var_os("UPDATE_CRD").is_some() {
-            std::fs::write(SHIPPED_CRD, &generated).expect("deploy/crd.yaml is writable");
+            std::fs::write(SHIPPED_CRD, &generated).expect("deploy/base/crd.yaml is writable");
         }
         let shipped = std::fs::read_to_string(SHIPPED_CRD).unwrap_or_default();
         assert!(
             shipped == generated,
-            "deploy/crd.yaml is stale: run UPDATE_CRD=1 cargo test --lib journal"
+            "deploy/base/crd.yaml is stale: run UPDATE_CRD=1 cargo test --lib journal"
         );
     }
 }

@@ -93,7 +93,7 @@ fn shared_control_plane(options: StartOptions<'static>) -> &'static ControlPlane
     }
 }
 
-/// The sidecar refuses to start without its journal CRD (deploy/crd.yaml), as in a cluster
+/// The sidecar refuses to start without its journal CRD (deploy/base/crd.yaml), as in a cluster
 /// where the CRD was not applied; every test cluster gets it up front.
 async fn install_journal_crd(cp: &ControlPlane) -> Result<(), String> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -13,7 +13,7 @@ pub struct Programs {
     pub ours: PathBuf,
     pub upstream: PathBuf,
     pub driver: PathBuf,
-    /// From the control-plane build: applies our CRDs (deploy/crd.yaml) to every cluster.
+    /// From the control-plane build: applies our CRDs (deploy/base/crd.yaml) to every cluster.
     pub kubectl: PathBuf,
 }
 

@@ -42,6 +42,7 @@ pub async fn start_control_plane(b: &Bench, tag: &str) -> Result<ControlPlane, B
 pub(super) async fn prepare_cluster(b: &Bench, cp: &ControlPlane) -> Result<Cluster, BenchError> {
     let crds = csi_testbed::workspace::root()
         .join("deploy")
+        .join("base")
         .join("crd.yaml");
     let kubeconfig = format!("--kubeconfig={}", cp.kubeconfig_path().display());
     for args in [

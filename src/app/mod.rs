@@ -53,7 +53,8 @@ pub async fn run(args: Args) -> ExitCode {
 async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::new());
     let (driver, info) = driver::connect(&args.driver, Arc::clone(&metrics)).await?;
-    let clients = kube_client::client_from_args(&args.client)
+    let capacity_args = args.capacity.enable_capacity.then_some(&args.capacity);
+    let clients = kube_client::client_from_args(&args.client, capacity_args)
         .await
         .map_err(AppError::KubeClient)?;
 

@@ -68,6 +68,7 @@ pub(super) fn settings(args: &Args, info: &DriverInfo) -> Result<Settings, AppEr
             immediate: args.topology.immediate_topology,
         },
         node: None,
+        capacity: None,
     })
 }
 

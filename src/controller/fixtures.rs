@@ -533,6 +533,7 @@ impl Cluster {
                 immediate: true,
             },
             node: None,
+            capacity: None,
         };
         let journal = bounded(Journal::load(
             client.clone(),

@@ -17,6 +17,7 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 
 use super::actions::{SecretReadError, delete_volume, read_secret};
+use crate::provision::capacity::RefreshCause;
 use super::cache::CachedVolume;
 use super::context::Context;
 use super::events::EventType;
@@ -162,6 +163,9 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
     delete_volume(ctx, &volume_class(&stored), &target.volume_handle, secrets)
         .await
         .map_err(VolumeError::Driver)?;
+    ctx.refresh_capacity(|| RefreshCause::Deleted {
+        affinity: stored.spec.as_ref().and_then(|spec| spec.node_affinity.clone()),
+    });
     let name = pv.name_any();
     let terminating = if stored.metadata.deletion_timestamp.is_some() {
         stored

@@ -297,7 +297,7 @@ fn same_quantity(existing: Option<&Quantity>, wanted: Option<i64>) -> bool {
 }
 
 /// An object of ours that no item wants, to delete.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Obsolete {
     pub name: String,
     pub uid: String,

@@ -34,22 +34,20 @@ fn refused(flags: &[&str]) -> Vec<String> {
 fn flags_whose_behaviour_is_not_built_are_refused() {
     // Given is refused whatever the value, Go's single-dash form included.
     assert_eq!(
-        refused(&["-enable-capacity=false"]),
+        refused(&["-enable-pprof=false"]),
         vec![
-            "--enable-capacity is not supported yet (capacity tracking is not built); remove the flag"
+            "--enable-pprof is not supported yet (profiling endpoints are not built); remove the flag"
         ]
     );
     // One line per flag, so every one to remove is named at once.
     assert_eq!(
         refused(&[
             "--node-deployment",
-            "--enable-pprof",
             "--vmodule=foo=2",
             "--log-text-split-stream",
         ]),
         vec![
             "--node-deployment is not supported yet (node deployment is not built); remove the flag",
-            "--enable-pprof is not supported yet (profiling endpoints are not built); remove the flag",
             "--vmodule is not supported yet (per-module verbosity is not built); remove the flag",
             "--log-text-split-stream is not supported yet (split log streams are not built); remove the flag",
         ]
@@ -73,7 +71,7 @@ fn gates_turned_on_without_their_behaviour_are_refused() {
 
 #[test]
 fn version_still_wins_over_refusals() {
-    let out = sidecar(&["--version", "--enable-capacity"]);
+    let out = sidecar(&["--version", "--enable-pprof"]);
     assert_eq!(out.status.code(), Some(0));
 }
 

@@ -11,8 +11,8 @@ use kube::Client;
 use kube::runtime::reflector::Store;
 
 use super::backoff::{Backoff, InfeasibleSet};
-use super::capacity::{CapacityRefresh, CapacitySettings};
 use super::cache::{CachedAttachment, CachedClaim, CachedVolume, listed};
+use super::capacity::{CapacityRefresh, CapacitySettings};
 use super::events::EventRecorder;
 use super::grants::GrantCache;
 use super::limits::CallLimits;

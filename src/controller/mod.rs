@@ -46,6 +46,7 @@ use crate::journal::{Journal, JournalError};
 use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
 use crate::provision::claim_class_name;
+pub use capacity::{CapacitySettings, SegmentSource};
 use claims::ClaimReconciler;
 use clone_protection::CloneProtection;
 use context::{Context, FencedDriver, Stores};
@@ -124,13 +125,12 @@ pub async fn run(
         rate_limit,
     );
     let (topology, topology_watches) = if settings.caps.topology {
-        let (cache, nodes, csinodes) =
-            topology::watch_topology(
-                &client,
-                initial_list,
-                &settings.config.driver_name,
-                capacity_changes.as_ref(),
-            );
+        let (cache, nodes, csinodes) = topology::watch_topology(
+            &client,
+            initial_list,
+            &settings.config.driver_name,
+            capacity_changes.as_ref(),
+        );
         let watches = future::join(drive(nodes), drive(csinodes)).map(|_| ());
         (Some(cache), watches.boxed())
     } else {

@@ -358,7 +358,9 @@ pub enum RefreshCause {
     /// space, or found less than was published).
     ProvisionFailed { class: String },
     /// A volume was deleted; `affinity` is its PV's node affinity.
-    Deleted { affinity: Option<VolumeNodeAffinity> },
+    Deleted {
+        affinity: Option<VolumeNodeAffinity>,
+    },
 }
 
 /// The items to query again after `cause`, and how many node-affinity terms were not plain
@@ -421,7 +423,11 @@ fn affinity_terms(affinity: &VolumeNodeAffinity) -> &[NodeSelectorTerm] {
 }
 
 fn term_segment(term: &NodeSelectorTerm) -> Option<Segment> {
-    if term.match_fields.as_ref().is_some_and(|fields| !fields.is_empty()) {
+    if term
+        .match_fields
+        .as_ref()
+        .is_some_and(|fields| !fields.is_empty())
+    {
         return None;
     }
     term.match_expressions
@@ -626,7 +632,13 @@ mod tests {
             class: "fast".to_owned(),
         };
         let request = get_capacity_request(&nil, &fast);
-        assert!(request.accessible_topology.expect("present").segments.is_empty());
+        assert!(
+            request
+                .accessible_topology
+                .expect("present")
+                .segments
+                .is_empty()
+        );
     }
 
     #[test]
@@ -706,7 +718,11 @@ mod tests {
             class: "fast".to_owned(),
         };
         let desired = BTreeSet::from([nil.clone()]);
-        for selector in [json!({}), json!({"matchLabels": {}}), json!({"matchExpressions": []})] {
+        for selector in [
+            json!({}),
+            json!({"matchLabels": {}}),
+            json!({"matchExpressions": []}),
+        ] {
             let object = stored(
                 "a",
                 1,
@@ -745,11 +761,19 @@ mod tests {
         );
         let matching = match_objects(
             &desired,
-            [z1("younger", 20), gone_class, z1("older", 10), z1("same-age", 10)],
+            [
+                z1("younger", 20),
+                gone_class,
+                z1("older", 10),
+                z1("same-age", 10),
+            ],
         );
         assert_eq!(matching.linked.len(), 1);
         assert_eq!(
-            matching.linked[&item("z1", "fast")].metadata.name.as_deref(),
+            matching.linked[&item("z1", "fast")]
+                .metadata
+                .name
+                .as_deref(),
             Some("older")
         );
         let obsolete: Vec<&str> = matching.obsolete.iter().map(|o| o.name.as_str()).collect();
@@ -757,7 +781,11 @@ mod tests {
         assert_eq!(matching.obsolete[0].uid, "uid-old-class");
     }
 
-    fn existing(capacity: &str, maximum: Option<&str>, owners: serde_json::Value) -> CSIStorageCapacity {
+    fn existing(
+        capacity: &str,
+        maximum: Option<&str>,
+        owners: serde_json::Value,
+    ) -> CSIStorageCapacity {
         let object = stored(
             "a",
             1,
@@ -794,11 +822,17 @@ mod tests {
             .updated_object(&existing("1Gi", None, with_owner.clone()), gib(2, None))
             .expect("capacity changed");
         assert_eq!(updated.capacity, Some(Quantity("2Gi".to_owned())));
-        assert_eq!(updated.metadata.resource_version, object.metadata.resource_version);
+        assert_eq!(
+            updated.metadata.resource_version,
+            object.metadata.resource_version
+        );
         let updated = template
             .updated_object(&existing("1Gi", None, with_owner.clone()), gib(1, Some(1)))
             .expect("maximum appeared");
-        assert_eq!(updated.maximum_volume_size, Some(Quantity("1Gi".to_owned())));
+        assert_eq!(
+            updated.maximum_volume_size,
+            Some(Quantity("1Gi".to_owned()))
+        );
         let updated = template
             .updated_object(&existing("1Gi", Some("1Gi"), with_owner), gib(1, None))
             .expect("maximum gone");

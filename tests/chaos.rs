@@ -441,6 +441,7 @@ impl Replicas {
                         .into(),
                         metrics: false,
                         hostname: Some((*host).to_owned()),
+                        env: Vec::new(),
                     },
                 )
             })

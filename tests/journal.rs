@@ -53,7 +53,7 @@ impl Cluster {
         SidecarOptions {
             args,
             metrics,
-            hostname: None,
+            ..SidecarOptions::default()
         }
     }
 

@@ -578,6 +578,8 @@ pub struct SidecarOptions {
     /// Run in a UTS namespace with this hostname: the leader-election identity is the
     /// hostname, so two replicas on one machine need different ones, as two pods have.
     pub hostname: Option<String>,
+    /// Environment variables, e.g. `NAMESPACE` for `--enable-capacity`.
+    pub env: Vec<(&'static str, String)>,
 }
 
 impl SidecarOptions {
@@ -644,7 +646,7 @@ impl Sidecar {
             label,
             program,
             args,
-            env: Vec::new(),
+            env: options.env,
             hostname: options.hostname,
             log: dir.path().join("sidecar.log"),
             child: None,

@@ -16,7 +16,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower::{Layer, Service};
 
-use crate::config::ClientArgs;
+use crate::config::{CapacityArgs, ClientArgs};
 
 /// client-go's defaults for a zero `--kube-api-qps` / `--kube-api-burst`.
 const DEFAULT_QPS: f64 = 5.0;
@@ -124,12 +124,27 @@ impl ConfigSource {
 
 /// Builds the client for the flags in `args` (all API traffic goes through the limiter),
 /// and the limiter's handle for callers that can wait for spare capacity.
-pub async fn client_from_args(args: &ClientArgs) -> Result<ApiClients, KubeClientError> {
+/// With `capacity` (`--enable-capacity`), also the capacity client with its own limiter
+/// (`--kube-api-capacity-qps`, `--kube-api-capacity-burst`).
+pub async fn client_from_args(
+    args: &ClientArgs,
+    capacity: Option<&CapacityArgs>,
+) -> Result<ApiClients, KubeClientError> {
     let env = std::env::var("KUBECONFIG").ok();
     let source = ConfigSource::decide(&args.kubeconfig, &args.master, env.as_deref());
     let config = source.load().await?;
     let rate_limit = RateLimitLayer::from_flags(args.kube_api_qps, args.kube_api_burst);
+    let capacity = capacity
+        .map(|capacity| {
+            let limit = RateLimitLayer::from_flags(
+                f64::from(capacity.kube_api_capacity_qps),
+                capacity.kube_api_capacity_burst,
+            );
+            build_client(config.clone(), limit)
+        })
+        .transpose()?;
     Ok(ApiClients {
+        capacity,
         client: build_client(config.clone(), rate_limit.clone())?,
         prepaid: build_client(config, RateLimitLayer::unlimited())?,
         rate_limit,
@@ -147,6 +162,9 @@ pub struct ApiClients {
     /// changes arriving while it waits still join that request.
     pub prepaid: Client,
     pub rate_limit: RateLimitLayer,
+    /// With `--enable-capacity`: the CSIStorageCapacity writes, their watch and the owner
+    /// lookup, limited apart from the rest as upstream's capacity client.
+    pub capacity: Option<Client>,
 }
 
 /// kube's default stack (auth, retries on 429/503/504, tracing) wrapped in `limit`.

@@ -82,6 +82,16 @@ pub struct Metrics {
     orphans_deleted: Counter,
     orphans_waiting_for_secret: Gauge,
     leader: Family<LeaseLabels, Gauge>,
+    capacity: CapacityGauges,
+}
+
+/// The gauges of the CSIStorageCapacity controller, registered only with `--enable-capacity`
+/// ([`Metrics::register_capacity`]), as upstream registers them only then.
+#[derive(Debug, Default)]
+struct CapacityGauges {
+    goal: Gauge,
+    current: Gauge,
+    obsolete: Gauge,
 }
 
 impl Metrics {
@@ -188,7 +198,36 @@ impl Metrics {
             orphans_deleted,
             orphans_waiting_for_secret,
             leader,
+            capacity: CapacityGauges::default(),
         }
+    }
+
+    /// Registers the CSIStorageCapacity gauges, with upstream's names and help texts.
+    pub fn register_capacity(&mut self) {
+        self.registry.register(
+            "csistoragecapacities_desired_goal",
+            "[ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically.",
+            self.capacity.goal.clone(),
+        );
+        self.registry.register(
+            "csistoragecapacities_desired_current",
+            "[ALPHA] Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically.",
+            self.capacity.current.clone(),
+        );
+        self.registry.register(
+            "csistoragecapacities_obsolete",
+            "[ALPHA] Number of CSIStorageCapacity objects that exist and will be deleted automatically. Objects that exist and may need an update are not considered obsolete and therefore not included in this value.",
+            self.capacity.obsolete.clone(),
+        );
+    }
+
+    /// Sets the CSIStorageCapacity gauges: objects wanted, wanted objects that exist, and
+    /// objects of ours that no item wants.
+    pub fn set_capacity_objects(&self, goal: usize, current: usize, obsolete: usize) {
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        self.capacity.goal.set(count(goal));
+        self.capacity.current.set(count(current));
+        self.capacity.obsolete.set(count(obsolete));
     }
 
     /// Records whether this replica leads, as client-go's `leader_election_master_status`.
@@ -432,5 +471,19 @@ mod tests {
             .and_then(|v| v.parse::<f64>().ok())
             .unwrap_or_default();
         assert!(value > 1.7e9, "{text}");
+    }
+
+    #[test]
+    fn capacity_gauges_appear_only_once_registered() {
+        let mut metrics = Metrics::new();
+        assert!(!metrics.encode().contains("csistoragecapacities"));
+        metrics.register_capacity();
+        metrics.set_capacity_objects(4, 3, 1);
+        let text = metrics.encode();
+        assert!(text.contains("# HELP csistoragecapacities_desired_goal [ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically."), "{text}");
+        assert!(text.contains("# TYPE csistoragecapacities_desired_goal gauge"));
+        assert!(text.contains("\ncsistoragecapacities_desired_goal 4\n"));
+        assert!(text.contains("\ncsistoragecapacities_desired_current 3\n"));
+        assert!(text.contains("\ncsistoragecapacities_obsolete 1\n"));
     }
 }

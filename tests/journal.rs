@@ -53,8 +53,7 @@ impl Cluster {
         SidecarOptions {
             args,
             metrics,
-            hostname: None,
-            env: Vec::new(),
+            ..SidecarOptions::default()
         }
     }
 

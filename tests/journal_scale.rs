@@ -58,9 +58,7 @@ async fn ten_thousand_operations_in_flight_keep_every_shard_small_and_provisioni
             "--kube-api-qps=1000".to_owned(),
             "--kube-api-burst=2000".to_owned(),
         ],
-        metrics: false,
-        hostname: None,
-        env: Vec::new(),
+        ..SidecarOptions::default()
     };
     let mut sidecar = Sidecar::start_with(&driver, options);
     let class = cluster.class("scale", &driver, "Delete", &[]).await;

@@ -56,6 +56,7 @@ const APPLIED_KINDS: [&str; 7] = [
 ];
 /// Granted permissions the end-to-end run cannot exercise cheaply, each with the reason it is
 /// still needed. Everything else granted must show up in the sidecar's requests.
+/// Why the capacity grants are not exercised here.
 const NOT_EXERCISED: [(&str, &str, &str, &str); 14] = [
     (
         "provisioner.csi-rs.dev",
@@ -770,7 +771,7 @@ impl TopologyNode {
 
 /// Granted by deploy/node/ (which keeps the base's rules for the central Deployment) and not
 /// sent by a node-mode sidecar, each with the reason.
-const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 20] = [
+const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 19] = [
     ("coordination.k8s.io", "leases", "get", NO_LEADER_ELECTION),
     ("coordination.k8s.io", "leases", "watch", NO_LEADER_ELECTION),
     (
@@ -792,12 +793,6 @@ const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 20] = [
     ("", "persistentvolumeclaims", "list", LISTED_ONLY),
     ("", "persistentvolumes", "list", LISTED_ONLY),
     ("storage.k8s.io", "storageclasses", "list", LISTED_ONLY),
-    (
-        "storage.k8s.io",
-        "csistoragecapacities",
-        "list",
-        LISTED_ONLY,
-    ),
     (
         "provisioner.csi-rs.dev",
         "provisioningjournals",

@@ -34,9 +34,9 @@ fn refused(flags: &[&str]) -> Vec<String> {
 fn flags_whose_behaviour_is_not_built_are_refused() {
     // Given is refused whatever the value, Go's single-dash form included.
     assert_eq!(
-        refused(&["-enable-capacity=false"]),
+        refused(&["-enable-pprof=false"]),
         vec![
-            "--enable-capacity is not supported yet (capacity tracking is not built); remove the flag"
+            "--enable-pprof is not supported yet (profiling endpoints are not built); remove the flag"
         ]
     );
     // One line per flag, so every one to remove is named at once.
@@ -71,7 +71,7 @@ fn gates_turned_on_without_their_behaviour_are_refused() {
 
 #[test]
 fn version_still_wins_over_refusals() {
-    let out = sidecar(&["--version", "--enable-capacity"]);
+    let out = sidecar(&["--version", "--enable-pprof"]);
     assert_eq!(out.status.code(), Some(0));
 }
 

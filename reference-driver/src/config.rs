@@ -102,6 +102,10 @@ pub struct Cli {
     /// INVALID_ARGUMENT.
     #[arg(long)]
     pub no_clone: bool,
+
+    /// Report no capacity: GET_CAPACITY is not advertised and GetCapacity is UNIMPLEMENTED.
+    #[arg(long)]
+    pub no_get_capacity: bool,
 }
 
 /// One `--segment` as given; its capacity defaults to `--capacity` once all flags are known.
@@ -210,6 +214,7 @@ impl TryFrom<Cli> for DriverConfig {
             features: Features {
                 snapshots: !cli.no_snapshots,
                 clone: !cli.no_clone,
+                get_capacity: !cli.no_get_capacity,
             },
         })
     }
@@ -420,14 +425,16 @@ mod tests {
             features(&["--no-snapshots"]),
             Features {
                 snapshots: false,
-                clone: true
+                clone: true,
+                get_capacity: true,
             }
         );
         assert_eq!(
             features(&["--no-clone", "--no-snapshots"]),
             Features {
                 snapshots: false,
-                clone: false
+                clone: false,
+                get_capacity: true,
             }
         );
     }

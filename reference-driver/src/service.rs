@@ -34,7 +34,6 @@ use super::validate;
 const CONTROLLER_CAPABILITIES: &[ControllerRpc] = &[
     ControllerRpc::CreateDeleteVolume,
     ControllerRpc::ListVolumes,
-    ControllerRpc::GetCapacity,
 ];
 
 /// Advertised unless `--no-snapshots`.
@@ -44,7 +43,8 @@ const SNAPSHOT_CAPABILITIES: &[ControllerRpc] = &[
     ControllerRpc::GetSnapshot,
 ];
 
-/// [`CONTROLLER_CAPABILITIES`]; the snapshot ones and CLONE_VOLUME as `features` allow; and
+/// [`CONTROLLER_CAPABILITIES`]; GET_CAPACITY, the snapshot ones and CLONE_VOLUME as `features`
+/// allow; and
 /// PUBLISH_UNPUBLISH_VOLUME with `--attach-required`: only advertised, for testing sidecars
 /// that behave differently for attachable volumes (the provisioner's VolumeAttachment check
 /// before DeleteVolume).
@@ -54,12 +54,14 @@ fn controller_capabilities(features: Features, attach_required: bool) -> Vec<Con
     } else {
         &[]
     };
+    let capacity = features.get_capacity.then_some(ControllerRpc::GetCapacity);
     let clone = features.clone.then_some(ControllerRpc::CloneVolume);
     let attach = attach_required.then_some(ControllerRpc::PublishUnpublishVolume);
     CONTROLLER_CAPABILITIES
         .iter()
-        .chain(snapshots)
         .copied()
+        .chain(capacity)
+        .chain(snapshots.iter().copied())
         .chain(clone)
         .chain(attach)
         .collect()
@@ -783,6 +785,9 @@ impl csi::controller_server::Controller for Driver {
         request: Request<csi::GetCapacityRequest>,
     ) -> RpcResult<csi::GetCapacityResponse> {
         let req = request.into_inner();
+        if !self.inner.features.get_capacity {
+            return reply(self.unimplemented("GetCapacity", &req).await);
+        }
         reply(
             self.call("GetCapacity", &req, self.exec_get_capacity(&req))
                 .await,
@@ -1022,13 +1027,16 @@ mod tests {
 
     #[test]
     fn snapshot_and_clone_capabilities_follow_the_features() {
-        use ControllerRpc::{CloneVolume, CreateDeleteSnapshot, GetSnapshot, ListSnapshots};
+        use ControllerRpc::{
+            CloneVolume, CreateDeleteSnapshot, GetCapacity, GetSnapshot, ListSnapshots,
+        };
         let all = controller_capabilities(Features::default(), false);
         for rpc in [
             CreateDeleteSnapshot,
             ListSnapshots,
             GetSnapshot,
             CloneVolume,
+            GetCapacity,
         ] {
             assert!(all.contains(&rpc), "{rpc:?}");
         }
@@ -1036,6 +1044,7 @@ mod tests {
             Features {
                 snapshots: false,
                 clone: false,
+                get_capacity: false,
             },
             false,
         );
@@ -1044,6 +1053,7 @@ mod tests {
             Features {
                 snapshots: false,
                 clone: true,
+                get_capacity: false,
             },
             false,
         );

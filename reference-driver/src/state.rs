@@ -210,6 +210,8 @@ pub struct Features {
     pub snapshots: bool,
     /// CLONE_VOLUME (`--no-clone`).
     pub clone: bool,
+    /// GET_CAPACITY (`--no-get-capacity`).
+    pub get_capacity: bool,
 }
 
 impl Default for Features {
@@ -217,6 +219,7 @@ impl Default for Features {
         Self {
             snapshots: true,
             clone: true,
+            get_capacity: true,
         }
     }
 }

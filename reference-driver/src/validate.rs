@@ -284,6 +284,7 @@ mod tests {
         let none = Features {
             snapshots: false,
             clone: false,
+            get_capacity: true,
         };
         for source in [None, Some(&snapshot), Some(&volume)] {
             assert_eq!(source_served(source, all), Ok(()));
@@ -298,6 +299,7 @@ mod tests {
         let clone_only = Features {
             snapshots: false,
             clone: true,
+            get_capacity: true,
         };
         assert_eq!(source_served(Some(&volume), clone_only), Ok(()));
     }

@@ -857,6 +857,7 @@ async fn without_snapshots_and_clones_their_rpcs_and_sources_are_refused() {
     config.features = driver::Features {
         snapshots: false,
         clone: false,
+        get_capacity: true,
     };
     let running = start(&config);
     let mut controller = ControllerClient::new(channel(&config.endpoint).await);

@@ -53,6 +53,8 @@ pub enum AppError {
         "--drain stopped before it was complete: operations may still be in flight or claims carry the provisioning-protection finalizer; run it again (kubectl get provisioningjournals shows what is left)"
     )]
     DrainIncomplete,
+    #[error(transparent)]
+    Capacity(Box<super::capacity::CapacityStartError>),
     #[error("a task of the sidecar ended abnormally: {0}")]
     Task(#[source] tokio::task::JoinError),
 }

@@ -4,6 +4,7 @@
 //! Tasks never end the process themselves: the HTTP server and the other background tasks
 //! report their failure here, which drains (the first shutdown stage) and then exits 1.
 
+mod capacity;
 mod driver;
 mod error;
 mod lease;
@@ -52,9 +53,14 @@ pub async fn run(args: Args) -> ExitCode {
 }
 
 async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
-    let metrics = Arc::new(Metrics::new());
+    let mut metrics = Metrics::new();
+    if args.capacity.enable_capacity {
+        metrics.register_capacity();
+    }
+    let metrics = Arc::new(metrics);
     let (driver, info) = driver::connect(&args.driver, Arc::clone(&metrics)).await?;
-    let clients = kube_client::client_from_args(&args.client)
+    let capacity_args = args.capacity.enable_capacity.then_some(&args.capacity);
+    let clients = kube_client::client_from_args(&args.client, capacity_args)
         .await
         .map_err(AppError::KubeClient)?;
 
@@ -72,7 +78,20 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
     .await?;
 
     let node = node::node_deployment(&args.node_deployment, &driver, &clients.client).await?;
-    let settings = settings::settings(&args, &info, node)?;
+    let mut settings = settings::settings(&args, &info, node)?;
+    if args.capacity.enable_capacity {
+        let client = clients.capacity.as_ref().unwrap_or(&clients.client);
+        let capacity = capacity::capacity_settings(
+            &args.capacity,
+            &info,
+            settings.caps.topology,
+            settings.node.as_ref(),
+            client,
+        )
+        .await
+        .map_err(|error| AppError::Capacity(Box::new(error)))?;
+        settings.capacity = Some(capacity);
+    }
     let driver: Arc<dyn CsiController> = Arc::new(driver);
     let elector = if leader_election {
         let config = LeaderConfig::from_args(&args.leader, &info.name).map_err(AppError::Leader)?;

@@ -76,6 +76,7 @@ pub(super) fn settings(
             immediate: args.topology.immediate_topology,
         },
         node,
+        capacity: None,
     })
 }
 

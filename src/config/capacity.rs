@@ -1,4 +1,4 @@
-//! CSIStorageCapacity flags (refused: capacity tracking is not built).
+//! CSIStorageCapacity flags (`controller::capacity`).
 
 use std::time::Duration;
 

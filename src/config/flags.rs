@@ -56,7 +56,6 @@ const fn ours(name: &'static str, status: FlagStatus) -> FlagInfo {
     }
 }
 
-const CAPACITY: FlagStatus = FlagStatus::Refused("capacity tracking is not built");
 const SPLIT_LOGS: FlagStatus = FlagStatus::Refused("split log streams are not built");
 
 /// Every flag with its status; docs/flags.md must agree (checked by a test).
@@ -79,13 +78,13 @@ pub const FLAGS: &[FlagInfo] = {
         up("prevent-volume-mode-conversion", Same),
         up("strict-topology", Same),
         up("immediate-topology", Same),
-        up("enable-capacity", CAPACITY),
-        up("capacity-for-immediate-binding", CAPACITY),
-        up("capacity-poll-interval", CAPACITY),
-        up("capacity-ownerref-level", CAPACITY),
-        up("capacity-threads", CAPACITY),
-        up("kube-api-capacity-qps", CAPACITY),
-        up("kube-api-capacity-burst", CAPACITY),
+        up("enable-capacity", Same),
+        up("capacity-for-immediate-binding", Same),
+        up("capacity-poll-interval", Same),
+        up("capacity-ownerref-level", Same),
+        up("capacity-threads", Same),
+        up("kube-api-capacity-qps", Same),
+        up("kube-api-capacity-burst", Same),
         up("node-deployment", Different),
         up("node-deployment-immediate-binding", Different),
         up("node-deployment-base-delay", Same),

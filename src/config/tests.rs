@@ -280,13 +280,6 @@ fn refused_flag_list() {
     assert_eq!(
         refused_flags().map(|(flag, _)| flag).collect::<Vec<_>>(),
         vec![
-            "enable-capacity",
-            "capacity-for-immediate-binding",
-            "capacity-poll-interval",
-            "capacity-ownerref-level",
-            "capacity-threads",
-            "kube-api-capacity-qps",
-            "kube-api-capacity-burst",
             "enable-pprof",
             "vmodule",
             "log-text-split-stream",
@@ -304,19 +297,19 @@ fn refused_flag_list() {
     };
     assert_eq!(
         messages(&[
-            "--enable-capacity",
+            "--enable-pprof",
             "--feature-gates=VolumeAttributesClass=true",
         ]),
         vec![
-            "--enable-capacity is not supported yet (capacity tracking is not built); remove the flag",
+            "--enable-pprof is not supported yet (profiling endpoints are not built); remove the flag",
             "--feature-gates=VolumeAttributesClass=true is not supported yet (VolumeAttributesClass \
              support is not built); remove it or set VolumeAttributesClass=false",
         ]
     );
     assert_eq!(
-        messages(&["--enable-capacity=false"]),
+        messages(&["--enable-pprof=false"]),
         vec![
-            "--enable-capacity is not supported yet (capacity tracking is not built); remove the flag"
+            "--enable-pprof is not supported yet (profiling endpoints are not built); remove the flag"
         ],
         "given is refused, whatever the value"
     );
@@ -324,6 +317,7 @@ fn refused_flag_list() {
     assert!(
         messages(&[
             "--automaxprocs",
+            "--enable-capacity",
             "--log-flush-frequency=1s",
             "--strict-topology",
             "--immediate-topology=false",

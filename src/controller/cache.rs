@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, Shared};
@@ -33,6 +34,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 use tracing::info;
 
 use crate::provision::{Attachment, PROVISIONER_IDENTITY_KEY};
@@ -448,10 +450,12 @@ where
 }
 
 /// A watched, cached resource: the store to read and the stream of changed objects
-/// that drives a controller (the stream must be polled for the store to fill).
+/// that drives a controller (the stream must be polled for the store to fill). Every event,
+/// deletions included (the stream reports none), signals `changes` if given.
 pub fn watch<K>(
     api: Api<K>,
     initial_list: InitialList,
+    changes: Option<&Arc<Notify>>,
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -460,9 +464,15 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
+    let changes = changes.cloned();
     let stream = watcher(api, watcher_config(initial_list))
         .default_backoff()
         .reflect(writer)
+        .inspect_ok(move |_| {
+            if let Some(changes) = &changes {
+                changes.notify_one();
+            }
+        })
         .applied_objects();
     (reader, stream)
 }
@@ -514,18 +524,24 @@ pub struct Watches<C, V, S> {
     pub classes: (Store<StorageClass>, S),
 }
 
+/// `class_changes` is signalled at every StorageClass event (see [`watch`]).
 pub fn watch_all(
     client: &Client,
     initial_list: InitialList,
+    class_changes: Option<&Arc<Notify>>,
 ) -> Watches<
     impl Stream<Item = Result<CachedClaim, watcher::Error>> + Send + 'static,
     impl Stream<Item = Result<CachedVolume, watcher::Error>> + Send + 'static,
     impl Stream<Item = Result<StorageClass, watcher::Error>> + Send + 'static,
 > {
     Watches {
-        claims: watch(Api::<CachedClaim>::all(client.clone()), initial_list),
-        volumes: watch(Api::<CachedVolume>::all(client.clone()), initial_list),
-        classes: watch(Api::<StorageClass>::all(client.clone()), initial_list),
+        claims: watch(Api::<CachedClaim>::all(client.clone()), initial_list, None),
+        volumes: watch(Api::<CachedVolume>::all(client.clone()), initial_list, None),
+        classes: watch(
+            Api::<StorageClass>::all(client.clone()),
+            initial_list,
+            class_changes,
+        ),
     }
 }
 

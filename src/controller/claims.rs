@@ -31,6 +31,7 @@ use super::sources::{self, SourceError};
 use crate::csi;
 use crate::csi_client::{CallError, ErrorClass};
 use crate::journal::{JournalError, Operation, Phase};
+use crate::provision::capacity::RefreshCause;
 use crate::provision::{
     ClaimWork, CreateResponseError, DecisionError, ExistingPv, NodeVerdict, ProvisionError,
     ProvisionPlan, RescheduleCause, TopologyError, TopologyInputs, accessibility_requirements,
@@ -355,6 +356,9 @@ async fn provision_claim(
     let response = match create_volume(ctx, &plan.class_name, request.clone()).await {
         Ok(response) => response,
         Err(error) => {
+            ctx.refresh_capacity(|| RefreshCause::ProvisionFailed {
+                class: plan.class_name.clone(),
+            });
             let kept = ctx.journal.settle_failure(
                 &plan.volume_name,
                 Phase::Provisioning,
@@ -392,8 +396,13 @@ async fn provision_claim(
         Ok(pv) => pv,
         Err(error) => return Err(clean_up_unusable(ctx, &plan, &request, error).await),
     };
+    let affinity = pv.spec.as_ref().and_then(|spec| spec.node_affinity.clone());
     save_volume(ctx, &plan, pv, &request).await?;
     ctx.journal.complete(&plan.volume_name);
+    ctx.refresh_capacity(|| RefreshCause::Provisioned {
+        class: plan.class_name.clone(),
+        affinity,
+    });
     if let Some(source) = &plan.source {
         sources::release_snapshot(ctx, source).await;
     }

@@ -12,6 +12,7 @@ use kube::runtime::reflector::Store;
 
 use super::backoff::{Backoff, InfeasibleSet};
 use super::cache::{CachedAttachment, CachedClaim, CachedVolume, listed};
+use super::capacity::{CapacityRefresh, CapacitySettings};
 use super::events::EventRecorder;
 use super::grants::GrantCache;
 use super::limits::CallLimits;
@@ -21,6 +22,7 @@ use crate::csi_client::CsiController;
 use crate::fence::LeaseFence;
 use crate::journal::{Journal, JournalScope};
 use crate::metrics::Metrics;
+use crate::provision::capacity::RefreshCause;
 use crate::provision::{DriverCapabilities, NodeScope, ProvisionerConfig};
 
 /// Settings of [`run`] that come from flags.
@@ -52,6 +54,8 @@ pub struct Settings {
     pub topology: TopologyFlags,
     /// `--node-deployment`: this sidecar serves one node only.
     pub node: Option<NodeDeployment>,
+    /// `--enable-capacity`.
+    pub capacity: Option<CapacitySettings>,
 }
 
 /// `--node-deployment`: the node this sidecar runs on, as `NODE_NAME` names it and the
@@ -115,6 +119,8 @@ pub struct Context {
     pub draining: bool,
     pub retry_interval_start: Duration,
     pub retry_interval_max: Duration,
+    /// With `--enable-capacity`: where provisionings and deletions ask for a refresh.
+    pub capacity_refresh: Option<CapacityRefresh>,
     claim_backoff: Mutex<Backoff<String>>,
     volume_backoff: Mutex<Backoff<String>>,
     infeasible: Mutex<InfeasibleSet>,
@@ -200,10 +206,24 @@ impl Context {
             draining: settings.draining,
             retry_interval_start: settings.retry_interval_start,
             retry_interval_max: settings.retry_interval_max,
+            capacity_refresh: None,
             claim_backoff: backoff(),
             volume_backoff: backoff(),
             infeasible: Mutex::new(InfeasibleSet::new(settings.retry_interval_max)),
             races: Mutex::new(Races::default()),
+        }
+    }
+
+    /// Sends the refresh requests to the capacity controller.
+    pub fn with_capacity_refresh(mut self, refresh: CapacityRefresh) -> Self {
+        self.capacity_refresh = Some(refresh);
+        self
+    }
+
+    /// Asks the capacity controller (if any) to query what `cause` may have changed.
+    pub(super) fn refresh_capacity(&self, cause: impl FnOnce() -> RefreshCause) {
+        if let Some(refresh) = &self.capacity_refresh {
+            refresh.request(cause());
         }
     }
 

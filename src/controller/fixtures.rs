@@ -525,10 +525,7 @@ impl Cluster {
                 "items": shards,
             }),
         );
-        let script = Arc::new(Script::new(std::iter::once(list).chain(steps)));
-        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let server = tokio::spawn(serve(handle, Arc::clone(&script)));
-        let client = Client::new(service, "default");
+        let (client, driver, finish) = scripted(std::iter::once(list).chain(steps));
         let settings = Settings {
             config: ProvisionerConfig {
                 volume_name_uuid_length: self.uuid_length,
@@ -558,6 +555,7 @@ impl Cluster {
                 immediate: true,
             },
             node: self.node.clone(),
+            capacity: None,
         };
         let journal = bounded(Journal::load(
             client.clone(),
@@ -606,9 +604,6 @@ impl Cluster {
                 .attachments
                 .map(|attachments| listed(attachments.iter().map(cached))),
         };
-        let driver = Arc::new(ScriptedDriver {
-            script: Arc::clone(&script),
-        });
         let driver = FencedDriver {
             csi: driver,
             fence: self.fence,
@@ -624,8 +619,7 @@ impl Cluster {
         );
         Scenario {
             ctx: Arc::new(ctx),
-            server,
-            script,
+            finish,
         }
     }
 }
@@ -638,7 +632,7 @@ fn parse<K: DeserializeOwned>(objects: Vec<Value>) -> Vec<K> {
 }
 
 /// A store that has listed once, holding `objects`.
-fn listed<K>(objects: impl IntoIterator<Item = K>) -> Store<K>
+pub fn listed<K>(objects: impl IntoIterator<Item = K>) -> Store<K>
 where
     K: Lookup<DynamicType = ()> + Clone + 'static,
 {
@@ -665,8 +659,7 @@ where
 /// A running scenario.
 pub struct Scenario {
     ctx: Arc<Context>,
-    server: JoinHandle<Vec<String>>,
-    script: Arc<Script>,
+    finish: Finish,
 }
 
 impl Scenario {
@@ -679,12 +672,39 @@ impl Scenario {
     /// Fails if a step was not taken. Returns the events written, as
     /// `<kind>/<name> <type> <reason>: <message>`.
     pub async fn finish(self) -> Vec<String> {
-        let Scenario {
-            ctx,
-            server,
-            script,
-        } = self;
+        let Scenario { ctx, finish } = self;
         drop(ctx);
+        finish.finish().await
+    }
+}
+
+/// A scripted API server and driver for an executor with a context of its own (the capacity
+/// controller): the client and driver to give it, and the end of the scenario.
+pub fn scripted(steps: impl IntoIterator<Item = Step>) -> (Client, Arc<dyn CsiController>, Finish) {
+    let script = Arc::new(Script::new(steps));
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle, Arc::clone(&script)));
+    let driver = Arc::new(ScriptedDriver {
+        script: Arc::clone(&script),
+    });
+    (
+        Client::new(service, "default"),
+        driver,
+        Finish { server, script },
+    )
+}
+
+/// The end of a scripted scenario.
+pub struct Finish {
+    server: JoinHandle<Vec<String>>,
+    script: Arc<Script>,
+}
+
+impl Finish {
+    /// Waits until every client is gone (drop them first); fails if a step was not taken.
+    /// Returns the events written.
+    pub async fn finish(self) -> Vec<String> {
+        let Finish { server, script } = self;
         let events = match tokio::time::timeout(DEADLINE, server).await {
             Ok(Ok(events)) => events,
             Ok(Err(failed)) => std::panic::resume_unwind(failed.into_panic()),

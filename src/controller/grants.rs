@@ -127,7 +127,7 @@ pub fn watch_grants(
     GrantCache,
     impl Stream<Item = Result<CachedGrant, watcher::Error>> + Send + 'static,
 ) {
-    let (store, stream) = watch(Api::<CachedGrant>::all(client.clone()), initial_list);
+    let (store, stream) = watch(Api::<CachedGrant>::all(client.clone()), initial_list, None);
     (GrantCache::new(store), stream)
 }
 

@@ -11,6 +11,7 @@
 mod actions;
 pub mod backoff;
 pub mod cache;
+mod capacity;
 mod claims;
 mod clone_protection;
 mod context;
@@ -23,6 +24,7 @@ mod grants;
 pub mod limits;
 mod orphans;
 mod ownership;
+mod queue;
 mod snapshot_sweeper;
 mod sources;
 mod topology;
@@ -45,6 +47,7 @@ use crate::journal::{Journal, JournalError};
 use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
 use crate::provision::{SingleNode, claim_class_name};
+pub use capacity::{CapacitySettings, SegmentSource};
 use claims::ClaimReconciler;
 use clone_protection::CloneProtection;
 use context::{Context, FencedDriver, Stores};
@@ -85,6 +88,7 @@ pub async fn run(
         client,
         prepaid,
         rate_limit,
+        capacity: capacity_client,
     } = clients;
     let journal = Journal::load(
         prepaid,
@@ -101,7 +105,12 @@ pub async fn run(
     let sweep_interval = settings.snapshot_orphan_sweep_interval;
     let journal_timeout = settings.journal_timeout;
     let initial_list = cache::probe_initial_list(&client).await;
-    let watches = cache::watch_all(&client, initial_list);
+    // With --enable-capacity, every class, Node and CSINode event wakes the capacity controller.
+    let capacity_changes = settings
+        .capacity
+        .as_ref()
+        .map(|_| Arc::new(tokio::sync::Notify::new()));
+    let watches = cache::watch_all(&client, initial_list, capacity_changes.as_ref());
     let (claims, claim_stream) = watches.claims;
     let (volumes, volume_stream) = watches.volumes;
     let (classes, class_stream) = watches.classes;
@@ -128,8 +137,12 @@ pub async fn run(
             (Some(view), future::ready(()).boxed())
         }
         (None, true) => {
-            let (cache, nodes, csinodes) =
-                topology::watch_topology(&client, initial_list, &settings.config.driver_name);
+            let (cache, nodes, csinodes) = topology::watch_topology(
+                &client,
+                initial_list,
+                &settings.config.driver_name,
+                capacity_changes.as_ref(),
+            );
             let watches = future::join(drive(nodes), drive(csinodes)).map(|_| ());
             (Some(TopologyView::Watched(cache)), watches.boxed())
         }
@@ -142,6 +155,22 @@ pub async fn run(
     } else {
         (None, future::ready(()).boxed())
     };
+    let capacity = match (&settings.capacity, capacity_changes) {
+        (Some(capacity_settings), Some(changes)) => Some(capacity::start(
+            capacity_settings,
+            changes,
+            capacity::CapacityInputs {
+                client: capacity_client.unwrap_or_else(|| client.clone()),
+                driver: Arc::clone(&driver),
+                classes: classes.clone(),
+                segments: capacity::segments(&capacity_settings.segments, topology.as_ref()),
+                metrics: Arc::clone(&metrics),
+                retry_interval_start: settings.retry_interval_start,
+                retry_interval_max: settings.retry_interval_max,
+            },
+        )),
+        _ => None,
+    };
     let stores = Stores {
         claims: claims.clone(),
         volumes: volumes.clone(),
@@ -151,9 +180,12 @@ pub async fn run(
         attachments,
     };
     let driver = FencedDriver { csi: driver, fence };
-    let ctx = Arc::new(Context::new(
-        client, driver, stores, events, metrics, journal, &settings,
-    ));
+    let ctx = Context::new(client, driver, stores, events, metrics, journal, &settings);
+    let (ctx, capacity) = match capacity {
+        Some((refresh, started)) => (ctx.with_capacity_refresh(refresh), Some(started)),
+        None => (ctx, None),
+    };
+    let ctx = Arc::new(ctx);
 
     if settings.draining {
         info!(
@@ -313,6 +345,14 @@ pub async fn run(
         .run(VolumeReconciler::reconcile, never_fails, Arc::clone(&ctx))
         .for_each(log_result);
     let reaper = orphans::reap_orphans(Arc::clone(&ctx), worker_threads, drained());
+    let capacity = {
+        let drained = drained.clone();
+        async move {
+            if let Some(started) = capacity {
+                started.run(drained).await;
+            }
+        }
+    };
     let store_watches = {
         let drained = drained();
         async move {
@@ -332,7 +372,8 @@ pub async fn run(
         ),
         reaper,
         clone_protection,
-        sweeper
+        sweeper,
+        capacity
     );
     let flushed = ctx.journal.flush(journal_timeout).await;
     // The reaper ends only at the drain signal, which is sent after the hand-over is.

@@ -5,7 +5,7 @@
 //! Node's status (images, conditions, addresses) is most of its size and never read: the cache
 //! keeps the name and the labels, and of a CSINode the drivers' names and topology keys.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::Stream;
@@ -17,8 +17,10 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use serde::Deserialize;
+use tokio::sync::Notify;
 
 use super::cache::{InitialList, listed, watch};
+use crate::provision::capacity::{Segment, cluster_segments};
 use crate::provision::{ClusterTopology, SingleNode};
 
 /// A Node as cached: its name (in `metadata`) and its labels.
@@ -58,11 +60,16 @@ impl CachedCsiNode {
     /// The topology keys `driver` registered on this node; empty when it registered none or
     /// is not registered here.
     fn keys_of(&self, driver: &str) -> &[String] {
+        self.registered_keys(driver).unwrap_or_default()
+    }
+
+    /// The topology keys `driver` registered on this node (empty if none), `None` when it is
+    /// not registered here.
+    fn registered_keys(&self, driver: &str) -> Option<&[String]> {
         self.drivers
             .iter()
             .find(|(name, _)| &**name == driver)
             .map(|(_, keys)| &**keys)
-            .unwrap_or_default()
     }
 }
 
@@ -155,18 +162,28 @@ impl TopologyCache {
 }
 
 /// Starts watching Nodes and CSINodes: the cache to read and the streams that fill it (they
-/// must be polled).
+/// must be polled). Every event, deletions included, signals `changes` if given (the capacity
+/// controller's segments follow them).
 pub fn watch_topology(
     client: &Client,
     initial_list: InitialList,
     driver: &str,
+    changes: Option<&Arc<Notify>>,
 ) -> (
     TopologyCache,
     impl Stream<Item = Result<CachedNode, watcher::Error>> + Send + 'static,
     impl Stream<Item = Result<CachedCsiNode, watcher::Error>> + Send + 'static,
 ) {
-    let (nodes, node_stream) = watch(Api::<CachedNode>::all(client.clone()), initial_list);
-    let (csinodes, csinode_stream) = watch(Api::<CachedCsiNode>::all(client.clone()), initial_list);
+    let (nodes, node_stream) = watch(
+        Api::<CachedNode>::all(client.clone()),
+        initial_list,
+        changes,
+    );
+    let (csinodes, csinode_stream) = watch(
+        Api::<CachedCsiNode>::all(client.clone()),
+        initial_list,
+        changes,
+    );
     (
         TopologyCache::new(nodes, csinodes, driver),
         node_stream,
@@ -179,6 +196,17 @@ impl TopologyCache {
     /// view (a missing CSINode means "reschedule"). `false` if a watch ended before.
     pub async fn wait_until_ready(&self) -> bool {
         self.nodes_listed.clone().await && self.csinodes_listed.clone().await
+    }
+
+    /// The capacity segments of a central provisioner (`provision::capacity::cluster_segments`):
+    /// one per distinct set of our keys' values among the nodes whose CSINode lists our driver.
+    pub fn capacity_segments(&self) -> BTreeSet<Segment> {
+        let csinodes = self.csinodes.state();
+        let registrations = csinodes.iter().filter_map(|csinode| {
+            let keys = csinode.registered_keys(&self.driver)?;
+            Some((csinode.metadata.name.as_deref()?, keys))
+        });
+        cluster_segments(registrations, |node| self.node_labels(node))
     }
 
     #[cfg(test)]

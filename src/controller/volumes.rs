@@ -22,6 +22,7 @@ use super::context::Context;
 use super::events::EventType;
 use super::finalizers::{add_finalizer, remove_finalizer};
 use crate::csi_client::CallError;
+use crate::provision::capacity::RefreshCause;
 use crate::provision::{
     AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
     check_detached, deletion_secret_from_class, deletion_target, may_delete_pv_first,
@@ -166,6 +167,12 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
     delete_volume(ctx, &volume_class(&stored), &target.volume_handle, secrets)
         .await
         .map_err(VolumeError::Driver)?;
+    ctx.refresh_capacity(|| RefreshCause::Deleted {
+        affinity: stored
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.node_affinity.clone()),
+    });
     let name = pv.name_any();
     let terminating = if stored.metadata.deletion_timestamp.is_some() {
         stored

@@ -25,6 +25,7 @@
 
 mod attachment;
 mod capabilities;
+pub mod capacity;
 mod claim;
 mod consistency;
 mod data_source;

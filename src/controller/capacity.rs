@@ -1,0 +1,834 @@
+//! The CSIStorageCapacity controller (`--enable-capacity`): publishes what GetCapacity reports
+//! for every (topology segment, StorageClass of our driver) as upstream's objects, in
+//! `NAMESPACE`, and deletes the objects with our labels that no item wants. What to publish
+//! and which object is whose is decided by `provision::capacity`; this module does the IO.
+//!
+//! One loop decides, `--capacity-threads` workers act. The loop recomputes the wanted items and
+//! matches them with the watched objects whenever a class, a Node, a CSINode or one of our
+//! objects changes (then items without an object are queued, obsolete objects are queued for
+//! deletion, and the gauges set); every `--capacity-poll-interval` (the first time at start)
+//! it queues every item; a provisioning or deletion queues the items it may have changed. A
+//! queued item waits at most once, one worker at a time works on it, and a failed one is
+//! retried with its own backoff (`--retry-interval-start`, `--retry-interval-max`).
+
+use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt, TryStreamExt, future};
+use k8s_openapi::api::storage::v1::{CSIStorageCapacity, StorageClass};
+use kube::api::{DeleteParams, PostParams, Preconditions};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use tokio::sync::{Notify, mpsc};
+use tracing::{debug, info, warn};
+
+use super::backoff::Backoff;
+use super::cache::listed;
+use super::queue::WorkQueue;
+use super::topology::{TopologyCache, TopologyView};
+use crate::csi_client::{CallError, CsiController};
+use crate::metrics::Metrics;
+use crate::provision::capacity::{
+    Capacity, Matching, ObjectTemplate, Obsolete, RefreshCause, Segment, WorkItem, desired_items,
+    get_capacity_request, match_objects, refreshed_items,
+};
+
+/// How long a worker that created an object waits for the watch to report it, so that the
+/// item's next sync updates it rather than creating a second one.
+const CREATED_SEEN_WAIT: Duration = Duration::from_secs(10);
+
+/// `--enable-capacity` settings, from flags, env and the owner lookup (`app::capacity`).
+#[derive(Clone, Debug)]
+pub struct CapacitySettings {
+    pub template: ObjectTemplate,
+    pub segments: SegmentSource,
+    /// `--capacity-poll-interval`.
+    pub poll_interval: Duration,
+    /// `--capacity-threads`.
+    pub threads: usize,
+    /// `--capacity-for-immediate-binding`.
+    pub immediate_binding: bool,
+}
+
+/// Where the segments come from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SegmentSource {
+    /// One segment for good: the node's with `--node-deployment`, the nil segment for a
+    /// central provisioner whose driver has no topology.
+    Fixed(Segment),
+    /// The CSINodes listing our driver and their Nodes' labels.
+    Cluster,
+}
+
+/// Where the segments are read from at run time.
+#[derive(Clone)]
+pub enum Segments {
+    Fixed(Segment),
+    Cluster(TopologyCache),
+}
+
+impl Segments {
+    fn current(&self) -> BTreeSet<Segment> {
+        match self {
+            Segments::Fixed(segment) => BTreeSet::from([segment.clone()]),
+            Segments::Cluster(cache) => cache.capacity_segments(),
+        }
+    }
+
+    async fn ready(&self) -> bool {
+        match self {
+            Segments::Fixed(_) => true,
+            Segments::Cluster(cache) => cache.wait_until_ready().await,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CapacityError {
+    #[error("CSI GetCapacity for {item}: {source}")]
+    GetCapacity {
+        item: WorkItem,
+        #[source]
+        source: CallError,
+    },
+    #[error("create CSIStorageCapacity for {item}: {source}")]
+    Create {
+        item: WorkItem,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("update CSIStorageCapacity {name} for {item}: {source}")]
+    Update {
+        name: String,
+        item: WorkItem,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("delete obsolete CSIStorageCapacity {name}: {source}")]
+    Delete {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// One unit of work of the queue.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Work {
+    Sync(WorkItem),
+    Delete(Obsolete),
+}
+
+/// Sends the refresh requests of the claim and volume reconcilers to the controller.
+#[derive(Clone)]
+pub struct CapacityRefresh(mpsc::UnboundedSender<RefreshCause>);
+
+impl CapacityRefresh {
+    pub fn channel() -> (Self, mpsc::UnboundedReceiver<RefreshCause>) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        (CapacityRefresh(sender), receiver)
+    }
+
+    /// Asks for the items `cause` may have changed to be queried again. A controller that
+    /// has stopped needs nothing.
+    pub fn request(&self, cause: RefreshCause) {
+        let _ = self.0.send(cause);
+    }
+}
+
+/// The controller's state, shared by the loop and the workers.
+pub struct CapacityController {
+    client: Client,
+    driver: Arc<dyn CsiController>,
+    template: ObjectTemplate,
+    classes: Store<StorageClass>,
+    segments: Segments,
+    objects: Store<CSIStorageCapacity>,
+    /// Counts the capacity watch's events, so a worker can wait for its own creation.
+    seen: tokio::sync::watch::Receiver<u64>,
+    immediate_binding: bool,
+    metrics: Arc<Metrics>,
+    queue: WorkQueue<Work>,
+    backoff: Mutex<Backoff<Work>>,
+    /// The items of the last recompute; a worker acts only on a wanted item.
+    desired: Mutex<BTreeSet<WorkItem>>,
+}
+
+/// The watch of our objects: `NAMESPACE`, our two labels.
+struct ObjectWatch<S> {
+    store: Store<CSIStorageCapacity>,
+    events: S,
+    seen: tokio::sync::watch::Receiver<u64>,
+}
+
+/// Starts watching the objects `template` describes; every event also signals `changes`.
+fn watch_objects(
+    client: &Client,
+    template: &ObjectTemplate,
+    changes: Arc<Notify>,
+) -> ObjectWatch<impl Stream<Item = Result<(), watcher::Error>> + Send + 'static + use<>> {
+    let api = Api::<CSIStorageCapacity>::namespaced(client.clone(), &template.namespace);
+    let config = watcher::Config::default()
+        .labels(&template.label_selector())
+        .any_semantic();
+    let (store, writer) = reflector::store();
+    let (seen_tx, seen) = tokio::sync::watch::channel(0_u64);
+    let events = watcher(api, config)
+        .default_backoff()
+        .reflect(writer)
+        .map_ok(move |_| {
+            seen_tx.send_modify(|count| *count = count.wrapping_add(1));
+            changes.notify_one();
+        });
+    ObjectWatch {
+        store,
+        events,
+        seen,
+    }
+}
+
+/// What [`CapacityController::new`] needs besides the settings.
+pub struct CapacityInputs {
+    /// The capacity client (`--kube-api-capacity-qps`, `--kube-api-capacity-burst`).
+    pub client: Client,
+    pub driver: Arc<dyn CsiController>,
+    pub classes: Store<StorageClass>,
+    pub segments: Segments,
+    pub metrics: Arc<Metrics>,
+    pub retry_interval_start: Duration,
+    pub retry_interval_max: Duration,
+}
+
+impl CapacityController {
+    pub fn new(
+        inputs: CapacityInputs,
+        settings: &CapacitySettings,
+        objects: Store<CSIStorageCapacity>,
+        seen: tokio::sync::watch::Receiver<u64>,
+    ) -> Self {
+        CapacityController {
+            client: inputs.client,
+            driver: inputs.driver,
+            template: settings.template.clone(),
+            classes: inputs.classes,
+            segments: inputs.segments,
+            objects,
+            seen,
+            immediate_binding: settings.immediate_binding,
+            metrics: inputs.metrics,
+            queue: WorkQueue::new(),
+            backoff: Mutex::new(Backoff::new(
+                inputs.retry_interval_start,
+                inputs.retry_interval_max,
+            )),
+            desired: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    fn api(&self) -> Api<CSIStorageCapacity> {
+        Api::namespaced(self.client.clone(), &self.template.namespace)
+    }
+
+    /// The wanted items now, remembered for the workers.
+    fn recompute(&self) -> (BTreeSet<WorkItem>, Matching) {
+        let segments = self.segments.current();
+        let classes = self.classes.state();
+        let desired = desired_items(
+            &segments,
+            classes.iter().map(AsRef::as_ref),
+            &self.template.driver,
+            self.immediate_binding,
+        );
+        let matching = match_objects(&desired, self.objects.state());
+        self.metrics.set_capacity_objects(
+            desired.len(),
+            matching.linked.len(),
+            matching.obsolete.len(),
+        );
+        *lock(&self.desired) = desired.clone();
+        (desired, matching)
+    }
+
+    /// After a change: obsolete objects go, items without an object (and not waiting for a
+    /// retry) are created; with `every_item` (the poll) every item is queried again.
+    fn queue_changes(&self, every_item: bool) {
+        let (desired, matching) = self.recompute();
+        for obsolete in matching.obsolete {
+            self.queue.add(Work::Delete(obsolete));
+        }
+        for item in desired {
+            let missing = !matching.linked.contains_key(&item);
+            let work = Work::Sync(item);
+            if every_item || (missing && lock(&self.backoff).failures(&work) == 0) {
+                self.queue.add(work);
+            }
+        }
+    }
+
+    fn queue_refresh(&self, cause: &RefreshCause) {
+        let refresh = refreshed_items(&lock(&self.desired), cause);
+        if refresh.skipped_terms > 0 {
+            warn!(
+                terms = refresh.skipped_terms,
+                "node affinity terms that are not plain topology segments: their capacity is refreshed at the next poll"
+            );
+        }
+        for item in refresh.items {
+            self.queue.add(Work::Sync(item));
+        }
+    }
+
+    async fn work(&self, work: &Work) -> Result<(), CapacityError> {
+        match work {
+            Work::Sync(item) => self.sync(item).await,
+            Work::Delete(obsolete) => self.delete(obsolete).await,
+        }
+    }
+
+    /// Queries the driver for `item` and creates or updates its object.
+    async fn sync(&self, item: &WorkItem) -> Result<(), CapacityError> {
+        if !lock(&self.desired).contains(item) {
+            return Ok(());
+        }
+        let Some(class) = self.classes.get(&ObjectRef::new(&item.class)) else {
+            return Ok(());
+        };
+        let response = self
+            .driver
+            .get_capacity(get_capacity_request(item, &class))
+            .await
+            .map_err(|source| CapacityError::GetCapacity {
+                item: item.clone(),
+                source,
+            })?;
+        let capacity = Capacity::from(&response);
+        let desired = lock(&self.desired).clone();
+        let existing = match_objects(&desired, self.objects.state())
+            .linked
+            .remove(item);
+        match existing {
+            None => self.create(item, capacity).await,
+            Some(existing) => {
+                let Some(updated) = self.template.updated_object(&existing, capacity) else {
+                    debug!(%item, "capacity unchanged");
+                    return Ok(());
+                };
+                let name = existing.metadata.name.clone().unwrap_or_default();
+                self.api()
+                    .replace(&name, &PostParams::default(), &updated)
+                    .await
+                    .map_err(|source| CapacityError::Update {
+                        name: name.clone(),
+                        item: item.clone(),
+                        source,
+                    })?;
+                debug!(%item, name, "updated");
+                Ok(())
+            }
+        }
+    }
+
+    async fn create(&self, item: &WorkItem, capacity: Capacity) -> Result<(), CapacityError> {
+        let created = self
+            .api()
+            .create(
+                &PostParams::default(),
+                &self.template.new_object(item, capacity),
+            )
+            .await
+            .map_err(|source| CapacityError::Create {
+                item: item.clone(),
+                source,
+            })?;
+        let name = created.metadata.name.unwrap_or_default();
+        debug!(%item, name, "created");
+        // Until the watch reports it, the store would make the next sync create another.
+        let object = ObjectRef::new(&name).within(&self.template.namespace);
+        let mut seen = self.seen.clone();
+        let reported = seen.wait_for(|_| self.objects.get(&object).is_some());
+        if tokio::time::timeout(CREATED_SEEN_WAIT, reported)
+            .await
+            .is_err()
+        {
+            debug!(name, "created object not reported by the watch yet");
+        }
+        Ok(())
+    }
+
+    /// Deletes an object no item wants, unless it became wanted meanwhile.
+    async fn delete(&self, obsolete: &Obsolete) -> Result<(), CapacityError> {
+        let desired = lock(&self.desired).clone();
+        let still_obsolete = match_objects(&desired, self.objects.state())
+            .obsolete
+            .contains(obsolete);
+        if !still_obsolete {
+            return Ok(());
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(obsolete.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.api().delete(&obsolete.name, &params).await {
+            Ok(_) => {
+                debug!(name = obsolete.name, "deleted obsolete object");
+                Ok(())
+            }
+            // Gone, or replaced by a namesake that is not this one.
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+            Err(source) => Err(CapacityError::Delete {
+                name: obsolete.name.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// One worker: takes work until `drained`, retrying failures with their backoff.
+    async fn worker(self: Arc<Self>, drained: impl Future<Output = ()>) {
+        let mut drained = std::pin::pin!(drained);
+        loop {
+            let work = tokio::select! {
+                biased;
+                () = &mut drained => return,
+                work = self.queue.next() => work,
+            };
+            match self.work(&work).await {
+                Ok(()) => lock(&self.backoff).forget(&work),
+                Err(error) => {
+                    let delay = lock(&self.backoff).failure(work.clone());
+                    warn!(%error, retry_in = ?delay, "capacity");
+                    let this = Arc::clone(&self);
+                    let retry = work.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        this.queue.add(retry);
+                    });
+                }
+            }
+            self.queue.done(&work);
+        }
+    }
+}
+
+/// The segments of `source` at run time; a central provisioner reads them from the topology
+/// cache (the settings ask for `Cluster` only when the driver has topology, so the cache is
+/// there; without it, the nil segment).
+pub fn segments(source: &SegmentSource, topology: Option<&TopologyView>) -> Segments {
+    match (source, topology) {
+        (SegmentSource::Cluster, Some(TopologyView::Watched(cache))) => {
+            Segments::Cluster(cache.clone())
+        }
+        // Nothing watched: a driver without topology (node mode's settings name its segment).
+        (SegmentSource::Cluster, _) => Segments::Fixed(Segment::new()),
+        (SegmentSource::Fixed(segment), _) => Segments::Fixed(segment.clone()),
+    }
+}
+
+/// A controller whose watch is set up, to run once the rest of the sidecar is wired.
+pub struct Started<S> {
+    controller: Arc<CapacityController>,
+    settings: CapacitySettings,
+    changes: Arc<Notify>,
+    refresh: mpsc::UnboundedReceiver<RefreshCause>,
+    object_events: S,
+}
+
+/// Sets the controller up: its object watch (on the capacity client) and the channel the
+/// reconcilers ask for refreshes on.
+pub fn start(
+    settings: &CapacitySettings,
+    changes: Arc<Notify>,
+    inputs: CapacityInputs,
+) -> (
+    CapacityRefresh,
+    Started<impl Stream<Item = Result<(), watcher::Error>> + Send + 'static + use<>>,
+) {
+    let watch = watch_objects(&inputs.client, &settings.template, Arc::clone(&changes));
+    let controller = Arc::new(CapacityController::new(
+        inputs,
+        settings,
+        watch.store,
+        watch.seen,
+    ));
+    let (refresh, receiver) = CapacityRefresh::channel();
+    let started = Started {
+        controller,
+        settings: settings.clone(),
+        changes,
+        refresh: receiver,
+        object_events: watch.events,
+    };
+    (refresh, started)
+}
+
+impl<S> Started<S>
+where
+    S: Stream<Item = Result<(), watcher::Error>> + Send + 'static,
+{
+    /// Runs the controller until `drained`.
+    pub async fn run<D>(self, drained: impl Fn() -> D)
+    where
+        D: Future<Output = ()> + Send + 'static,
+    {
+        run(
+            self.controller,
+            &self.settings,
+            self.changes,
+            self.refresh,
+            self.object_events,
+            drained,
+        )
+        .await;
+    }
+}
+
+/// Runs the controller until `drained`: waits for the class, topology and object stores to
+/// list, then decides in one loop and acts in `threads` workers.
+async fn run<S, D>(
+    controller: Arc<CapacityController>,
+    settings: &CapacitySettings,
+    changes: Arc<Notify>,
+    mut refresh: mpsc::UnboundedReceiver<RefreshCause>,
+    object_events: S,
+    drained: impl Fn() -> D,
+) where
+    S: Stream<Item = Result<(), watcher::Error>> + Send + 'static,
+    D: Future<Output = ()> + Send + 'static,
+{
+    let watch = object_events.for_each(|event| {
+        if let Err(error) = event {
+            warn!(%error, "CSIStorageCapacity watch error");
+        }
+        future::ready(())
+    });
+    let decide = async {
+        let ready = future::join3(
+            listed(&controller.classes),
+            controller.segments.ready(),
+            listed(&controller.objects),
+        );
+        let (classes, segments, objects) = tokio::select! {
+            ready = ready => ready,
+            () = drained() => return,
+        };
+        if !(classes && segments && objects) {
+            return;
+        }
+        info!(
+            namespace = controller.template.namespace,
+            managed_by = controller.template.managed_by,
+            "publishing CSIStorageCapacity objects"
+        );
+        let workers = (0..settings.threads.max(1))
+            .map(|_| tokio::spawn(Arc::clone(&controller).worker(drained())))
+            .collect::<Vec<_>>();
+        let mut poll = tokio::time::interval(settings.poll_interval.max(Duration::from_millis(1)));
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut drained = std::pin::pin!(drained());
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut drained => break,
+                _ = poll.tick() => controller.queue_changes(true),
+                () = changes.notified() => controller.queue_changes(false),
+                Some(cause) = refresh.recv() => controller.queue_refresh(&cause),
+            }
+        }
+        for worker in workers {
+            let _ = worker.await;
+        }
+    };
+    let mut watch = std::pin::pin!(watch);
+    tokio::select! {
+        () = decide => {}
+        () = &mut watch => {}
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::fixtures::{
+        Finish, RETRY_MAX, RETRY_START, Step, bounded, delete, listed, post, put, scripted,
+    };
+    use crate::csi;
+    use crate::provision::capacity::{MANAGED_BY, selector};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use k8s_openapi::jiff::Timestamp;
+    use serde_json::{Value, json};
+
+    const DRIVER: &str = "d.example.com";
+    const OBJECTS: &str = "/apis/storage.k8s.io/v1/namespaces/csi/csistoragecapacities";
+    const GIB: i64 = 1 << 30;
+
+    fn zone(zone: &str) -> Segment {
+        Segment::from([("zone".to_owned(), zone.to_owned())])
+    }
+
+    fn class(name: &str) -> StorageClass {
+        StorageClass {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            provisioner: DRIVER.to_owned(),
+            volume_binding_mode: Some("WaitForFirstConsumer".to_owned()),
+            parameters: Some([("type".to_owned(), "ssd".to_owned())].into()),
+            ..StorageClass::default()
+        }
+    }
+
+    fn template() -> ObjectTemplate {
+        ObjectTemplate {
+            namespace: "csi".to_owned(),
+            driver: DRIVER.to_owned(),
+            managed_by: MANAGED_BY.to_owned(),
+            owner: None,
+        }
+    }
+
+    /// An object of ours as stored.
+    fn object(name: &str, class: &str, segment: &Segment, capacity: &str) -> CSIStorageCapacity {
+        let mut object: CSIStorageCapacity = serde_json::from_value(json!({
+            "metadata": {
+                "name": name, "namespace": "csi", "uid": format!("uid-{name}"),
+                "resourceVersion": "7", "labels": template().labels(),
+            },
+            "storageClassName": class,
+            "capacity": capacity,
+        }))
+        .expect("object");
+        object.node_topology = Some(selector(segment));
+        object
+    }
+
+    fn get_capacity(segment: &Segment, available: i64, maximum: Option<i64>) -> Step {
+        Step::GetCapacity {
+            expected: csi::GetCapacityRequest {
+                volume_capabilities: Vec::new(),
+                parameters: [("type".to_owned(), "ssd".to_owned())].into(),
+                accessible_topology: Some(csi::Topology {
+                    segments: segment.clone().into_iter().collect(),
+                }),
+            },
+            answer: Ok(csi::GetCapacityResponse {
+                available_capacity: available,
+                maximum_volume_size: maximum,
+                minimum_volume_size: None,
+            }),
+        }
+    }
+
+    struct Test {
+        controller: Arc<CapacityController>,
+        metrics: Arc<Metrics>,
+        finish: Finish,
+    }
+
+    fn start(
+        segment: Segment,
+        classes: Vec<StorageClass>,
+        objects: Vec<CSIStorageCapacity>,
+        steps: Vec<Step>,
+    ) -> Test {
+        let (client, driver, finish) = scripted(steps);
+        let mut metrics = Metrics::new();
+        metrics.register_capacity();
+        let metrics = Arc::new(metrics);
+        let settings = CapacitySettings {
+            template: template(),
+            segments: SegmentSource::Fixed(segment.clone()),
+            poll_interval: Duration::from_secs(60),
+            threads: 1,
+            immediate_binding: false,
+        };
+        let (_, seen) = tokio::sync::watch::channel(0_u64);
+        let inputs = CapacityInputs {
+            client,
+            driver,
+            classes: listed(classes),
+            segments: Segments::Fixed(segment),
+            metrics: Arc::clone(&metrics),
+            retry_interval_start: RETRY_START,
+            retry_interval_max: RETRY_MAX,
+        };
+        let controller = CapacityController::new(inputs, &settings, listed(objects), seen);
+        Test {
+            controller: Arc::new(controller),
+            metrics,
+            finish,
+        }
+    }
+
+    impl Test {
+        /// A poll, with every queued work done in order.
+        async fn poll(self) -> Self {
+            self.controller.queue_changes(true);
+            while self.controller.queue.len() > 0 {
+                let work = self.controller.queue.next().await;
+                bounded(self.controller.work(&work))
+                    .await
+                    .expect("work succeeds");
+                self.controller.queue.done(&work);
+            }
+            self
+        }
+
+        fn gauges(&self) -> Vec<String> {
+            let text = self.metrics.encode();
+            text.lines()
+                .filter(|line| line.starts_with("csistoragecapacities_"))
+                .map(str::to_owned)
+                .collect()
+        }
+
+        async fn finish(self) {
+            drop(self.controller);
+            self.finish.finish().await;
+        }
+    }
+
+    fn created_body(capacity: &str, maximum: &str) -> Value {
+        json!({
+            "metadata": {
+                "generateName": "csisc-",
+                "namespace": "csi",
+                "labels": {
+                    "csi.storage.k8s.io/drivername": DRIVER,
+                    "csi.storage.k8s.io/managed-by": "external-provisioner",
+                },
+            },
+            "storageClassName": "fast",
+            "nodeTopology": {"matchLabels": {"zone": "z1"}},
+            "capacity": capacity,
+            "maximumVolumeSize": maximum,
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_item_without_an_object_gets_one() {
+        let test = start(
+            zone("z1"),
+            vec![class("fast")],
+            vec![],
+            vec![
+                get_capacity(&zone("z1"), 100 * GIB, Some(10 * GIB)),
+                post(OBJECTS)
+                    .body(created_body("100Gi", "10Gi"))
+                    .answer(201, object("csisc-a", "fast", &zone("z1"), "100Gi")),
+            ],
+        )
+        .poll()
+        .await;
+        test.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_capacity_updates_the_object() {
+        let test = start(
+            zone("z1"),
+            vec![class("fast")],
+            vec![object("csisc-a", "fast", &zone("z1"), "5Gi")],
+            vec![
+                get_capacity(&zone("z1"), 10 * GIB, None),
+                put(format!("{OBJECTS}/csisc-a"))
+                    .body(json!({
+                        "metadata": {"name": "csisc-a", "resourceVersion": "7"},
+                        "capacity": "10Gi",
+                    }))
+                    .echo(200),
+            ],
+        )
+        .poll()
+        .await;
+        test.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unchanged_capacity_writes_nothing() {
+        let test = start(
+            zone("z1"),
+            vec![class("fast")],
+            vec![object("csisc-a", "fast", &zone("z1"), "10Gi")],
+            vec![get_capacity(&zone("z1"), 10 * GIB, None)],
+        )
+        .poll()
+        .await;
+        assert_eq!(
+            test.gauges(),
+            [
+                "csistoragecapacities_desired_goal 1",
+                "csistoragecapacities_desired_current 1",
+                "csistoragecapacities_obsolete 0"
+            ]
+        );
+        test.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn obsolete_objects_and_duplicates_are_deleted_at_start() {
+        let mut duplicate = object("csisc-b", "fast", &zone("z1"), "10Gi");
+        duplicate.metadata.creation_timestamp =
+            Some(Time(Timestamp::from_second(100).expect("time")));
+        let mut kept = object("csisc-a", "fast", &zone("z1"), "10Gi");
+        kept.metadata.creation_timestamp = Some(Time(Timestamp::from_second(50).expect("time")));
+        let test = start(
+            zone("z1"),
+            vec![class("fast")],
+            vec![
+                object("csisc-gone", "deleted-class", &zone("z1"), "1Gi"),
+                duplicate,
+                kept,
+            ],
+            vec![
+                delete(format!("{OBJECTS}/csisc-gone"))
+                    .body(json!({"preconditions": {"uid": "uid-csisc-gone"}}))
+                    .answer(
+                        200,
+                        json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                    ),
+                delete(format!("{OBJECTS}/csisc-b"))
+                    .body(json!({"preconditions": {"uid": "uid-csisc-b"}}))
+                    .refuse(404, "NotFound"),
+                get_capacity(&zone("z1"), 10 * GIB, None),
+            ],
+        )
+        .poll()
+        .await;
+        assert_eq!(
+            test.gauges(),
+            [
+                "csistoragecapacities_desired_goal 1",
+                "csistoragecapacities_desired_current 1",
+                "csistoragecapacities_obsolete 2"
+            ]
+        );
+        test.finish().await;
+    }
+
+    /// A10: the object of the nil segment as the API server returns it (no `matchLabels`)
+    /// is adopted, not deleted and created again.
+    #[tokio::test(start_paused = true)]
+    async fn an_existing_object_is_adopted_whatever_its_empty_selector_looks_like() {
+        let mut existing = object("csisc-a", "fast", &Segment::new(), "10Gi");
+        existing.node_topology = Some(serde_json::from_value(json!({})).expect("selector"));
+        let test = start(
+            Segment::new(),
+            vec![class("fast")],
+            vec![existing],
+            vec![get_capacity(&Segment::new(), 10 * GIB, None)],
+        )
+        .poll()
+        .await;
+        test.finish().await;
+    }
+}

@@ -1,0 +1,987 @@
+//! CSIStorageCapacity decisions (`--enable-capacity`): which topology segments and classes get
+//! an object, what each object holds, which existing objects are ours to keep, update or
+//! delete, and which objects a provisioning or a deletion makes stale. Upstream's names,
+//! labels and fields (docs/flags.md, "Capacity tracking"); the executor is
+//! `controller::capacity`.
+//!
+//! Three of upstream's quirks are fixed here: a selector is compared by what it selects
+//! (absent `matchLabels` ≡ empty, A10), an owner switch replaces the old controller owner
+//! instead of adding a second one (A9), and a segment is a sorted map, so the node segment of
+//! `--node-deployment` equals the segment read from a PV's node affinity (A11).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{NodeSelectorTerm, VolumeNodeAffinity};
+use k8s_openapi::api::storage::v1::{CSIStorageCapacity, StorageClass};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+
+use super::quantity::{format_binary_si, parse_quantity_bytes};
+use crate::csi;
+
+/// Label naming the driver of a CSIStorageCapacity object.
+pub const DRIVER_NAME_LABEL: &str = "csi.storage.k8s.io/drivername";
+/// Label naming the provisioner instance that manages the object.
+pub const MANAGED_BY_LABEL: &str = "csi.storage.k8s.io/managed-by";
+/// The managed-by value of a central provisioner, and the base of a node provisioner's.
+pub const MANAGED_BY: &str = "external-provisioner";
+/// `metadata.generateName` of the objects.
+pub const GENERATE_NAME: &str = "csisc-";
+/// Longest label value (DNS-1035 label length).
+const LABEL_VALUE_MAX: usize = 63;
+/// `-<FNV-1a-32 of "external-provisioner">-`: the separator of a shortened node id.
+const SHORTENED_SEPARATOR_LEN: usize = 10;
+
+/// One place in the cluster that gets its own objects: topology key/value pairs, sorted by
+/// key. Empty for a driver without topology (the "nil" segment: an object with an empty
+/// selector, which matches every node).
+pub type Segment = BTreeMap<String, String>;
+
+/// One object the provisioner wants to exist: a segment and a StorageClass of our driver.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkItem {
+    pub segment: Segment,
+    pub class: String,
+}
+
+impl fmt::Display for WorkItem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{{segment: [")?;
+        for (index, (key, value)) in self.segment.iter().enumerate() {
+            let separator = if index == 0 { "" } else { " " };
+            write!(f, "{separator}{key}={value}")?;
+        }
+        write!(f, "], storageClassName: {:?}}}", self.class)
+    }
+}
+
+/// The managed-by label value: `external-provisioner`, or with `--node-deployment`
+/// `external-provisioner-<node>` shortened to a label value's 63 characters as upstream does
+/// (the hashes are FNV-1a-32, printed as 8 hex digits).
+pub fn managed_by(node: Option<&str>) -> String {
+    let Some(node) = node else {
+        return MANAGED_BY.to_owned();
+    };
+    let full = format!("{MANAGED_BY}-{node}");
+    if full.len() <= LABEL_VALUE_MAX {
+        return full;
+    }
+    match (LABEL_VALUE_MAX - SHORTENED_SEPARATOR_LEN).checked_sub(node.len()) {
+        // Keep the node name whole, and as much of the base as fits before it.
+        Some(base_len) if base_len > 0 => format!(
+            "{}-{:08x}-{node}",
+            &MANAGED_BY[..base_len.min(MANAGED_BY.len())],
+            fnv1a32(MANAGED_BY.as_bytes())
+        ),
+        _ => format!("{MANAGED_BY}-{:08x}", fnv1a32(full.as_bytes())),
+    }
+}
+
+fn fnv1a32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5, |hash: u32, byte| {
+        (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// The segments of a central provisioner, from the CSINodes that list our driver (each with
+/// the topology keys it registered there) and the labels of their Nodes: a node whose Node is
+/// missing, or lacks one of the keys, adds none; equal segments count once.
+pub fn cluster_segments<'a>(
+    registrations: impl IntoIterator<Item = (&'a str, &'a [String])>,
+    node_labels: impl Fn(&str) -> Option<BTreeMap<String, String>>,
+) -> BTreeSet<Segment> {
+    registrations
+        .into_iter()
+        .filter_map(|(node, keys)| {
+            let labels = node_labels(node)?;
+            keys.iter()
+                .map(|key| Some((key.clone(), labels.get(key)?.clone())))
+                .collect::<Option<Segment>>()
+        })
+        .collect()
+}
+
+/// Whether capacity is published for `class`: our driver's, and not Immediate unless
+/// `--capacity-for-immediate-binding` (an unset binding mode counts as not Immediate, as
+/// upstream's; the API server defaults it to Immediate anyway).
+pub fn publishes_for(class: &StorageClass, driver: &str, immediate_binding: bool) -> bool {
+    class.provisioner == driver
+        && (immediate_binding || class.volume_binding_mode.as_deref() != Some("Immediate"))
+}
+
+/// Every (segment, class) pair that should have an object.
+pub fn desired_items<'a>(
+    segments: &BTreeSet<Segment>,
+    classes: impl IntoIterator<Item = &'a StorageClass>,
+    driver: &str,
+    immediate_binding: bool,
+) -> BTreeSet<WorkItem> {
+    let classes: Vec<&str> = classes
+        .into_iter()
+        .filter(|class| publishes_for(class, driver, immediate_binding))
+        .filter_map(|class| class.metadata.name.as_deref())
+        .collect();
+    segments
+        .iter()
+        .flat_map(|segment| {
+            classes.iter().map(|class| WorkItem {
+                segment: segment.clone(),
+                class: (*class).to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// GetCapacity for an item: the class's parameters as they are (upstream does not strip the
+/// `csi.storage.k8s.io/` keys here), no capabilities, the segment as the topology.
+pub fn get_capacity_request(item: &WorkItem, class: &StorageClass) -> csi::GetCapacityRequest {
+    csi::GetCapacityRequest {
+        volume_capabilities: Vec::new(),
+        parameters: class
+            .parameters
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect(),
+        accessible_topology: Some(csi::Topology {
+            segments: item.segment.clone().into_iter().collect(),
+        }),
+    }
+}
+
+/// What the driver reported for an item (`minimum_volume_size` has no field in the object).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    pub available: i64,
+    pub maximum_volume_size: Option<i64>,
+}
+
+impl From<&csi::GetCapacityResponse> for Capacity {
+    fn from(response: &csi::GetCapacityResponse) -> Self {
+        Capacity {
+            available: response.available_capacity,
+            maximum_volume_size: response.maximum_volume_size,
+        }
+    }
+}
+
+/// What every object of this provisioner carries.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObjectTemplate {
+    /// `NAMESPACE`.
+    pub namespace: String,
+    pub driver: String,
+    /// See [`managed_by`].
+    pub managed_by: String,
+    /// `--capacity-ownerref-level` ≥ 0: the owner found at start.
+    pub owner: Option<OwnerReference>,
+}
+
+impl ObjectTemplate {
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (DRIVER_NAME_LABEL.to_owned(), self.driver.clone()),
+            (MANAGED_BY_LABEL.to_owned(), self.managed_by.clone()),
+        ])
+    }
+
+    /// The label selector of the capacity watch: exactly the objects this instance manages.
+    pub fn label_selector(&self) -> String {
+        format!(
+            "{DRIVER_NAME_LABEL}={},{MANAGED_BY_LABEL}={}",
+            self.driver, self.managed_by
+        )
+    }
+
+    /// The object to create for `item`.
+    pub fn new_object(&self, item: &WorkItem, capacity: Capacity) -> CSIStorageCapacity {
+        CSIStorageCapacity {
+            metadata: ObjectMeta {
+                generate_name: Some(GENERATE_NAME.to_owned()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(self.labels()),
+                owner_references: self.owner.clone().map(|owner| vec![owner]),
+                ..ObjectMeta::default()
+            },
+            storage_class_name: item.class.clone(),
+            node_topology: Some(selector(&item.segment)),
+            capacity: Some(quantity(capacity.available)),
+            maximum_volume_size: capacity.maximum_volume_size.map(quantity),
+        }
+    }
+
+    /// `existing` brought up to date, or `None` if it already is: the capacity, the maximum
+    /// volume size (both absent counts as equal) and the owner. The owner is added if missing;
+    /// unlike upstream (A9), a reference to another controller (the owner level changed) is
+    /// replaced, because the API server refuses two controller references and upstream's
+    /// update is retried forever.
+    pub fn updated_object(
+        &self,
+        existing: &CSIStorageCapacity,
+        capacity: Capacity,
+    ) -> Option<CSIStorageCapacity> {
+        let capacity_equal = same_quantity(existing.capacity.as_ref(), Some(capacity.available));
+        let maximum_equal = same_quantity(
+            existing.maximum_volume_size.as_ref(),
+            capacity.maximum_volume_size,
+        );
+        let owners = self.owner_references(existing.metadata.owner_references.as_deref());
+        if capacity_equal && maximum_equal && owners.is_none() {
+            return None;
+        }
+        let mut updated = existing.clone();
+        updated.capacity = Some(quantity(capacity.available));
+        updated.maximum_volume_size = capacity.maximum_volume_size.map(quantity);
+        if let Some(owners) = owners {
+            updated.metadata.owner_references = Some(owners);
+        }
+        Some(updated)
+    }
+
+    /// The owner references `existing` should have, or `None` if they are right: ours added,
+    /// another controller reference dropped.
+    fn owner_references(&self, existing: Option<&[OwnerReference]>) -> Option<Vec<OwnerReference>> {
+        let owner = self.owner.as_ref()?;
+        let existing = existing.unwrap_or_default();
+        if existing.iter().any(|reference| reference.uid == owner.uid) {
+            return None;
+        }
+        let mut references: Vec<OwnerReference> = existing
+            .iter()
+            .filter(|reference| reference.controller != Some(true))
+            .cloned()
+            .collect();
+        references.push(owner.clone());
+        Some(references)
+    }
+}
+
+/// The node selector of a segment: its pairs as `matchLabels`, nothing else; an empty
+/// selector (matches every node) for the nil segment.
+pub fn selector(segment: &Segment) -> LabelSelector {
+    LabelSelector {
+        match_labels: (!segment.is_empty()).then(|| segment.clone()),
+        match_expressions: None,
+    }
+}
+
+/// The segment an object's selector stands for, compared by what it selects: absent and empty
+/// `matchLabels` are the same (A10: upstream compares them structurally, so its objects for the
+/// nil segment never match and are deleted and created again at every poll). `None` for a
+/// selector that is not a plain `matchLabels` (no segment of ours produces it) and for a
+/// missing one (which matches no node).
+pub fn object_segment(object: &CSIStorageCapacity) -> Option<Segment> {
+    let selector = object.node_topology.as_ref()?;
+    if selector
+        .match_expressions
+        .as_ref()
+        .is_some_and(|expressions| !expressions.is_empty())
+    {
+        return None;
+    }
+    Some(selector.match_labels.clone().unwrap_or_default())
+}
+
+fn quantity(bytes: i64) -> Quantity {
+    Quantity(format_binary_si(bytes))
+}
+
+fn same_quantity(existing: Option<&Quantity>, wanted: Option<i64>) -> bool {
+    match (existing, wanted) {
+        (None, None) => true,
+        (Some(existing), Some(wanted)) => parse_quantity_bytes(&existing.0) == Ok(wanted),
+        _ => false,
+    }
+}
+
+/// An object of ours that no item wants, to delete.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Obsolete {
+    pub name: String,
+    pub uid: String,
+}
+
+/// The existing objects, sorted out: the object of each item that has one, and the others.
+#[derive(Debug, Default, PartialEq)]
+pub struct Matching {
+    pub linked: BTreeMap<WorkItem, Arc<CSIStorageCapacity>>,
+    pub obsolete: Vec<Obsolete>,
+}
+
+/// Which object belongs to which item. An object matches an item with the same class and
+/// selector (see [`object_segment`]); of several matching one item the oldest is kept (then
+/// the first by name, so every pass picks the same) and the others are duplicates; objects
+/// matching no item (a class or segment gone, or someone else's object with our labels) are
+/// obsolete.
+pub fn match_objects(
+    desired: &BTreeSet<WorkItem>,
+    objects: impl IntoIterator<Item = Arc<CSIStorageCapacity>>,
+) -> Matching {
+    let mut objects: Vec<Arc<CSIStorageCapacity>> = objects.into_iter().collect();
+    objects.sort_by(|a, b| {
+        let created = |object: &CSIStorageCapacity| object.metadata.creation_timestamp.clone();
+        created(a)
+            .map(|time| time.0)
+            .cmp(&created(b).map(|time| time.0))
+            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+    });
+    let mut matching = Matching::default();
+    for object in objects {
+        let item = object_segment(&object).map(|segment| WorkItem {
+            segment,
+            class: object.storage_class_name.clone(),
+        });
+        match item {
+            Some(item) if desired.contains(&item) && !matching.linked.contains_key(&item) => {
+                matching.linked.insert(item, object);
+            }
+            _ => matching.obsolete.push(Obsolete {
+                name: object.metadata.name.clone().unwrap_or_default(),
+                uid: object.metadata.uid.clone().unwrap_or_default(),
+            }),
+        }
+    }
+    matching
+}
+
+/// Why capacity may have changed outside the poll.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RefreshCause {
+    /// A volume of `class` was created; `affinity` is its PV's node affinity.
+    Provisioned {
+        class: String,
+        affinity: Option<VolumeNodeAffinity>,
+    },
+    /// CreateVolume for a claim of `class` was sent and failed (the driver may have used
+    /// space, or found less than was published).
+    ProvisionFailed { class: String },
+    /// A volume was deleted; `affinity` is its PV's node affinity.
+    Deleted {
+        affinity: Option<VolumeNodeAffinity>,
+    },
+}
+
+/// The items to query again after `cause`, and how many node-affinity terms were not plain
+/// segments (only `In` with one value, no `matchFields`), which upstream logs and skips.
+#[derive(Debug, Default, PartialEq)]
+pub struct Refresh {
+    pub items: Vec<WorkItem>,
+    pub skipped_terms: usize,
+}
+
+/// Upstream's rules: a volume with node affinity refreshes every item whose segment is one of
+/// the affinity's terms (any class: they share the space); a created volume without affinity
+/// refreshes every item of its class, and so does a failed CreateVolume; a deleted volume
+/// without affinity refreshes nothing.
+pub fn refreshed_items(desired: &BTreeSet<WorkItem>, cause: &RefreshCause) -> Refresh {
+    let (class, affinity) = match cause {
+        RefreshCause::Provisioned { class, affinity } => (Some(class), affinity.as_ref()),
+        RefreshCause::ProvisionFailed { class } => (Some(class), None),
+        RefreshCause::Deleted { affinity } => (None, affinity.as_ref()),
+    };
+    match affinity {
+        Some(affinity) => {
+            let terms = affinity_terms(affinity);
+            let mut segments = BTreeSet::new();
+            let mut skipped_terms = 0;
+            for term in terms {
+                match term_segment(term) {
+                    Some(segment) => {
+                        segments.insert(segment);
+                    }
+                    None => skipped_terms += 1,
+                }
+            }
+            Refresh {
+                items: desired
+                    .iter()
+                    .filter(|item| segments.contains(&item.segment))
+                    .cloned()
+                    .collect(),
+                skipped_terms,
+            }
+        }
+        None => Refresh {
+            items: desired
+                .iter()
+                .filter(|item| class.is_some_and(|class| item.class == *class))
+                .cloned()
+                .collect(),
+            skipped_terms: 0,
+        },
+    }
+}
+
+fn affinity_terms(affinity: &VolumeNodeAffinity) -> &[NodeSelectorTerm] {
+    affinity
+        .required
+        .as_ref()
+        .map(|required| required.node_selector_terms.as_slice())
+        .unwrap_or_default()
+}
+
+fn term_segment(term: &NodeSelectorTerm) -> Option<Segment> {
+    if term
+        .match_fields
+        .as_ref()
+        .is_some_and(|fields| !fields.is_empty())
+    {
+        return None;
+    }
+    term.match_expressions
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|requirement| match requirement.values.as_deref() {
+            Some([value]) if requirement.operator == "In" => {
+                Some((requirement.key.clone(), value.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use serde_json::json;
+
+    const DRIVER: &str = "d.example.com";
+
+    fn segment(pairs: &[(&str, &str)]) -> Segment {
+        pairs
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect()
+    }
+
+    fn item(zone: &str, class: &str) -> WorkItem {
+        WorkItem {
+            segment: segment(&[("zone", zone)]),
+            class: class.to_owned(),
+        }
+    }
+
+    fn class(name: &str, provisioner: &str, mode: Option<&str>) -> StorageClass {
+        StorageClass {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            provisioner: provisioner.to_owned(),
+            volume_binding_mode: mode.map(str::to_owned),
+            ..StorageClass::default()
+        }
+    }
+
+    fn owner(uid: &str, kind: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "apps/v1".to_owned(),
+            kind: kind.to_owned(),
+            name: format!("{kind}-name").to_lowercase(),
+            uid: uid.to_owned(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }
+    }
+
+    fn template(owner: Option<OwnerReference>) -> ObjectTemplate {
+        ObjectTemplate {
+            namespace: "csi".to_owned(),
+            driver: DRIVER.to_owned(),
+            managed_by: MANAGED_BY.to_owned(),
+            owner,
+        }
+    }
+
+    /// An object as the API server returns it.
+    fn stored(name: &str, created: i64, value: serde_json::Value) -> Arc<CSIStorageCapacity> {
+        let mut object: CSIStorageCapacity = serde_json::from_value(value).expect("object");
+        object.metadata.name = Some(name.to_owned());
+        object.metadata.uid = Some(format!("uid-{name}"));
+        object.metadata.creation_timestamp = Some(Time(
+            k8s_openapi::jiff::Timestamp::from_second(created).expect("time"),
+        ));
+        Arc::new(object)
+    }
+
+    #[test]
+    fn managed_by_is_the_constant_centrally_and_names_the_node_otherwise() {
+        assert_eq!(managed_by(None), "external-provisioner");
+        assert_eq!(managed_by(Some("node-1")), "external-provisioner-node-1");
+        // 21 + 42 = 63: still whole.
+        let node42 = "n".repeat(42);
+        assert_eq!(
+            managed_by(Some(&node42)),
+            format!("external-provisioner-{node42}")
+        );
+    }
+
+    #[test]
+    fn the_hash_of_the_constant_is_upstreams() {
+        assert_eq!(fnv1a32(b"external-provisioner"), 0x53f4_0b57);
+    }
+
+    #[test]
+    fn a_node_name_of_43_to_52_characters_keeps_the_name_and_part_of_the_base() {
+        let node = "n".repeat(50);
+        let id = managed_by(Some(&node));
+        assert_eq!(id, format!("ext-53f40b57-{node}"));
+        assert_eq!(id.len(), 63);
+        let node43 = "m".repeat(43);
+        assert_eq!(
+            managed_by(Some(&node43)),
+            format!("external-p-53f40b57-{node43}")
+        );
+    }
+
+    #[test]
+    fn a_60_character_node_name_becomes_a_hash_of_the_whole_id() {
+        let node = "a".repeat(60);
+        let id = managed_by(Some(&node));
+        let hash = fnv1a32(format!("external-provisioner-{node}").as_bytes());
+        assert_eq!(id, format!("external-provisioner-{hash:08x}"));
+        assert_eq!(id.len(), 29);
+        assert!(id.len() <= 63);
+    }
+
+    #[test]
+    fn cluster_segments_come_from_registered_nodes_with_every_key() {
+        let z1 = ["zone".to_owned(), "rack".to_owned()];
+        let zone = ["zone".to_owned()];
+        let labels = |node: &str| match node {
+            "n1" => Some(segment(&[("zone", "z1"), ("rack", "r1"), ("os", "linux")])),
+            "n2" => Some(segment(&[("zone", "z2")])),
+            "n3" => Some(segment(&[("zone", "z2")])),
+            _ => None,
+        };
+        let segments = cluster_segments(
+            [
+                ("n1", &z1[..]),
+                ("n2", &z1[..]), // lacks rack: skipped
+                ("n3", &zone[..]),
+                ("n4", &zone[..]), // no Node: skipped
+                ("n5", &zone[..]),
+            ],
+            labels,
+        );
+        assert_eq!(
+            segments,
+            BTreeSet::from([
+                segment(&[("rack", "r1"), ("zone", "z1")]),
+                segment(&[("zone", "z2")]),
+            ])
+        );
+    }
+
+    #[test]
+    fn a_node_registered_without_keys_gives_the_nil_segment_once() {
+        let none: [String; 0] = [];
+        let labels = |_: &str| Some(segment(&[("zone", "z1")]));
+        let segments = cluster_segments([("n1", &none[..]), ("n2", &none[..])], labels);
+        assert_eq!(segments, BTreeSet::from([Segment::new()]));
+    }
+
+    #[test]
+    fn desired_items_are_our_classes_in_every_segment_immediate_only_on_request() {
+        let segments = BTreeSet::from([segment(&[("zone", "z1")]), segment(&[("zone", "z2")])]);
+        let classes = [
+            class("wffc", DRIVER, Some("WaitForFirstConsumer")),
+            class("unset", DRIVER, None),
+            class("immediate", DRIVER, Some("Immediate")),
+            class("theirs", "other.example.com", Some("WaitForFirstConsumer")),
+        ];
+        let items = desired_items(&segments, &classes, DRIVER, false);
+        assert_eq!(
+            items,
+            BTreeSet::from([
+                item("z1", "unset"),
+                item("z1", "wffc"),
+                item("z2", "unset"),
+                item("z2", "wffc"),
+            ])
+        );
+        let items = desired_items(&segments, &classes, DRIVER, true);
+        assert_eq!(items.len(), 6);
+        assert!(items.contains(&item("z2", "immediate")));
+    }
+
+    #[test]
+    fn get_capacity_sends_raw_parameters_and_the_segment() {
+        let mut fast = class("fast", DRIVER, None);
+        fast.parameters = Some(BTreeMap::from([
+            ("type".to_owned(), "ssd".to_owned()),
+            (
+                "csi.storage.k8s.io/provisioner-secret-name".to_owned(),
+                "s".to_owned(),
+            ),
+        ]));
+        let request = get_capacity_request(&item("z1", "fast"), &fast);
+        assert!(request.volume_capabilities.is_empty());
+        assert_eq!(request.parameters.len(), 2);
+        assert_eq!(
+            request.accessible_topology.expect("topology").segments,
+            [("zone".to_owned(), "z1".to_owned())].into()
+        );
+        let nil = WorkItem {
+            segment: Segment::new(),
+            class: "fast".to_owned(),
+        };
+        let request = get_capacity_request(&nil, &fast);
+        assert!(
+            request
+                .accessible_topology
+                .expect("present")
+                .segments
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_new_object_carries_upstreams_fields() {
+        let object = template(Some(owner("uid-ss", "StatefulSet"))).new_object(
+            &item("z1", "fast"),
+            Capacity {
+                available: 100 << 30,
+                maximum_volume_size: Some(10 << 30),
+            },
+        );
+        let json = serde_json::to_value(&object).expect("json");
+        assert_eq!(
+            json,
+            json!({
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "CSIStorageCapacity",
+                "metadata": {
+                    "generateName": "csisc-",
+                    "namespace": "csi",
+                    "labels": {
+                        "csi.storage.k8s.io/drivername": DRIVER,
+                        "csi.storage.k8s.io/managed-by": "external-provisioner",
+                    },
+                    "ownerReferences": [{
+                        "apiVersion": "apps/v1", "kind": "StatefulSet",
+                        "name": "statefulset-name", "uid": "uid-ss", "controller": true,
+                    }],
+                },
+                "storageClassName": "fast",
+                "nodeTopology": {"matchLabels": {"zone": "z1"}},
+                "capacity": "100Gi",
+                "maximumVolumeSize": "10Gi",
+            })
+        );
+    }
+
+    #[test]
+    fn zero_capacity_is_published_and_no_maximum_is_absent() {
+        let object = template(None).new_object(
+            &item("z1", "fast"),
+            Capacity {
+                available: 0,
+                maximum_volume_size: None,
+            },
+        );
+        assert_eq!(object.capacity, Some(Quantity("0".to_owned())));
+        assert_eq!(object.maximum_volume_size, None);
+        assert_eq!(object.metadata.owner_references, None);
+    }
+
+    #[test]
+    fn the_nil_segments_object_has_an_empty_selector() {
+        let nil = WorkItem {
+            segment: Segment::new(),
+            class: "fast".to_owned(),
+        };
+        let object = template(None).new_object(
+            &nil,
+            Capacity {
+                available: 1,
+                maximum_volume_size: None,
+            },
+        );
+        assert_eq!(
+            serde_json::to_value(&object.node_topology).expect("json"),
+            json!({})
+        );
+    }
+
+    /// A10: an object of the nil segment as read back (`{}`, or `matchLabels: {}`) is the
+    /// item's object, not obsolete; a missing selector is not (it selects no node).
+    #[test]
+    fn selectors_are_compared_by_what_they_select() {
+        let nil = WorkItem {
+            segment: Segment::new(),
+            class: "fast".to_owned(),
+        };
+        let desired = BTreeSet::from([nil.clone()]);
+        for selector in [
+            json!({}),
+            json!({"matchLabels": {}}),
+            json!({"matchExpressions": []}),
+        ] {
+            let object = stored(
+                "a",
+                1,
+                json!({"storageClassName": "fast", "nodeTopology": selector}),
+            );
+            let matching = match_objects(&desired, [object]);
+            assert!(matching.linked.contains_key(&nil), "{selector}");
+            assert!(matching.obsolete.is_empty());
+        }
+        let unselected = stored("b", 1, json!({"storageClassName": "fast"}));
+        let expressions = stored(
+            "c",
+            1,
+            json!({"storageClassName": "fast", "nodeTopology": {"matchExpressions": [
+                {"key": "zone", "operator": "Exists"}]}}),
+        );
+        let matching = match_objects(&desired, [unselected, expressions]);
+        assert!(matching.linked.is_empty());
+        assert_eq!(matching.obsolete.len(), 2);
+    }
+
+    #[test]
+    fn existing_objects_are_adopted_once_and_the_rest_are_obsolete() {
+        let desired = BTreeSet::from([item("z1", "fast"), item("z2", "fast")]);
+        let z1 = |name, created| {
+            stored(
+                name,
+                created,
+                json!({"storageClassName": "fast", "nodeTopology": {"matchLabels": {"zone": "z1"}}}),
+            )
+        };
+        let gone_class = stored(
+            "old-class",
+            1,
+            json!({"storageClassName": "slow", "nodeTopology": {"matchLabels": {"zone": "z1"}}}),
+        );
+        let matching = match_objects(
+            &desired,
+            [
+                z1("younger", 20),
+                gone_class,
+                z1("older", 10),
+                z1("same-age", 10),
+            ],
+        );
+        assert_eq!(matching.linked.len(), 1);
+        assert_eq!(
+            matching.linked[&item("z1", "fast")]
+                .metadata
+                .name
+                .as_deref(),
+            Some("older")
+        );
+        let obsolete: Vec<&str> = matching.obsolete.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(obsolete, ["old-class", "same-age", "younger"]);
+        assert_eq!(matching.obsolete[0].uid, "uid-old-class");
+    }
+
+    fn existing(
+        capacity: &str,
+        maximum: Option<&str>,
+        owners: serde_json::Value,
+    ) -> CSIStorageCapacity {
+        let object = stored(
+            "a",
+            1,
+            json!({
+                "metadata": {"ownerReferences": owners},
+                "storageClassName": "fast",
+                "nodeTopology": {"matchLabels": {"zone": "z1"}},
+                "capacity": capacity,
+                "maximumVolumeSize": maximum,
+            }),
+        );
+        (*object).clone()
+    }
+
+    fn gib(available: i64, maximum: Option<i64>) -> Capacity {
+        Capacity {
+            available: available << 30,
+            maximum_volume_size: maximum.map(|m| m << 30),
+        }
+    }
+
+    #[test]
+    fn an_object_is_updated_only_when_something_differs() {
+        let ours = owner("uid-ss", "StatefulSet");
+        let with_owner = json!([ours]);
+        let template = template(Some(ours));
+        // Same values, written differently: no update.
+        let object = existing("1Gi", None, with_owner.clone());
+        assert_eq!(template.updated_object(&object, gib(1, None)), None);
+        let object = existing("1073741824", Some("1Gi"), with_owner.clone());
+        assert_eq!(template.updated_object(&object, gib(1, Some(1))), None);
+
+        let updated = template
+            .updated_object(&existing("1Gi", None, with_owner.clone()), gib(2, None))
+            .expect("capacity changed");
+        assert_eq!(updated.capacity, Some(Quantity("2Gi".to_owned())));
+        assert_eq!(
+            updated.metadata.resource_version,
+            object.metadata.resource_version
+        );
+        let updated = template
+            .updated_object(&existing("1Gi", None, with_owner.clone()), gib(1, Some(1)))
+            .expect("maximum appeared");
+        assert_eq!(
+            updated.maximum_volume_size,
+            Some(Quantity("1Gi".to_owned()))
+        );
+        let updated = template
+            .updated_object(&existing("1Gi", Some("1Gi"), with_owner), gib(1, None))
+            .expect("maximum gone");
+        assert_eq!(updated.maximum_volume_size, None);
+    }
+
+    #[test]
+    fn a_missing_owner_is_added_beside_non_controller_references() {
+        let template = template(Some(owner("uid-ss", "StatefulSet")));
+        let other = OwnerReference {
+            controller: None,
+            ..owner("uid-cm", "ConfigMap")
+        };
+        let updated = template
+            .updated_object(&existing("1Gi", None, json!([other])), gib(1, None))
+            .expect("owner missing");
+        let uids: Vec<&str> = updated
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|o| o.uid.as_str())
+            .collect();
+        assert_eq!(uids, ["uid-cm", "uid-ss"]);
+    }
+
+    /// A9: upstream appends a second controller reference, which the API server refuses.
+    #[test]
+    fn another_controller_owner_is_replaced_not_joined() {
+        let template = template(Some(owner("uid-ss", "StatefulSet")));
+        let previous = owner("uid-rs", "ReplicaSet");
+        let updated = template
+            .updated_object(&existing("1Gi", None, json!([previous])), gib(1, None))
+            .expect("owner changed");
+        let references = updated.metadata.owner_references.expect("owners");
+        assert_eq!(references.len(), 1);
+        assert_eq!(references[0].uid, "uid-ss");
+    }
+
+    #[test]
+    fn without_an_owner_the_references_are_left_alone() {
+        let object = existing("1Gi", None, json!([owner("uid-rs", "ReplicaSet")]));
+        assert_eq!(template(None).updated_object(&object, gib(1, None)), None);
+    }
+
+    fn affinity(terms: serde_json::Value) -> VolumeNodeAffinity {
+        serde_json::from_value(json!({"required": {"nodeSelectorTerms": terms}})).expect("affinity")
+    }
+
+    fn desired() -> BTreeSet<WorkItem> {
+        BTreeSet::from([
+            item("z1", "fast"),
+            item("z1", "slow"),
+            item("z2", "fast"),
+            item("z2", "slow"),
+        ])
+    }
+
+    #[test]
+    fn a_provisioned_volume_refreshes_its_segments_in_every_class() {
+        let cause = RefreshCause::Provisioned {
+            class: "fast".to_owned(),
+            affinity: Some(affinity(json!([
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z2"]}]},
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1", "z2"]}]},
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]},
+            ]))),
+        };
+        let refresh = refreshed_items(&desired(), &cause);
+        assert_eq!(refresh.items, [item("z2", "fast"), item("z2", "slow")]);
+        assert_eq!(refresh.skipped_terms, 2);
+    }
+
+    #[test]
+    fn without_affinity_a_provisioning_refreshes_its_class_and_a_deletion_nothing() {
+        let provisioned = RefreshCause::Provisioned {
+            class: "slow".to_owned(),
+            affinity: None,
+        };
+        assert_eq!(
+            refreshed_items(&desired(), &provisioned).items,
+            [item("z1", "slow"), item("z2", "slow")]
+        );
+        let failed = RefreshCause::ProvisionFailed {
+            class: "fast".to_owned(),
+        };
+        assert_eq!(
+            refreshed_items(&desired(), &failed).items,
+            [item("z1", "fast"), item("z2", "fast")]
+        );
+        let deleted = RefreshCause::Deleted { affinity: None };
+        assert_eq!(refreshed_items(&desired(), &deleted), Refresh::default());
+        let deleted = RefreshCause::Deleted {
+            affinity: Some(affinity(json!([
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]},
+            ]))),
+        };
+        assert_eq!(
+            refreshed_items(&desired(), &deleted).items,
+            [item("z1", "fast"), item("z1", "slow")]
+        );
+    }
+
+    /// A11: a node segment with two keys equals the segment of a PV's affinity whatever the
+    /// order the driver or the PV lists the keys in.
+    #[test]
+    fn a_two_key_node_segment_matches_the_affinity_of_its_volumes() {
+        let node: Segment = [("zone", "z1"), ("rack", "r1")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let desired = BTreeSet::from([WorkItem {
+            segment: node,
+            class: "fast".to_owned(),
+        }]);
+        let term = NodeSelectorTerm {
+            match_expressions: Some(vec![
+                NodeSelectorRequirement {
+                    key: "zone".to_owned(),
+                    operator: "In".to_owned(),
+                    values: Some(vec!["z1".to_owned()]),
+                },
+                NodeSelectorRequirement {
+                    key: "rack".to_owned(),
+                    operator: "In".to_owned(),
+                    values: Some(vec!["r1".to_owned()]),
+                },
+            ]),
+            match_fields: None,
+        };
+        let cause = RefreshCause::Deleted {
+            affinity: Some(VolumeNodeAffinity {
+                required: Some(NodeSelector {
+                    node_selector_terms: vec![term],
+                }),
+            }),
+        };
+        assert_eq!(refreshed_items(&desired, &cause).items.len(), 1);
+    }
+
+    #[test]
+    fn an_item_prints_its_segment_and_class() {
+        let item = WorkItem {
+            segment: segment(&[("zone", "z1"), ("rack", "r1")]),
+            class: "fast".to_owned(),
+        };
+        assert_eq!(
+            item.to_string(),
+            r#"{segment: [rack=r1 zone=z1], storageClassName: "fast"}"#
+        );
+    }
+}

@@ -771,7 +771,7 @@ impl TopologyNode {
 
 /// Granted by deploy/node/ (which keeps the base's rules for the central Deployment) and not
 /// sent by a node-mode sidecar, each with the reason.
-const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 19] = [
+const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 25] = [
     ("coordination.k8s.io", "leases", "get", NO_LEADER_ELECTION),
     ("coordination.k8s.io", "leases", "watch", NO_LEADER_ELECTION),
     (
@@ -801,6 +801,22 @@ const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 19] = [
          (tests/journal.rs)",
     ),
     ("", "secrets", "get", IN_THE_BASE_TEST),
+    ("", "persistentvolumeclaims", "get", IN_THE_BASE_TEST),
+    ("", "persistentvolumes", "get", IN_THE_BASE_TEST),
+    (SNAPSHOTS, "volumesnapshots", "list", NO_SNAPSHOT_CRDS),
+    (SNAPSHOTS, "volumesnapshots", "patch", NO_SNAPSHOT_CRDS),
+    (
+        SNAPSHOTS,
+        "volumesnapshotcontents",
+        "list",
+        NO_SNAPSHOT_CRDS,
+    ),
+    (
+        "gateway.networking.k8s.io",
+        "referencegrants",
+        "list",
+        NO_GATE,
+    ),
     ("", "events", "patch", IN_THE_BASE_TEST),
     (
         "storage.k8s.io",
@@ -820,10 +836,12 @@ const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 19] = [
         "gateway.networking.k8s.io",
         "referencegrants",
         "watch",
-        "only with the CrossNamespaceVolumeDataSource gate, which the DaemonSet leaves off",
+        NO_GATE,
     ),
 ];
 
+const NO_GATE: &str =
+    "only with the CrossNamespaceVolumeDataSource gate, which the DaemonSet leaves off";
 const NO_LEADER_ELECTION: &str = "the DaemonSet runs without --leader-election: each instance \
      owns its node";
 const NODE_TOPOLOGY: &str = "in node mode the topology is the driver's NodeGetInfo: no Node or \

@@ -13,6 +13,12 @@
 //! source its `--request-log` shows. Topology keys are unique to each scenario,
 //! since Nodes are cluster-wide, and shared by its two runs, which never overlap: the first
 //! run's Nodes are gone before the second starts.
+//!
+//! Capacity tracking and node deployment: the CSIStorageCapacity objects each sidecar
+//! publishes (labels, owner, class, selector, capacity, maximum size) are compared too, in a
+//! central run over three zones and in a run of two node-mode sidecars, each with its own
+//! driver instance, where the CreateVolume requests and the PVs of the claims kube-scheduler put
+//! on each node are compared as well.
 
 mod support;
 

@@ -162,14 +162,23 @@ impl Driver {
     }
 }
 
+/// What one sidecar gets beyond the flags every sidecar gets; the same for ours and upstream's.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Extra<'a> {
+    pub flags: &'a [String],
+    /// Added to the environment (node mode's `NODE_NAME`); `--ours-env` is added to ours' only.
+    pub env: &'a [(&'a str, &'a str)],
+    /// See [`Spawn::hostname`].
+    pub hostname: Option<&'a str>,
+}
+
 /// Ours or upstream's, with the flags both get.
 pub(super) fn spawn_sidecar(
     b: &Bench,
     imp: Impl,
     driver: &Driver,
     cp: &ControlPlane,
-    extra: &[String],
-    hostname: Option<&str>,
+    extra: &Extra<'_>,
     log: &str,
 ) -> Result<Proc, BenchError> {
     let mut args = vec![
@@ -177,16 +186,14 @@ pub(super) fn spawn_sidecar(
         format!("--kubeconfig={}", cp.kubeconfig_path().display()),
         "--v=0".to_owned(),
     ];
-    args.extend_from_slice(extra);
-    let (program, env): (_, Vec<(&str, &str)>) = match imp {
-        Impl::Ours => (
-            &b.programs.ours,
-            b.ours_env
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect(),
-        ),
-        Impl::Upstream => (&b.programs.upstream, Vec::new()),
+    args.extend_from_slice(extra.flags);
+    let mut env = extra.env.to_vec();
+    let program = match imp {
+        Impl::Ours => {
+            env.extend(b.ours_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            &b.programs.ours
+        }
+        Impl::Upstream => &b.programs.upstream,
     };
     Proc::spawn(
         &Spawn {
@@ -195,7 +202,7 @@ pub(super) fn spawn_sidecar(
             args: &args,
             log: &b.logs.join(format!("{log}.log")),
             env: &env,
-            hostname,
+            hostname: extra.hostname,
         },
         b.ticks,
     )
@@ -385,7 +392,17 @@ pub async fn lifecycle(
         Vec::new()
     };
     let started = Instant::now();
-    let mut sidecar = spawn_sidecar(b, imp, &driver, &cp, &qps, None, &name)?;
+    let mut sidecar = spawn_sidecar(
+        b,
+        imp,
+        &driver,
+        &cp,
+        &Extra {
+            flags: &qps,
+            ..Extra::default()
+        },
+        &name,
+    )?;
     warm_up(b, &tag, &cluster, &mut sidecar, &mut driver).await?;
     let claims = ClaimWatch::start(&cluster.client, NAMESPACE).await?;
     let volumes = VolumeWatch::start(&cluster.client).await?;
@@ -663,7 +680,7 @@ pub async fn idle(
         b.sizes.idle
     ));
     let t0 = Instant::now();
-    let mut sidecar = spawn_sidecar(b, imp, &driver, &idle.cp, &[], None, &name)?;
+    let mut sidecar = spawn_sidecar(b, imp, &driver, &idle.cp, &Extra::default(), &name)?;
     let mut history: VecDeque<(Instant, f64)> = VecDeque::new();
     let mut last_report = Instant::now();
     let settled = loop {
@@ -783,8 +800,11 @@ pub async fn failover(
             imp,
             &driver,
             &cp,
-            &le,
-            Some(id),
+            &Extra {
+                flags: &le,
+                hostname: Some(id),
+                ..Extra::default()
+            },
             &format!("{name}-{id}"),
         )?);
     }

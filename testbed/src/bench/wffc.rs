@@ -29,7 +29,9 @@ use csi_testbed::{ControlPlane, StartOptions};
 
 use super::api::{self, ClaimWatch, Cluster, DRIVER_NAME, NAMESPACE, WARMUP_NAMESPACE};
 use super::report::Results;
-use super::scenarios::{Driver, QUIET, prepare_cluster, request_rows, spawn_sidecar, wait_for};
+use super::scenarios::{
+    Driver, Extra, QUIET, prepare_cluster, request_rows, spawn_sidecar, wait_for,
+};
 use super::stats::{self, Impl};
 use super::{Bench, BenchError};
 
@@ -80,7 +82,17 @@ pub async fn wait_for_first_consumer(
         "--kube-api-qps=500".to_owned(),
         "--kube-api-burst=1000".to_owned(),
     ];
-    let mut sidecar = spawn_sidecar(b, imp, &driver, &cp, &qps, None, &name)?;
+    let mut sidecar = spawn_sidecar(
+        b,
+        imp,
+        &driver,
+        &cp,
+        &Extra {
+            flags: &qps,
+            ..Extra::default()
+        },
+        &name,
+    )?;
     let say = |m: String| b.say(format!("{tag}: {m}"));
 
     // Warm-up through the whole flow (scheduler, binder, sidecar, driver); the pair stays.

@@ -1,17 +1,16 @@
 //! One run of each scenario: start what it needs, measure, record into [`Results`], stop
 //! everything. docs/benchmarks.md ("Method") describes each; the issue names them (a) to (g).
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use csi_testbed::ControlPlane;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::Api;
 use nix::sys::signal::Signal;
 
 use super::api::{self, ClaimWatch, Cluster, Delta, LEASE_NAMESPACE, NAMESPACE, VolumeWatch};
-use super::proc::{self, Proc, Spawn};
+use super::proc::{self, CpuWindow, Proc, Spawn};
 use super::report::{Curve, RequestRow, Results};
 use super::stats::{self, Impl, median};
 use super::{Bench, BenchError};
@@ -23,8 +22,8 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// The most points of one run's series kept for the plots.
 const MAX_POINTS: usize = 1500;
 /// (d): the sidecar is idle when it used less than this share of a core over `IDLE_WINDOW`.
-const IDLE_CPU_SHARE: f64 = 0.03;
-const IDLE_WINDOW: Duration = Duration::from_secs(3);
+pub(super) const IDLE_CPU_SHARE: f64 = 0.03;
+pub(super) const IDLE_WINDOW: Duration = Duration::from_secs(3);
 const SETTLE_CAP: Duration = Duration::from_secs(300);
 /// (f): identities (hostnames) of the two replicas.
 const REPLICAS: [&str; 2] = ["replica-a", "replica-b"];
@@ -623,16 +622,28 @@ pub struct IdleCluster {
 }
 
 pub async fn idle_setup(b: &Bench) -> Result<IdleCluster, BenchError> {
-    let n = b.sizes.idle;
     let tag = "(d) setup";
     let cp = start_control_plane(b, tag).await?;
     let cluster = prepare_cluster(b, &cp).await?;
+    fill_bound_pairs(b, tag, &cluster, b.sizes.idle, |_, _| {}).await?;
+    Ok(IdleCluster { cp })
+}
+
+/// `n` claims in [`NAMESPACE`] bound to `n` PVs that look provisioned (shaped by `shape`, see
+/// [`Cluster::create_bound_pairs`]); returns once the controller manager has bound them all.
+pub(super) async fn fill_bound_pairs(
+    b: &Bench,
+    tag: &str,
+    cluster: &Cluster,
+    n: usize,
+    shape: impl Fn(usize, &mut PersistentVolume),
+) -> Result<(), BenchError> {
     let claims = ClaimWatch::start(&cluster.client, NAMESPACE).await?;
     b.say(format!(
         "{tag}: creating {n} PVs and {n} claims bound to them"
     ));
     let t0 = Instant::now();
-    let create = cluster.create_bound_pairs(n);
+    let create = cluster.create_bound_pairs(n, shape);
     let progress = async {
         loop {
             tokio::time::sleep(PROGRESS_EVERY).await;
@@ -661,7 +672,7 @@ pub async fn idle_setup(b: &Bench) -> Result<IdleCluster, BenchError> {
         "{tag}: {n} bound pairs ready after {:.0}s",
         t0.elapsed().as_secs_f64()
     ));
-    Ok(IdleCluster { cp })
+    Ok(())
 }
 
 /// (d): start-up with the objects present, then idle.
@@ -681,28 +692,12 @@ pub async fn idle(
     ));
     let t0 = Instant::now();
     let mut sidecar = spawn_sidecar(b, imp, &driver, &idle.cp, &Extra::default(), &name)?;
-    let mut history: VecDeque<(Instant, f64)> = VecDeque::new();
+    let mut window = CpuWindow::new(IDLE_WINDOW);
     let mut last_report = Instant::now();
     let settled = loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         sidecar.check_alive()?;
-        let now = Instant::now();
-        let cpu = sidecar.now(b.ticks).cpu_secs;
-        history.push_back((now, cpu));
-        while history
-            .front()
-            .is_some_and(|(t, _)| now.duration_since(*t) > IDLE_WINDOW)
-        {
-            history.pop_front();
-        }
-        let busy = history.front().map_or(1.0, |(t, c)| {
-            let span = now.duration_since(*t).as_secs_f64();
-            if span < IDLE_WINDOW.as_secs_f64() * 0.9 {
-                1.0
-            } else {
-                (cpu - c) / span
-            }
-        });
+        let busy = window.push(Instant::now(), sidecar.now(b.ticks).cpu_secs);
         if busy < IDLE_CPU_SHARE && t0.elapsed() >= Duration::from_secs(5) {
             break true;
         }

@@ -280,19 +280,26 @@ impl Cluster {
             .await
     }
 
-    /// (d): `n` claims bound to `n` volumes that look as if a sidecar had provisioned them
+    /// (d), (j): `n` claims bound to `n` volumes that look as if a sidecar had provisioned them
     /// (annotation, finalizer, CSI source); the controller manager completes the binding.
-    pub async fn create_bound_pairs(&self, n: usize) -> Result<Vec<String>, BenchError> {
+    /// `shape(i, pv)` may add to the `i`-th volume (e.g. node affinity) before it is created.
+    pub async fn create_bound_pairs(
+        &self,
+        n: usize,
+        shape: impl Fn(usize, &mut PersistentVolume),
+    ) -> Result<Vec<String>, BenchError> {
         let names = numbered("idle", n);
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), NAMESPACE);
         let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
-        stream::iter(&names)
-            .map(|name| {
+        let shape = &shape;
+        stream::iter(names.iter().enumerate())
+            .map(|(i, name)| {
                 let (claims, volumes) = (claims.clone(), volumes.clone());
                 async move {
                     let pv_name = format!("pv-{name}");
-                    self.create(&volumes, &volume(&pv_name, Some(name), true))
-                        .await?;
+                    let mut pv = volume(&pv_name, Some(name), true);
+                    shape(i, &mut pv);
+                    self.create(&volumes, &pv).await?;
                     self.create(&claims, &claim(name, Some(&pv_name))).await
                 }
             })
@@ -601,6 +608,45 @@ impl Drop for VolumeWatch {
     }
 }
 
+/// Watches `api` and hands every object it lists or sees added or changed to `on_applied`
+/// (deletions are not reported); returns once the initial list is done, so nothing present is
+/// missed. The task runs until the handle is aborted.
+pub(super) async fn watch_applied<K>(
+    api: Api<K>,
+    what: &str,
+    mut on_applied: impl FnMut(K) + Send + 'static,
+) -> Result<tokio::task::JoinHandle<()>, BenchError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send,
+{
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let label = what.to_owned();
+    let task = tokio::spawn(async move {
+        let mut ready = Some(ready_tx);
+        let mut events = pin!(watcher(api, watcher::Config::default()).default_backoff());
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Apply(object) | Event::InitApply(object)) => on_applied(object),
+                Ok(Event::InitDone) => {
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => eprintln!("[bench] {label} watch: {e} (it restarts)"),
+            }
+        }
+    });
+    match wait_ready(ready_rx, what).await {
+        Ok(()) => Ok(task),
+        Err(e) => {
+            task.abort();
+            Err(e)
+        }
+    }
+}
+
 async fn wait_ready(
     ready: tokio::sync::oneshot::Receiver<()>,
     what: &str,
@@ -614,7 +660,7 @@ async fn wait_ready(
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 

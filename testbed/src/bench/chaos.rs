@@ -16,7 +16,9 @@ use kube::api::{Api, ListParams};
 use super::api::{self, ClaimWatch, Cluster, NAMESPACE};
 use super::proc;
 use super::report::Results;
-use super::scenarios::{Driver, prepare_cluster, spawn_sidecar, start_control_plane, warm_up};
+use super::scenarios::{
+    Driver, Extra, prepare_cluster, spawn_sidecar, start_control_plane, warm_up,
+};
 use super::stats::{self, Impl};
 use super::{Bench, BenchError};
 
@@ -126,8 +128,10 @@ pub async fn chaos(
             imp,
             driver,
             &cp,
-            &flags,
-            None,
+            &Extra {
+                flags: &flags,
+                ..Extra::default()
+            },
             &format!("{name}-{starts}"),
         )
     };

@@ -7,6 +7,7 @@ mod api;
 mod chaos;
 mod env;
 mod metrics;
+mod node_mode;
 mod plot;
 mod proc;
 mod report;
@@ -61,6 +62,7 @@ pub enum Scenario {
     G,
     H,
     I,
+    J,
     Chaos,
 }
 
@@ -81,6 +83,9 @@ pub struct BenchArgs {
     /// Use target/release/{csi-provisioner,csi-reference-driver} as they are.
     #[arg(long)]
     pub no_build: bool,
+    /// (j): this many Nodes, each with its own driver and sidecar [default: 3 quick, 20 full].
+    #[arg(long)]
+    pub nodes: Option<usize>,
     /// Skip the PNG plots (no Python needed).
     #[arg(long)]
     pub no_plots: bool,
@@ -109,6 +114,8 @@ pub struct Sizes {
     pub wffc_pods: usize,
     /// (i): claims restored from one snapshot, and as many cloned from one claim.
     pub sources: usize,
+    /// (j): Nodes, pods, objects present, steady window.
+    pub node_mode: node_mode::Counts,
 }
 
 impl Sizes {
@@ -123,6 +130,12 @@ impl Sizes {
                 chaos: 40,
                 wffc_pods: 100,
                 sources: 50,
+                node_mode: node_mode::Counts {
+                    nodes: 3,
+                    pods: 200,
+                    objects: 1_000,
+                    steady: Duration::from_secs(10),
+                },
             },
             Size::Full => Sizes {
                 claims_a: 1_000,
@@ -133,6 +146,12 @@ impl Sizes {
                 chaos: 200,
                 wffc_pods: 500,
                 sources: 200,
+                node_mode: node_mode::Counts {
+                    nodes: 20,
+                    pods: 500,
+                    objects: 10_000,
+                    steady: Duration::from_secs(60),
+                },
             },
         }
     }
@@ -193,6 +212,9 @@ fn command_line(args: &BenchArgs, rounds: u32) -> String {
             .collect();
         cmd.push_str(&format!(" --only {}", only.join(",")));
     }
+    if let Some(nodes) = args.nodes {
+        cmd.push_str(&format!(" --nodes {nodes}"));
+    }
     for (key, value) in &args.ours_env {
         cmd.push_str(&format!(" --ours-env {key}={value}"));
     }
@@ -214,6 +236,7 @@ async fn run_all(args: BenchArgs) -> Result<ExitCode, BenchError> {
         Scenario::G,
         Scenario::H,
         Scenario::I,
+        Scenario::J,
         Scenario::Chaos,
     ];
     let selected: BTreeSet<Scenario> = if args.only.is_empty() {
@@ -243,10 +266,14 @@ async fn run_all(args: BenchArgs) -> Result<ExitCode, BenchError> {
         })?;
     }
     let machine = env::describe(&programs);
+    let mut sizes = Sizes::of(args.size);
+    if let Some(nodes) = args.nodes {
+        sizes.node_mode.nodes = nodes.max(1);
+    }
     let bench = Bench {
         ours_env: args.ours_env.clone(),
         programs,
-        sizes: Sizes::of(args.size),
+        sizes,
         logs,
         scratch: env::scratch_parent(),
         ticks: proc::clock_ticks(),
@@ -350,6 +377,15 @@ async fn run_all(args: BenchArgs) -> Result<ExitCode, BenchError> {
                 results
                     .unavailable
                     .push(("i", format!("setup failed: {e}")));
+            }
+        }
+    }
+    if has(Scenario::J) {
+        for round in 1..=rounds {
+            for imp in Impl::BOTH {
+                let t = Begin::now("j", Some(imp), round);
+                let outcome = node_mode::node_mode(&bench, imp, round, &mut results).await;
+                t.end(&bench, &mut results, outcome);
             }
         }
     }
@@ -589,6 +625,40 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
                  and that there are exactly one PV and one driver volume per claim, and fails \
                  otherwise",
                 n = s.sources
+            ),
+        ),
+        (
+            "(j)",
+            format!(
+                "node mode: a control plane with kube-scheduler; {nodes} Nodes (Ready, untainted, \
+                 no kubelet), each labelled `{key}=<its name>` and with a CSINode giving that key; \
+                 a CSIDriver with `storageCapacity: true`, so the scheduler places a pod only \
+                 where a CSIStorageCapacity object has room; a WaitForFirstConsumer class. Before \
+                 the sidecars start, {objects} PVs that look provisioned (spread over the Nodes \
+                 by node affinity) and {objects} claims bound to them exist. Per Node, one \
+                 reference driver (`--node-id=<node> --topology={key}=<node> --capacity=1Ti`) \
+                 and one sidecar beside it with env `NODE_NAME=<node>` and \
+                 `NAMESPACE=bench-capacity` and the flags `--node-deployment --enable-capacity \
+                 --capacity-poll-interval=10m --capacity-ownerref-level=-1` (no leader election), \
+                 otherwise default flags, the same for both. Once every Node has its capacity \
+                 object and every sidecar uses less than 3 % of a core (start-up), one pod per \
+                 Node, pinned to it, is provisioned (warm-up); then the steady window of {steady} \
+                 s: the sidecars' summed VmRSS (sampled every 250 ms, median) and CPU (utime + \
+                 stime). Then {pods} claims are created and left Pending, then {pods} pods with \
+                 no node selector: provisioning time runs from the first pod create until a watch \
+                 saw the last claim Bound; CPU from then until no API write for 3 s; peak RSS is \
+                 the largest sampled sum in that time (and over the whole run). Capacity refresh: \
+                 for each PV of the burst, from the moment a watch saw it to the first update of \
+                 its Node's capacity object whose value shows it and the Node's earlier volumes \
+                 (the value before the burst minus 1 GiB per volume); the poll interval is \
+                 far longer than a run, so only the refresh that follows a provision can do it. \
+                 Every run ends with a check that each PV's node affinity admits its pod's Node \
+                 and each Node's driver holds exactly the volumes of its pods, and fails otherwise",
+                nodes = s.node_mode.nodes,
+                key = "topology.reference.csi.example.com/node",
+                objects = s.node_mode.objects,
+                steady = s.node_mode.steady.as_secs(),
+                pods = s.node_mode.pods,
             ),
         ),
         (

@@ -73,3 +73,9 @@ line_plot("a_rss", "a-rss.png",
 line_plot("b_rss", "b-rss.png",
           "(b) resident memory while provisioning and deleting, QPS 500",
           "seconds since start", "RSS (MiB)")
+line_plot("j_rss", "j-rss.png",
+          "(j) node mode: resident memory of all sidecars together",
+          "seconds since the sidecars started", "summed RSS (MiB)")
+line_plot("j_bound", "j-time-to-bound.png",
+          "(j) node mode: claims Bound over time (one line per run)",
+          "seconds since the first pod was created", "claims Bound", step=True)

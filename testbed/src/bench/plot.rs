@@ -114,7 +114,7 @@ pub fn draw(dir: &Path) -> Result<Vec<(&'static str, &'static str)>, BenchError>
 }
 
 /// Every plot the script can draw, in report order, with its caption for the report.
-const PLOTS: [(&str, &str); 7] = [
+const PLOTS: [(&str, &str); 9] = [
     (
         "a-time-to-bound.png",
         "(a) claims Bound over time, default QPS",
@@ -139,5 +139,13 @@ const PLOTS: [(&str, &str); 7] = [
     (
         "b-rss.png",
         "(b) resident memory while provisioning and deleting, QPS 500",
+    ),
+    (
+        "j-rss.png",
+        "(j) node mode: resident memory of all sidecars together",
+    ),
+    (
+        "j-time-to-bound.png",
+        "(j) node mode: claims Bound over time",
     ),
 ];

@@ -5,7 +5,7 @@
 //! plane's do: a Ctrl-C reaches only the benchmark, which stops them, and if the benchmark dies
 //! the kernel kills them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -81,6 +81,44 @@ pub fn read_proc(pid: u32, ticks_per_sec: f64) -> Option<ProcStat> {
         hwm_kib,
         cpu_secs: parse_stat_ticks(&stat)? as f64 / ticks_per_sec,
     })
+}
+
+/// The share of a core a process used over the last `span`, from its cumulative CPU time read
+/// now and then.
+pub struct CpuWindow {
+    span: Duration,
+    history: VecDeque<(Instant, f64)>,
+}
+
+impl CpuWindow {
+    pub fn new(span: Duration) -> CpuWindow {
+        CpuWindow {
+            span,
+            history: VecDeque::new(),
+        }
+    }
+
+    /// Records `cpu_secs` (cumulative) read at `now`; returns the share of a core used since the
+    /// oldest reading within the span, or 1.0 (busy) while the readings cover less than 90 % of
+    /// it, so a process that just started never counts as idle.
+    pub fn push(&mut self, now: Instant, cpu_secs: f64) -> f64 {
+        self.history.push_back((now, cpu_secs));
+        while self
+            .history
+            .front()
+            .is_some_and(|(t, _)| now.saturating_duration_since(*t) > self.span)
+        {
+            self.history.pop_front();
+        }
+        self.history.front().map_or(1.0, |(t, c)| {
+            let covered = now.saturating_duration_since(*t).as_secs_f64();
+            if covered < self.span.as_secs_f64() * 0.9 {
+                1.0
+            } else {
+                (cpu_secs - c) / covered
+            }
+        })
+    }
 }
 
 /// A child process of the benchmark, with its log file.
@@ -299,6 +337,20 @@ mod tests {
         let text = "4242 (csi (provisioner)) S 1 4242 4242 0 -1 4194560 500 0 0 0 123 45 0 0 20 0 9 0 100 1000 200";
         assert_eq!(parse_stat_ticks(text), Some(168));
         assert_eq!(parse_stat_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn cpu_window_is_busy_until_covered_then_gives_the_share() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut w = CpuWindow::new(Duration::from_secs(3));
+        assert_eq!(w.push(at(0), 10.0), 1.0);
+        assert_eq!(w.push(at(2000), 10.1), 1.0);
+        // 3 s covered, 0.3 s of CPU: a tenth of a core.
+        assert!((w.push(at(3000), 10.3) - 0.1).abs() < 1e-9);
+        // The reading at 0 leaves the window; 2 → 4.5 s with 0.0 s more is idle.
+        assert_eq!(w.push(at(4500), 10.3), 1.0);
+        assert!((w.push(at(5000), 10.3) - (0.2 / 3.0)).abs() < 1e-9);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use super::stats::{self, Impl, Row, Sample, Target, Verdict};
 #[derive(Clone, Debug)]
 pub struct Curve {
     /// `a_bound`, `b_bound` (claims Bound), `c_remaining`, `c_remaining_fast` (PVs left),
-    /// `a_rss`, `b_rss`, `d_rss` (MiB).
+    /// `a_rss`, `b_rss`, `d_rss` (MiB); `j_bound` (claims Bound), `j_rss` (MiB, all sidecars).
     pub name: &'static str,
     pub imp: Impl,
     pub round: u32,
@@ -305,6 +305,7 @@ pub fn markdown(results: &Results, ctx: &Context<'_>, notes: Option<&str>) -> St
         ("e", "default QPS"),
         ("e_fast", "QPS 500 / burst 1000"),
         ("i", "data sources (i), QPS 500 / burst 1000"),
+        ("j", "node mode (j), while provisioning, default QPS"),
     ] {
         let table = requests_table(&results.requests, scenario);
         if !table.is_empty() {

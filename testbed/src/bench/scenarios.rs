@@ -1,17 +1,16 @@
 //! One run of each scenario: start what it needs, measure, record into [`Results`], stop
 //! everything. docs/benchmarks.md ("Method") describes each; the issue names them (a) to (g).
 
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use csi_testbed::ControlPlane;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::Api;
 use nix::sys::signal::Signal;
 
 use super::api::{self, ClaimWatch, Cluster, Delta, LEASE_NAMESPACE, NAMESPACE, VolumeWatch};
-use super::proc::{self, Proc, Spawn};
+use super::proc::{self, CpuWindow, Proc, Spawn};
 use super::report::{Curve, RequestRow, Results};
 use super::stats::{self, Impl, median};
 use super::{Bench, BenchError};
@@ -23,8 +22,8 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// The most points of one run's series kept for the plots.
 const MAX_POINTS: usize = 1500;
 /// (d): the sidecar is idle when it used less than this share of a core over `IDLE_WINDOW`.
-const IDLE_CPU_SHARE: f64 = 0.03;
-const IDLE_WINDOW: Duration = Duration::from_secs(3);
+pub(super) const IDLE_CPU_SHARE: f64 = 0.03;
+pub(super) const IDLE_WINDOW: Duration = Duration::from_secs(3);
 const SETTLE_CAP: Duration = Duration::from_secs(300);
 /// (f): identities (hostnames) of the two replicas.
 const REPLICAS: [&str; 2] = ["replica-a", "replica-b"];
@@ -163,14 +162,23 @@ impl Driver {
     }
 }
 
+/// What one sidecar gets beyond the flags every sidecar gets; the same for ours and upstream's.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Extra<'a> {
+    pub flags: &'a [String],
+    /// Added to the environment (node mode's `NODE_NAME`); `--ours-env` is added to ours' only.
+    pub env: &'a [(&'a str, &'a str)],
+    /// See [`Spawn::hostname`].
+    pub hostname: Option<&'a str>,
+}
+
 /// Ours or upstream's, with the flags both get.
 pub(super) fn spawn_sidecar(
     b: &Bench,
     imp: Impl,
     driver: &Driver,
     cp: &ControlPlane,
-    extra: &[String],
-    hostname: Option<&str>,
+    extra: &Extra<'_>,
     log: &str,
 ) -> Result<Proc, BenchError> {
     let mut args = vec![
@@ -178,16 +186,14 @@ pub(super) fn spawn_sidecar(
         format!("--kubeconfig={}", cp.kubeconfig_path().display()),
         "--v=0".to_owned(),
     ];
-    args.extend_from_slice(extra);
-    let (program, env): (_, Vec<(&str, &str)>) = match imp {
-        Impl::Ours => (
-            &b.programs.ours,
-            b.ours_env
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect(),
-        ),
-        Impl::Upstream => (&b.programs.upstream, Vec::new()),
+    args.extend_from_slice(extra.flags);
+    let mut env = extra.env.to_vec();
+    let program = match imp {
+        Impl::Ours => {
+            env.extend(b.ours_env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+            &b.programs.ours
+        }
+        Impl::Upstream => &b.programs.upstream,
     };
     Proc::spawn(
         &Spawn {
@@ -196,7 +202,7 @@ pub(super) fn spawn_sidecar(
             args: &args,
             log: &b.logs.join(format!("{log}.log")),
             env: &env,
-            hostname,
+            hostname: extra.hostname,
         },
         b.ticks,
     )
@@ -386,7 +392,17 @@ pub async fn lifecycle(
         Vec::new()
     };
     let started = Instant::now();
-    let mut sidecar = spawn_sidecar(b, imp, &driver, &cp, &qps, None, &name)?;
+    let mut sidecar = spawn_sidecar(
+        b,
+        imp,
+        &driver,
+        &cp,
+        &Extra {
+            flags: &qps,
+            ..Extra::default()
+        },
+        &name,
+    )?;
     warm_up(b, &tag, &cluster, &mut sidecar, &mut driver).await?;
     let claims = ClaimWatch::start(&cluster.client, NAMESPACE).await?;
     let volumes = VolumeWatch::start(&cluster.client).await?;
@@ -607,16 +623,28 @@ pub struct IdleCluster {
 }
 
 pub async fn idle_setup(b: &Bench) -> Result<IdleCluster, BenchError> {
-    let n = b.sizes.idle;
     let tag = "(d) setup";
     let cp = start_control_plane(b, tag).await?;
     let cluster = prepare_cluster(b, &cp).await?;
+    fill_bound_pairs(b, tag, &cluster, b.sizes.idle, |_, _| {}).await?;
+    Ok(IdleCluster { cp })
+}
+
+/// `n` claims in [`NAMESPACE`] bound to `n` PVs that look provisioned (shaped by `shape`, see
+/// [`Cluster::create_bound_pairs`]); returns once the controller manager has bound them all.
+pub(super) async fn fill_bound_pairs(
+    b: &Bench,
+    tag: &str,
+    cluster: &Cluster,
+    n: usize,
+    shape: impl Fn(usize, &mut PersistentVolume),
+) -> Result<(), BenchError> {
     let claims = ClaimWatch::start(&cluster.client, NAMESPACE).await?;
     b.say(format!(
         "{tag}: creating {n} PVs and {n} claims bound to them"
     ));
     let t0 = Instant::now();
-    let create = cluster.create_bound_pairs(n);
+    let create = cluster.create_bound_pairs(n, shape);
     let progress = async {
         loop {
             tokio::time::sleep(PROGRESS_EVERY).await;
@@ -645,7 +673,7 @@ pub async fn idle_setup(b: &Bench) -> Result<IdleCluster, BenchError> {
         "{tag}: {n} bound pairs ready after {:.0}s",
         t0.elapsed().as_secs_f64()
     ));
-    Ok(IdleCluster { cp })
+    Ok(())
 }
 
 /// (d): start-up with the objects present, then idle.
@@ -664,29 +692,13 @@ pub async fn idle(
         b.sizes.idle
     ));
     let t0 = Instant::now();
-    let mut sidecar = spawn_sidecar(b, imp, &driver, &idle.cp, &[], None, &name)?;
-    let mut history: VecDeque<(Instant, f64)> = VecDeque::new();
+    let mut sidecar = spawn_sidecar(b, imp, &driver, &idle.cp, &Extra::default(), &name)?;
+    let mut window = CpuWindow::new(IDLE_WINDOW);
     let mut last_report = Instant::now();
     let settled = loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
         sidecar.check_alive()?;
-        let now = Instant::now();
-        let cpu = sidecar.now(b.ticks).cpu_secs;
-        history.push_back((now, cpu));
-        while history
-            .front()
-            .is_some_and(|(t, _)| now.duration_since(*t) > IDLE_WINDOW)
-        {
-            history.pop_front();
-        }
-        let busy = history.front().map_or(1.0, |(t, c)| {
-            let span = now.duration_since(*t).as_secs_f64();
-            if span < IDLE_WINDOW.as_secs_f64() * 0.9 {
-                1.0
-            } else {
-                (cpu - c) / span
-            }
-        });
+        let busy = window.push(Instant::now(), sidecar.now(b.ticks).cpu_secs);
         if busy < IDLE_CPU_SHARE && t0.elapsed() >= Duration::from_secs(5) {
             break true;
         }
@@ -784,8 +796,11 @@ pub async fn failover(
             imp,
             &driver,
             &cp,
-            &le,
-            Some(id),
+            &Extra {
+                flags: &le,
+                hostname: Some(id),
+                ..Extra::default()
+            },
             &format!("{name}-{id}"),
         )?);
     }

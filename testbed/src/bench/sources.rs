@@ -25,8 +25,8 @@ use super::api::{self, CLASS, ClaimWatch, Cluster, DRIVER_NAME, NAMESPACE};
 use super::proc;
 use super::report::Results;
 use super::scenarios::{
-    Driver, QUIET, prepare_cluster, request_rows, spawn_sidecar, start_control_plane, wait_for,
-    warm_up,
+    Driver, Extra, QUIET, prepare_cluster, request_rows, spawn_sidecar, start_control_plane,
+    wait_for, warm_up,
 };
 use super::stats::{self, Impl};
 use super::{Bench, BenchError};
@@ -84,7 +84,17 @@ pub async fn data_sources(
         "--kube-api-qps=500".to_owned(),
         "--kube-api-burst=1000".to_owned(),
     ];
-    let mut sidecar = spawn_sidecar(b, imp, &driver, &cp, &qps, None, &name)?;
+    let mut sidecar = spawn_sidecar(
+        b,
+        imp,
+        &driver,
+        &cp,
+        &Extra {
+            flags: &qps,
+            ..Extra::default()
+        },
+        &name,
+    )?;
     warm_up(b, &tag, &cluster, &mut sidecar, &mut driver).await?;
 
     // The source claim and its snapshot, before anything is counted.

@@ -363,6 +363,91 @@ pub const I_PEAK_RSS: Metric = metric(
     Target::None,
 );
 
+pub const J_STEADY_RSS: Metric = metric(
+    "j_steady_rss",
+    "j",
+    "node mode: steady RSS, all sidecars together, objects present",
+    "MiB",
+    Target::RatioAtMost(0.25),
+);
+pub const J_BURST_RSS: Metric = metric(
+    "j_burst_rss",
+    "j",
+    "node mode: peak RSS while provisioning, all sidecars together",
+    "MiB",
+    Target::RatioAtMost(0.25),
+);
+pub const J_PEAK_RSS: Metric = metric(
+    "j_peak_rss",
+    "j",
+    "node mode: peak RSS from start-up on, all sidecars together",
+    "MiB",
+    Target::RatioAtMost(0.25),
+);
+pub const J_STEADY_CPU: Metric = metric(
+    "j_steady_cpu",
+    "j",
+    "node mode: CPU over the steady window, all sidecars together",
+    "s",
+    Target::RatioAtMost(0.5),
+);
+pub const J_BURST_CPU: Metric = metric(
+    "j_burst_cpu",
+    "j",
+    "node mode: CPU while provisioning, all sidecars together",
+    "s",
+    Target::RatioAtMost(0.5),
+);
+pub const J_START_CPU: Metric = metric(
+    "j_start_cpu",
+    "j",
+    "node mode: CPU from start until idle, all sidecars together",
+    "s",
+    Target::None,
+);
+pub const J_BOUND: Metric = metric(
+    "j_time_to_bound",
+    "j",
+    "node mode: pods created → all claims Bound",
+    "s",
+    Target::RatioAtMost(1.0),
+);
+pub const J_SCHEDULED: Metric = metric(
+    "j_time_to_scheduled",
+    "j",
+    "node mode: pods created → all pods bound to Nodes",
+    "s",
+    Target::None,
+);
+pub const J_REFRESH_MEDIAN: Metric = metric(
+    "j_capacity_refresh_median",
+    "j",
+    "node mode: PV created → its Node's capacity object shows it, median",
+    "s",
+    Target::None,
+);
+pub const J_REFRESH_MAX: Metric = metric(
+    "j_capacity_refresh_max",
+    "j",
+    "node mode: PV created → its Node's capacity object shows it, slowest",
+    "s",
+    Target::None,
+);
+pub const J_REFRESH_MISSING: Metric = metric(
+    "j_capacity_refresh_missing",
+    "j",
+    "node mode: PVs their capacity object did not show within 120 s",
+    "",
+    Target::None,
+);
+pub const J_REFRESH_FIRST: Metric = metric(
+    "j_capacity_refresh_first",
+    "j",
+    "node mode: capacity object after each Node's first PV (warm-up), median",
+    "s",
+    Target::None,
+);
+
 pub const CHAOS_LEAKS: Metric = metric(
     "chaos_leaked_volumes",
     "chaos",
@@ -379,7 +464,7 @@ pub const CHAOS_UNBOUND: Metric = metric(
 );
 
 /// Every metric in report order.
-pub const METRICS: [Metric; 49] = [
+pub const METRICS: [Metric; 61] = [
     A_BOUND,
     A_PVS,
     A_RATE,
@@ -423,6 +508,18 @@ pub const METRICS: [Metric; 49] = [
     I_RESTORE_CPU,
     I_CLONE_CPU,
     I_PEAK_RSS,
+    J_STEADY_RSS,
+    J_BURST_RSS,
+    J_PEAK_RSS,
+    J_STEADY_CPU,
+    J_BURST_CPU,
+    J_START_CPU,
+    J_BOUND,
+    J_SCHEDULED,
+    J_REFRESH_MEDIAN,
+    J_REFRESH_MAX,
+    J_REFRESH_MISSING,
+    J_REFRESH_FIRST,
     B_OF_G,
     B_OF_G_UPSTREAM,
     B_BOUND_OF_G,

@@ -29,7 +29,9 @@ use csi_testbed::{ControlPlane, StartOptions};
 
 use super::api::{self, ClaimWatch, Cluster, DRIVER_NAME, NAMESPACE, WARMUP_NAMESPACE};
 use super::report::Results;
-use super::scenarios::{Driver, QUIET, prepare_cluster, request_rows, spawn_sidecar, wait_for};
+use super::scenarios::{
+    Driver, Extra, QUIET, prepare_cluster, request_rows, spawn_sidecar, wait_for,
+};
 use super::stats::{self, Impl};
 use super::{Bench, BenchError};
 
@@ -80,14 +82,24 @@ pub async fn wait_for_first_consumer(
         "--kube-api-qps=500".to_owned(),
         "--kube-api-burst=1000".to_owned(),
     ];
-    let mut sidecar = spawn_sidecar(b, imp, &driver, &cp, &qps, None, &name)?;
+    let mut sidecar = spawn_sidecar(
+        b,
+        imp,
+        &driver,
+        &cp,
+        &Extra {
+            flags: &qps,
+            ..Extra::default()
+        },
+        &name,
+    )?;
     let say = |m: String| b.say(format!("{tag}: {m}"));
 
     // Warm-up through the whole flow (scheduler, binder, sidecar, driver); the pair stays.
     let warm_claims = ClaimWatch::start(&cluster.client, WARMUP_NAMESPACE).await?;
     let warm_pods = PodWatch::start(&cluster.client, WARMUP_NAMESPACE).await?;
     let warm = ["warm-up".to_owned()];
-    create_claims(&cluster, WARMUP_NAMESPACE, &warm).await?;
+    create_claims(&cluster, WARMUP_NAMESPACE, &warm, WFFC_CLASS).await?;
     create_pods(&cluster, WARMUP_NAMESPACE, &warm, &warm).await?;
     wait_for(
         b,
@@ -110,7 +122,7 @@ pub async fn wait_for_first_consumer(
     b.say(format!(
         "{tag}: creating {n} claims (they wait for a consumer)"
     ));
-    create_claims(&cluster, NAMESPACE, &claim_names).await?;
+    create_claims(&cluster, NAMESPACE, &claim_names, WFFC_CLASS).await?;
     cluster
         .wait_quiet(QUIET, Duration::from_secs(60), say)
         .await?;
@@ -160,7 +172,7 @@ pub async fn wait_for_first_consumer(
         .values()
         .collect::<std::collections::BTreeSet<_>>()
         .len();
-    check_placement(&cluster, &placements)
+    check_placement(&cluster, &placements, ZONE_KEY)
         .await
         .map_err(|detail| BenchError::Step {
             step: format!("{tag}: PV node affinity against the pods' Nodes"),
@@ -211,13 +223,15 @@ async fn create_topology(cluster: &Cluster) -> Result<(), BenchError> {
                 step: format!("creating Node {name}"),
                 detail: e.to_string(),
             })?;
-        cluster.create(&csi_nodes, &csi_node(&name)).await?;
+        cluster
+            .create(&csi_nodes, &csi_node(&name, ZONE_KEY))
+            .await?;
     }
     Ok(())
 }
 
 /// What a kubelet with the driver registered would publish: the driver's topology key.
-fn csi_node(name: &str) -> CSINode {
+pub(super) fn csi_node(name: &str, key: &str) -> CSINode {
     CSINode {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -227,14 +241,20 @@ fn csi_node(name: &str) -> CSINode {
             drivers: vec![CSINodeDriver {
                 name: DRIVER_NAME.to_owned(),
                 node_id: name.to_owned(),
-                topology_keys: Some(vec![ZONE_KEY.to_owned()]),
+                topology_keys: Some(vec![key.to_owned()]),
                 allocatable: None,
             }],
         },
     }
 }
 
-async fn create_claims(cluster: &Cluster, ns: &str, names: &[String]) -> Result<(), BenchError> {
+/// Claims of `class` (1 GiB each).
+pub(super) async fn create_claims(
+    cluster: &Cluster,
+    ns: &str,
+    names: &[String],
+    class: &str,
+) -> Result<(), BenchError> {
     let api: Api<PersistentVolumeClaim> = Api::namespaced(cluster.client.clone(), ns);
     stream::iter(names)
         .map(|name| {
@@ -242,7 +262,7 @@ async fn create_claims(cluster: &Cluster, ns: &str, names: &[String]) -> Result<
             async move {
                 let mut claim = api::claim(name, None);
                 if let Some(spec) = claim.spec.as_mut() {
-                    spec.storage_class_name = Some(WFFC_CLASS.into());
+                    spec.storage_class_name = Some(class.to_owned());
                 }
                 cluster.create(&api, &claim).await
             }
@@ -253,7 +273,7 @@ async fn create_claims(cluster: &Cluster, ns: &str, names: &[String]) -> Result<
 }
 
 /// Pod `names[i]` mounts claim `claims[i]`.
-async fn create_pods(
+pub(super) async fn create_pods(
     cluster: &Cluster,
     ns: &str,
     names: &[String],
@@ -271,7 +291,7 @@ async fn create_pods(
 }
 
 /// A pod that only mounts `claim`; its image is never pulled (no kubelet runs).
-fn pod(name: &str, claim: &str) -> Pod {
+pub(super) fn pod(name: &str, claim: &str) -> Pod {
     Pod {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -298,10 +318,12 @@ fn pod(name: &str, claim: &str) -> Pod {
     }
 }
 
-/// Every pod's claim is bound to a PV whose node affinity admits the pod's Node.
-async fn check_placement(
+/// Every pod's claim is bound to a PV whose node affinity admits the pod's Node; `key` is the
+/// topology key a mismatch is explained by.
+pub(super) async fn check_placement(
     cluster: &Cluster,
     placements: &HashMap<String, String>,
+    key: &str,
 ) -> Result<(), String> {
     let list = |e: kube::Error| e.to_string();
     let lp = ListParams::default();
@@ -367,9 +389,9 @@ async fn check_placement(
                     Ok(())
                 } else {
                     Err(format!(
-                        "PV {} (affinity {terms:?}) does not admit its pod's Node {node} ({ZONE_KEY}={})",
+                        "PV {} (affinity {terms:?}) does not admit its pod's Node {node} ({key}={})",
                         pv.name_any(),
-                        labels.get(ZONE_KEY).map_or("none", String::as_str)
+                        labels.get(key).map_or("none", String::as_str)
                     ))
                 }
             });
@@ -390,7 +412,7 @@ async fn check_placement(
 }
 
 /// The required node-selector terms of a PV's node affinity (empty when it has none).
-fn affinity_terms(pv: &PersistentVolume) -> Vec<Vec<NodeSelectorRequirement>> {
+pub(super) fn affinity_terms(pv: &PersistentVolume) -> Vec<Vec<NodeSelectorRequirement>> {
     pv.spec
         .as_ref()
         .and_then(|s| s.node_affinity.as_ref())
@@ -421,14 +443,14 @@ fn term_admits(term: &[NodeSelectorRequirement], labels: &BTreeMap<String, Strin
 }
 
 /// Time-stamps the moment each pod of a namespace is first seen bound to a Node.
-struct PodWatch {
+pub(super) struct PodWatch {
     bound: Arc<Mutex<HashMap<String, (Instant, String)>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl PodWatch {
     /// Returns once the watch has listed the namespace.
-    async fn start(client: &Client, ns: &str) -> Result<PodWatch, BenchError> {
+    pub(super) async fn start(client: &Client, ns: &str) -> Result<PodWatch, BenchError> {
         let api: Api<Pod> = Api::namespaced(client.clone(), ns);
         let bound: Arc<Mutex<HashMap<String, (Instant, String)>>> = Arc::default();
         let sink = Arc::clone(&bound);
@@ -464,12 +486,12 @@ impl PodWatch {
         }
     }
 
-    fn scheduled(&self) -> usize {
+    pub(super) fn scheduled(&self) -> usize {
         lock(&self.bound).len()
     }
 
     /// Seconds from `t0` to each pod's binding, sorted.
-    fn scheduled_after(&self, t0: Instant) -> Vec<f64> {
+    pub(super) fn scheduled_after(&self, t0: Instant) -> Vec<f64> {
         let mut times: Vec<f64> = lock(&self.bound)
             .values()
             .map(|(t, _)| t.saturating_duration_since(t0).as_secs_f64())
@@ -479,7 +501,7 @@ impl PodWatch {
     }
 
     /// Pod name → Node name.
-    fn placements(&self) -> HashMap<String, String> {
+    pub(super) fn placements(&self) -> HashMap<String, String> {
         lock(&self.bound)
             .iter()
             .map(|(pod, (_, node))| (pod.clone(), node.clone()))

@@ -219,16 +219,29 @@ impl ClusterTopology for SingleNode {
     }
 }
 
-/// Whether a PV is this node's to delete (and to keep its finalizer on). With a segment and a
-/// PV with node affinity: the affinity must accept a node labelled with the segment (named
-/// `node.name`), as upstream. Otherwise (a driver without topology, a PV without affinity)
-/// upstream lets every node delete it (A14): a node whose driver does not hold the volume
-/// answers NotFound, which counts as deleted, and the volume on its real node would be left
-/// without a PV. Here only the node that created it deletes it: the one named at the end of
-/// the provisioner identity it recorded in the PV (`<ms>-<rand>-<driver>-<node>`). A PV with
-/// neither (created by a central provisioner, or by hand) is no node's.
+/// Whether a PV is this node's to delete (and to keep its finalizer on). First by the
+/// provisioner identity the node that created it recorded in the PV
+/// (`<ms>-<rand>-<driver>-<node>`): only that node's driver holds the volume. Node affinity
+/// alone is not enough: a driver whose segments span several nodes (a zone, a rack) gives
+/// all of them a PV's affinity, and the first whose driver answered NotFound to DeleteVolume
+/// (success) would drop the PV and leave the volume on its real node. Only a PV whose
+/// identity names no node (created by a central provisioner, or by hand) falls back to
+/// upstream's rule: its affinity must accept a node labelled with this node's segment (named
+/// `node.name`). A PV with neither (or a driver without topology) is no node's: upstream lets
+/// every node delete it (A14).
 pub fn volume_on_node(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>) -> bool {
     let spec = pv.spec.as_ref();
+    let recorded = spec
+        .and_then(|spec| spec.csi.as_ref())
+        .and_then(|csi| {
+            csi.volume_attributes
+                .as_ref()?
+                .get(PROVISIONER_IDENTITY_KEY)
+        })
+        .and_then(|identity| identity_node(identity, driver));
+    if let Some(creator) = recorded {
+        return creator == node.name;
+    }
     let terms = spec
         .and_then(|spec| spec.node_affinity.as_ref())
         .and_then(|affinity| affinity.required.as_ref())
@@ -238,14 +251,7 @@ pub fn volume_on_node(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>)
         Some(terms) if !node.segment.is_empty() => {
             terms.iter().any(|term| term_matches(term, node))
         }
-        _ => spec
-            .and_then(|spec| spec.csi.as_ref())
-            .and_then(|csi| {
-                csi.volume_attributes
-                    .as_ref()?
-                    .get(PROVISIONER_IDENTITY_KEY)
-            })
-            .is_some_and(|identity| identity_node(identity, driver) == Some(node.name)),
+        _ => false,
     }
 }
 
@@ -643,7 +649,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pv_is_deleted_by_the_node_its_affinity_names() {
+    fn a_pv_naming_no_node_is_deleted_by_the_node_its_affinity_names() {
         let segment = segment();
         let node = scope(&segment);
         assert!(volume_on_node(
@@ -671,12 +677,23 @@ mod tests {
             DRIVER,
             &node
         ));
-        // An affinity on another node's segment wins over an identity naming this node.
+        // An identity naming a node wins over the affinity: a segment may span nodes.
         let mislabelled = with_identity(
             pv_on("In", "example.com/node", &["node-a"]),
             &format!("1-2-{DRIVER}-{NODE}"),
         );
-        assert!(!volume_on_node(&mislabelled, DRIVER, &node));
+        assert!(volume_on_node(&mislabelled, DRIVER, &node));
+        let shared_segment = with_identity(
+            pv_on("In", "example.com/node", &[NODE]),
+            &format!("1-2-{DRIVER}-node-a"),
+        );
+        assert!(!volume_on_node(&shared_segment, DRIVER, &node));
+        // An identity naming no node (a central provisioner's) leaves it to the affinity.
+        let central = with_identity(
+            pv_on("In", "example.com/node", &[NODE]),
+            &format!("1-2-{DRIVER}"),
+        );
+        assert!(volume_on_node(&central, DRIVER, &node));
     }
 
     #[test]

@@ -219,17 +219,24 @@ impl ClusterTopology for SingleNode {
     }
 }
 
-/// Whether a PV is this node's to delete (and to keep its finalizer on). First by the
-/// provisioner identity the node that created it recorded in the PV
-/// (`<ms>-<rand>-<driver>-<node>`): only that node's driver holds the volume. Node affinity
-/// alone is not enough: a driver whose segments span several nodes (a zone, a rack) gives
-/// all of them a PV's affinity, and the first whose driver answered NotFound to DeleteVolume
-/// (success) would drop the PV and leave the volume on its real node. Only a PV whose
-/// identity names no node (created by a central provisioner, or by hand) falls back to
-/// upstream's rule: its affinity must accept a node labelled with this node's segment (named
-/// `node.name`). A PV with neither (or a driver without topology) is no node's: upstream lets
-/// every node delete it (A14).
-pub fn volume_on_node(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>) -> bool {
+/// Where a PV's volume lives, as far as a node can tell from the PV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumePlace {
+    ThisNode,
+    OtherNode,
+    /// The PV names no node, and its affinity (if any) cannot be checked against this node's
+    /// segment: a central provisioner's PV, or one made by hand.
+    Unknown,
+}
+
+/// Where a PV's volume is. First by the provisioner identity the node that created it
+/// recorded in the PV (`<ms>-<rand>-<driver>-<node>`): only that node's driver holds the
+/// volume. Node affinity alone is not enough: a driver whose segments span several nodes (a
+/// zone, a rack) gives all of them a PV's affinity, and the first whose driver answered
+/// NotFound to DeleteVolume (success) would drop the PV and leave the volume on its real node.
+/// Only a PV whose identity names no node falls back to upstream's rule: its affinity must
+/// accept a node labelled with this node's segment (named `node.name`).
+pub fn volume_place(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>) -> VolumePlace {
     let spec = pv.spec.as_ref();
     let recorded = spec
         .and_then(|spec| spec.csi.as_ref())
@@ -239,8 +246,15 @@ pub fn volume_on_node(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>)
                 .get(PROVISIONER_IDENTITY_KEY)
         })
         .and_then(|identity| identity_node(identity, driver));
+    let here = |yes: bool| {
+        if yes {
+            VolumePlace::ThisNode
+        } else {
+            VolumePlace::OtherNode
+        }
+    };
     if let Some(creator) = recorded {
-        return creator == node.name;
+        return here(creator == node.name);
     }
     let terms = spec
         .and_then(|spec| spec.node_affinity.as_ref())
@@ -249,10 +263,17 @@ pub fn volume_on_node(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>)
         .filter(|terms| !terms.is_empty());
     match terms {
         Some(terms) if !node.segment.is_empty() => {
-            terms.iter().any(|term| term_matches(term, node))
+            here(terms.iter().any(|term| term_matches(term, node)))
         }
-        _ => false,
+        _ => VolumePlace::Unknown,
     }
+}
+
+/// Whether a PV is this node's to delete (and to keep its finalizer on): its volume is known
+/// to be here ([`volume_place`]). A PV whose place is unknown is no node's: upstream lets
+/// every node delete it (A14).
+pub fn volume_on_node(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>) -> bool {
+    volume_place(pv, driver, node) == VolumePlace::ThisNode
 }
 
 /// The node of a node-mode provisioner identity `<ms>-<rand>-<driver>-<node>`.
@@ -722,6 +743,27 @@ mod tests {
             DRIVER,
             &no_topology
         ));
+    }
+
+    #[test]
+    fn a_pv_naming_no_node_without_a_checkable_affinity_is_of_unknown_place() {
+        let segment = segment();
+        let node = scope(&segment);
+        let empty = BTreeMap::new();
+        let no_topology = scope(&empty);
+        let bare = PvBuilder::new().build();
+        assert_eq!(volume_place(&bare, DRIVER, &node), VolumePlace::Unknown);
+        let affine = pv_on("In", "example.com/node", &[NODE]);
+        assert_eq!(volume_place(&affine, DRIVER, &node), VolumePlace::ThisNode);
+        assert_eq!(
+            volume_place(&affine, DRIVER, &no_topology),
+            VolumePlace::Unknown
+        );
+        let theirs = with_identity(bare, &format!("1-2-{DRIVER}-node-a"));
+        assert_eq!(
+            volume_place(&theirs, DRIVER, &no_topology),
+            VolumePlace::OtherNode
+        );
     }
 
     #[test]

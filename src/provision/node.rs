@@ -72,10 +72,13 @@ pub fn check_node(
 /// competed for. A claim whose operation is in this node's journal stays this node's whatever
 /// its annotation says now: the recorded request must be finished here (docs/journal.md).
 ///
-/// The consistency finalizer comes off only on the owner, which alone may have an operation
-/// in flight; or, on any node, from a claim being deleted that no node was ever selected for
-/// (nothing can be in flight for it anywhere: a node records an operation only for a claim
-/// selected to it, and gives the node back only once nothing is in flight).
+/// The consistency finalizer comes off on the owner, which alone may have an operation in
+/// flight; or, on any node, from a claim being deleted that nothing can be in flight for
+/// anywhere: one no node was ever selected for (a node records an operation only for a claim
+/// selected to it, and gives the node back only once nothing is in flight), or one already
+/// bound (its PV holds the volume, so its operation's outcome is safe). So a claim whose
+/// owner node is gone for good does not stay Terminating. Other nodes leave a live claim to
+/// its owner, so that they do not all race to remove the same finalizer.
 pub fn node_claim_work<C: Deref<Target = StorageClass>>(
     work: ClaimWork<C>,
     pvc: &PersistentVolumeClaim,
@@ -104,7 +107,8 @@ pub fn node_claim_work<C: Deref<Target = StorageClass>>(
         ClaimWork::Refuse(error) if selected == Some(node.name) => ClaimWork::Refuse(error),
         ClaimWork::ReleaseFinalizer
             if selected == Some(node.name)
-                || (selected.is_none() && pvc.metadata.deletion_timestamp.is_some()) =>
+                || (pvc.metadata.deletion_timestamp.is_some()
+                    && (selected.is_none() || is_bound(pvc))) =>
         {
             ClaimWork::ReleaseFinalizer
         }
@@ -113,6 +117,14 @@ pub fn node_claim_work<C: Deref<Target = StorageClass>>(
         }
         nothing @ ClaimWork::Nothing(_) => nothing,
     }
+}
+
+/// Whether the claim names its PV (`spec.volumeName`).
+fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.spec
+        .as_ref()
+        .and_then(|spec| spec.volume_name.as_deref())
+        .is_some_and(|name| !name.is_empty())
 }
 
 /// How long a node waits before its `attempt`-th try (0 first) to own an Immediate claim:
@@ -480,23 +492,27 @@ mod tests {
     }
 
     #[test]
-    fn the_finalizer_comes_off_on_the_owner_or_from_a_deleted_claim_never_selected() {
-        let finalized = || {
-            ours()
-                .finalizer(crate::provision::PROVISIONING_FINALIZER)
-                .volume_name("pvc-x")
-        };
-        let mine = finalized().annotation(ANN_SELECTED_NODE, NODE).build();
+    fn the_finalizer_comes_off_on_the_owner_or_from_a_deleted_claim_never_selected_or_bound() {
+        let finalized = || ours().finalizer(crate::provision::PROVISIONING_FINALIZER);
+        let bound = || finalized().volume_name("pvc-x");
+        let mine = bound().annotation(ANN_SELECTED_NODE, NODE).build();
         assert_eq!(node_work(&mine, &wffc(), false), "release");
-        let theirs = finalized().annotation(ANN_SELECTED_NODE, "node-a").build();
+        let theirs = bound().annotation(ANN_SELECTED_NODE, "node-a").build();
         assert!(node_work(&theirs, &wffc(), false).starts_with("nothing"));
         let deleted_unselected = finalized().deleting().build();
         assert_eq!(node_work(&deleted_unselected, &wffc(), false), "release");
-        let deleted_theirs = finalized()
+        // Bound: nothing in flight anywhere, so any node may let it go (its owner may be gone).
+        let deleted_bound_theirs = bound()
             .annotation(ANN_SELECTED_NODE, "node-a")
             .deleting()
             .build();
-        assert!(node_work(&deleted_theirs, &wffc(), false).starts_with("nothing"));
+        assert_eq!(node_work(&deleted_bound_theirs, &wffc(), false), "release");
+        // Not bound: the owner may still have its operation in flight.
+        let deleted_unbound_theirs = finalized()
+            .annotation(ANN_SELECTED_NODE, "node-a")
+            .deleting()
+            .build();
+        assert!(node_work(&deleted_unbound_theirs, &wffc(), false).starts_with("nothing"));
     }
 
     #[test]

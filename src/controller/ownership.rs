@@ -136,9 +136,14 @@ pub(super) async fn compete(
             return None;
         }
     }
+    let Some(patch) = select_node_patch(pvc, &node.name) else {
+        let wait = ctx.races().lost(&uid, Instant::now(), delay);
+        warn!(claim = %claim_key(pvc), retry_in = ?wait, "the claim has no resourceVersion; not selecting this node");
+        return Some(wait);
+    };
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
-    let patch = Patch::Merge(select_node_patch(pvc, &node.name));
+    let patch = Patch::Merge(patch);
     match api
         .patch(&pvc.name_any(), &PatchParams::default(), &patch)
         .await

@@ -190,14 +190,17 @@ pub fn enough_capacity(needed: i64, available: impl IntoIterator<Item = i64>) ->
 
 /// The merge patch that makes this node the claim's owner: the selected-node annotation, with
 /// the claim's resourceVersion so that the API server refuses it (409) if the claim changed
-/// since it was read (another node may have written its name first).
-pub fn select_node_patch(pvc: &PersistentVolumeClaim, node: &str) -> Value {
-    json!({
+/// since it was read (another node may have written its name first). `None` for a claim
+/// without a resourceVersion: without it the patch would overwrite whatever node another
+/// node wrote meanwhile, so nothing may be written.
+pub fn select_node_patch(pvc: &PersistentVolumeClaim, node: &str) -> Option<Value> {
+    let version = pvc.metadata.resource_version.as_deref()?;
+    Some(json!({
         "metadata": {
-            "resourceVersion": pvc.metadata.resource_version,
+            "resourceVersion": version,
             "annotations": { ANN_SELECTED_NODE: node },
         }
-    })
+    }))
 }
 
 /// The topology a node-mode sidecar sees: only its own node, with NodeGetInfo's segment as
@@ -626,9 +629,12 @@ mod tests {
         let pvc = claim().resource_version("42").build();
         assert_eq!(
             select_node_patch(&pvc, NODE),
-            json!({"metadata": {"resourceVersion": "42",
-                "annotations": {"volume.kubernetes.io/selected-node": NODE}}})
+            Some(json!({"metadata": {"resourceVersion": "42",
+                "annotations": {"volume.kubernetes.io/selected-node": NODE}}}))
         );
+        let mut unversioned = claim().build();
+        unversioned.metadata.resource_version = None;
+        assert_eq!(select_node_patch(&unversioned, NODE), None);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::csi;
 use super::claim::{NotOwner, SkipReason, annotation};
 use super::names::{ANN_SELECTED_NODE, PROVISIONER_IDENTITY_KEY};
 use super::plan::ProvisionPlan;
-use super::topology::ClusterTopology;
+use super::topology::{ClusterTopology, TopologyError};
 use super::work::ClaimWork;
 
 const IMMEDIATE: &str = "Immediate";
@@ -141,11 +141,27 @@ pub fn ownership_delay(attempt: u32, base: Duration, max: Duration, jitter: f64)
     raw.saturating_sub(jitter)
 }
 
+/// Upstream's check before the first delay: a class with allowedTopologies whose
+/// requirements, computed as if this node were selected, fail (they leave this node out)
+/// makes this node no owner. Without allowedTopologies a topology error does not: the node
+/// competes and, once the owner, reports the error as an event on the claim.
+pub fn left_out(
+    class: &StorageClass,
+    requirements: &Result<Option<csi::TopologyRequirement>, TopologyError>,
+) -> bool {
+    requirements.is_err()
+        && class
+            .allowed_topologies
+            .as_ref()
+            .is_some_and(|terms| !terms.is_empty())
+}
+
 /// The GetCapacity calls a node makes before it claims an Immediate claim, and the bytes one
 /// answer must have room for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CapacityCheck {
-    /// The claim requests no size (or could not be planned: the owner reports that): no call.
+    /// No call, and room: the claim requests no size, or cannot be planned or placed here
+    /// (the owner reports that, as upstream, which proceeds on a failed check).
     Skip,
     Ask {
         needed: i64,
@@ -156,10 +172,13 @@ pub enum CapacityCheck {
 /// Upstream asks once per requisite topology (or once without topology) with the claim's
 /// parameters and capabilities and no secrets; built from the pure plan only, so a node that
 /// does not become the owner leaves nothing behind (no source finalizer, A3).
-pub fn capacity_check(
-    plan: &ProvisionPlan,
-    requirements: Option<&csi::TopologyRequirement>,
+pub fn capacity_check<P, T>(
+    plan: Result<&ProvisionPlan, P>,
+    requirements: Result<Option<&csi::TopologyRequirement>, T>,
 ) -> CapacityCheck {
+    let (Ok(plan), Ok(requirements)) = (plan, requirements) else {
+        return CapacityCheck::Skip;
+    };
     if plan.required_bytes <= 0 {
         return CapacityCheck::Skip;
     }
@@ -183,9 +202,14 @@ pub fn capacity_check(
     }
 }
 
-/// Enough room: one answer's `available_capacity` holds the request.
-pub fn enough_capacity(needed: i64, available: impl IntoIterator<Item = i64>) -> bool {
-    available.into_iter().any(|bytes| needed <= bytes)
+/// Whether the volume fits here after the calls of [`CapacityCheck::Ask`]: one answer's
+/// `available_capacity` holds the request. A failed call counts as room (upstream proceeds,
+/// so that the owner surfaces the driver's error as an event).
+pub fn has_room<E>(needed: i64, answers: &[Result<i64, E>]) -> bool {
+    answers.iter().any(Result::is_err)
+        || answers
+            .iter()
+            .any(|answer| answer.as_ref().is_ok_and(|bytes| needed <= *bytes))
 }
 
 /// The merge patch that makes this node the claim's owner: the selected-node annotation, with
@@ -571,7 +595,8 @@ mod tests {
         let pvc = ours().build();
         let plan = plan_for(&pvc, &class);
         let requirements = requirements(&class, false).unwrap();
-        let CapacityCheck::Ask { needed, requests } = capacity_check(&plan, requirements.as_ref())
+        let CapacityCheck::Ask { needed, requests } =
+            capacity_check(Ok::<_, ()>(&plan), Ok::<_, ()>(requirements.as_ref()))
         else {
             panic!("a claim with a size asks");
         };
@@ -590,38 +615,79 @@ mod tests {
     fn a_driver_without_topology_is_asked_once_without_a_segment() {
         let pvc = ours().build();
         let plan = plan_for(&pvc, &immediate());
-        let CapacityCheck::Ask { requests, .. } = capacity_check(&plan, None) else {
+        let CapacityCheck::Ask { requests, .. } =
+            capacity_check(Ok::<_, ()>(&plan), Ok::<_, ()>(None))
+        else {
             panic!("asks");
         };
         assert_eq!(requests.len(), 1);
         assert_eq!(requests[0].accessible_topology, None);
         let sizeless = ours().no_storage().build();
         assert_eq!(
-            capacity_check(&plan_for(&sizeless, &immediate()), None),
+            capacity_check(
+                Ok::<_, ()>(&plan_for(&sizeless, &immediate())),
+                Ok::<_, ()>(None)
+            ),
+            CapacityCheck::Skip
+        );
+        // A claim that cannot be planned or placed here is not asked about: the owner reports it.
+        assert_eq!(
+            capacity_check(Err::<&ProvisionPlan, _>("no plan"), Ok::<_, ()>(None)),
+            CapacityCheck::Skip
+        );
+        assert_eq!(
+            capacity_check(
+                Ok::<_, ()>(&plan),
+                Err::<Option<&csi::TopologyRequirement>, _>("no topology")
+            ),
             CapacityCheck::Skip
         );
     }
 
-    #[test]
-    fn allowed_topologies_without_this_node_make_it_no_owner() {
+    fn allowed(values: &[&str]) -> StorageClass {
         let mut class = immediate();
         class.allowed_topologies = Some(vec![k8s_openapi::api::core::v1::TopologySelectorTerm {
             match_label_expressions: Some(vec![
                 k8s_openapi::api::core::v1::TopologySelectorLabelRequirement {
                     key: "example.com/node".into(),
-                    values: vec!["node-a".into()],
+                    values: values.iter().map(|v| (*v).to_owned()).collect(),
                 },
             ]),
         }]);
-        assert!(requirements(&class, false).is_err());
-        assert!(requirements(&class, true).is_err());
+        class
     }
 
     #[test]
-    fn enough_capacity_is_one_answer_with_room() {
-        assert!(enough_capacity(10, [5, 10]));
-        assert!(!enough_capacity(10, [5, 9]));
-        assert!(!enough_capacity(10, []));
+    fn allowed_topologies_without_this_node_make_it_no_owner() {
+        let elsewhere = allowed(&["node-a"]);
+        for strict in [false, true] {
+            let requirements = requirements(&elsewhere, strict);
+            assert!(requirements.is_err());
+            assert!(left_out(&elsewhere, &requirements));
+        }
+        let here = allowed(&["node-a", NODE]);
+        let requirements = requirements(&here, false);
+        assert!(requirements.is_ok());
+        assert!(!left_out(&here, &requirements));
+    }
+
+    #[test]
+    fn a_topology_error_without_allowed_topologies_leaves_the_node_in_the_race() {
+        let failed = Err(TopologyError::NoAvailableTopology);
+        assert!(!left_out(&immediate(), &failed));
+        let mut empty = immediate();
+        empty.allowed_topologies = Some(Vec::new());
+        assert!(!left_out(&empty, &failed));
+        assert!(left_out(&allowed(&["node-a"]), &failed));
+    }
+
+    #[test]
+    fn there_is_room_when_one_answer_holds_the_request_or_a_call_failed() {
+        let ok = |bytes: &[i64]| bytes.iter().map(|b| Ok::<_, ()>(*b)).collect::<Vec<_>>();
+        assert!(has_room(10, &ok(&[5, 10])));
+        assert!(!has_room(10, &ok(&[5, 9])));
+        assert!(!has_room(10, &ok(&[])));
+        assert!(has_room(10, &[Ok(5), Err("unavailable")]));
     }
 
     #[test]

@@ -144,23 +144,28 @@ async fn a_pod_on_node_b_gets_its_volume_from_node_bs_driver_only_and_b_deletes_
     }
 }
 
+/// Nodes a and b have room for four 1Gi volumes each, c for none: eight Immediate claims end
+/// four on a, four on b. A node that wins a claim its driver no longer has room for (its check
+/// passed before another of its claims took the room) gets ResourceExhausted and gives the
+/// claim back (its own name only), so the split does not depend on who wins the races.
 #[tokio::test]
-async fn immediate_claims_get_one_node_each_spread_and_never_a_node_without_room() {
+async fn immediate_claims_get_one_node_each_and_fill_the_nodes_with_room_exactly() {
     let (cluster, topology) = scheduling_cluster("node-immediate").await;
     let delays = [
         "--node-deployment-base-delay=1s",
         "--node-deployment-max-delay=2s",
     ];
+    let room: &[&str] = &["--capacity", "4Gi"];
     let nodes = three_nodes(
         &cluster,
         &topology,
-        [&[], &[], &["--capacity", "0"]],
+        [room, room, &["--capacity", "0"]],
         &delays,
     )
     .await;
     let class = cluster.class("now", &nodes[0].driver, "Delete", &[]).await;
     let claims = cluster.claims_named("data", &class, 8).await;
-    let mut used = BTreeSet::new();
+    let mut per_node = std::collections::BTreeMap::<String, usize>::new();
     for claim in &claims {
         let bound = wait_bound(&cluster.claims, claim).await;
         let node = selected(&bound).unwrap_or_else(|| panic!("{claim} has no selected node"));
@@ -170,33 +175,27 @@ async fn immediate_claims_get_one_node_each_spread_and_never_a_node_without_room
             .find(|n| n.name == node)
             .unwrap_or_else(|| panic!("{claim} selected {node}, not a node of this test"));
         assert!(
-            created(owner).contains(&volume),
-            "{node}'s driver made {volume}"
+            owner
+                .driver
+                .volumes()
+                .iter()
+                .any(|held| held.name == volume),
+            "{node}'s driver holds {volume}"
         );
         assert_eq!(
             pv_segments(&cluster.pv(&volume).await),
             vec![[(NODE_KEY.to_owned(), node.clone())].into()]
         );
-        used.insert(node);
+        *per_node.entry(node).or_default() += 1;
     }
-    // One volume per claim, each made by one node only.
-    let all: Vec<String> = nodes.iter().flat_map(created).collect();
+    let held: Vec<usize> = nodes.iter().map(|n| n.driver.volume_count()).collect();
+    assert_eq!(held, [4, 4, 0], "volumes held by a, b, c");
     assert_eq!(
-        all.len(),
-        claims.len(),
-        "one CreateVolume name per claim: {all:?}"
+        per_node,
+        std::collections::BTreeMap::from([(nodes[0].name.clone(), 4), (nodes[1].name.clone(), 4)]),
+        "bound claims per selected node"
     );
-    let volumes: usize = nodes.iter().map(|n| n.driver.volume_count()).sum();
-    assert_eq!(volumes, claims.len());
-    let roomless = &nodes[2];
-    assert!(!used.contains(&roomless.name), "a node without room won");
-    assert!(created(roomless).is_empty());
-    // With the jitter, two nodes with room share eight claims (all on one: p = 1/128).
-    assert_eq!(
-        used.len(),
-        2,
-        "claims spread over the nodes with room: {used:?}"
-    );
+    assert!(created(&nodes[2]).is_empty(), "a node without room won");
 }
 
 #[tokio::test]
@@ -257,11 +256,6 @@ async fn a_node_killed_mid_create_reaps_its_orphan_and_no_other_node_touches_it(
         assert!(
             deleted(other).is_empty(),
             "{} got a DeleteVolume",
-            other.name
-        );
-        assert!(
-            !other.sidecar.log().contains(&volume),
-            "{}'s sidecar saw {volume}",
             other.name
         );
     }

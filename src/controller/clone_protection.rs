@@ -23,6 +23,7 @@ use super::backoff::Backoff;
 use super::cache::{CacheError, CachedClaim};
 use super::context::Context;
 use super::finalizers::remove_finalizer;
+use crate::journal::JournalError;
 use crate::provision::{
     CLONE_PROTECTION_FINALIZER, CloneHold, CloneVerdict, InFlightSources, SourceVolume,
     clone_verdict,
@@ -37,6 +38,8 @@ pub enum CloneProtectionError {
     Held(CloneHold),
     #[error("failed to remove the cloning-protection finalizer: {0}")]
     Remove(kube::Error),
+    #[error("which sources operations in flight read is unknown: {0}")]
+    Journal(#[from] JournalError),
 }
 
 /// The controller's state: the shared context and its own per-claim backoff.
@@ -107,7 +110,7 @@ impl CloneProtection {
             .iter()
             .filter_map(|claim| claim.to_claim().ok())
             .collect::<Vec<_>>();
-        let in_flight = InFlightSources::new(&ctx.journal.registry().content_sources());
+        let in_flight = InFlightSources::new(&ctx.journal.sources_in_flight().await?);
         let volume = source_volume(ctx, &source);
         let volume = volume
             .as_ref()
@@ -152,8 +155,8 @@ fn source_volume(ctx: &Context, source: &PersistentVolumeClaim) -> Option<(Strin
 mod tests {
     use super::*;
     use crate::controller::fixtures::{
-        Cluster, RETRY_START, Scenario, Step, bounded, cached, claim_volume, patch,
-        recorded_operation,
+        Cluster, RETRY_START, Scenario, Step, bounded, cached, claim_volume, every_node_journal,
+        get, journal_path, patch, recorded_operation,
     };
     use crate::csi;
     use crate::csi::volume_content_source::{Type, VolumeSource};
@@ -222,9 +225,9 @@ mod tests {
         assert_eq!(scenario.finish().await, Vec::<String>::new(), "no events");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_finalizer_stays_while_the_journal_clones_the_volume() {
-        let cloning = crate::journal::Operation {
+    /// An operation cloning the source's volume.
+    fn cloning() -> crate::journal::Operation {
+        crate::journal::Operation {
             request: csi::CreateVolumeRequest {
                 volume_content_source: Some(csi::VolumeContentSource {
                     r#type: Some(Type::Volume(VolumeSource {
@@ -234,12 +237,16 @@ mod tests {
                 ..recorded_operation().request
             },
             ..recorded_operation()
-        };
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_finalizer_stays_while_the_journal_clones_the_volume() {
         // The clone's claim is gone: only the journal knows it still reads the source.
         let scenario = Cluster::new()
             .claim(source())
             .volume(source_pv())
-            .journaled(cloning)
+            .journaled(cloning())
             .start([])
             .await;
         assert!(scenario.ctx().journal.registry().contains(&claim_volume()));
@@ -268,6 +275,42 @@ mod tests {
             .build();
         let scenario = Cluster::new().start([]).await;
         assert!(!CloneProtection::has_work(&cached(&alive), &scenario.ctx()));
+        scenario.finish().await;
+    }
+
+    fn node_b() -> Cluster {
+        Cluster::new()
+            .node_mode("node-b", &[])
+            .claim(source())
+            .volume(source_pv())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_node_mode_another_nodes_clone_keeps_the_finalizer() {
+        // Node b's journal is empty; node a's still clones the source (its reaper replays it).
+        let scenario = node_b().start([every_node_journal(&[cloning()])]).await;
+        assert_eq!(reconcile(&scenario).await, Action::requeue(RETRY_START));
+        scenario.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_node_mode_an_unread_journal_keeps_the_finalizer() {
+        let scenario = node_b()
+            .start([get(journal_path()).refuse(500, "InternalError")])
+            .await;
+        assert_eq!(reconcile(&scenario).await, Action::requeue(RETRY_START));
+        scenario.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_node_mode_the_finalizer_comes_off_once_no_node_clones_the_source() {
+        let scenario = node_b()
+            .start([
+                every_node_journal(&[recorded_operation()]),
+                finalizer_removed(),
+            ])
+            .await;
+        assert_eq!(reconcile(&scenario).await, Action::await_change());
         scenario.finish().await;
     }
 }

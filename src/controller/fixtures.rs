@@ -318,6 +318,40 @@ pub fn journal_replaced(operations: Value) -> Step {
         .echo(200)
 }
 
+/// The answer to a list of journal shards.
+fn journal_listed(shards: Vec<ProvisioningJournal>) -> Step {
+    get(journal_path()).answer(
+        200,
+        json!({
+            "apiVersion": "provisioner.csi-rs.dev/v1alpha1",
+            "kind": "ProvisioningJournalList",
+            "metadata": {},
+            "items": shards,
+        }),
+    )
+}
+
+/// Node mode: the list of every node's shards, one shard holding `operations` (another
+/// node's, as far as this node can tell).
+pub fn every_node_journal(operations: &[Operation]) -> Step {
+    let records = operations
+        .iter()
+        .map(|operation| OperationRecord::from_operation(operation, Default::default()))
+        .collect();
+    journal_listed(vec![shard(records)])
+}
+
+/// The journal's scope. In node mode the shards keep the central names, so the journal steps
+/// read the same in both modes; only the read of every node's shards is node mode's.
+fn journal_scope(node: Option<&NodeDeployment>) -> JournalScope {
+    JournalScope {
+        every_node_selector: node.and_then(|node| {
+            JournalScope::new(JOURNAL_BASE_NAME, Some(&node.name)).every_node_selector
+        }),
+        ..JournalScope::new(JOURNAL_BASE_NAME, None)
+    }
+}
+
 /// A shard as stored, holding `records`.
 pub fn shard(records: Vec<OperationRecord>) -> ProvisioningJournal {
     let mut shard = ProvisioningJournal::new(
@@ -516,15 +550,7 @@ impl Cluster {
         } else {
             vec![shard(records)]
         };
-        let list = get(journal_path()).answer(
-            200,
-            json!({
-                "apiVersion": "provisioner.csi-rs.dev/v1alpha1",
-                "kind": "ProvisioningJournalList",
-                "metadata": {},
-                "items": shards,
-            }),
-        );
+        let list = journal_listed(shards);
         let (client, driver, finish) = scripted(std::iter::once(list).chain(steps));
         let settings = Settings {
             config: ProvisionerConfig {
@@ -547,7 +573,7 @@ impl Cluster {
             hostname: "test-host".to_owned(),
             consistency_by_default: false,
             journal_namespace: JOURNAL_NAMESPACE.to_owned(),
-            journal_scope: JournalScope::new(JOURNAL_BASE_NAME, None),
+            journal_scope: journal_scope(self.node.as_ref()),
             journal_timeout: self.journal_timeout,
             draining: self.draining,
             topology: TopologyFlags {

@@ -23,7 +23,7 @@ use super::actions::{
     set_claim_finalizer,
 };
 use super::backoff::Backoff;
-use super::context::Context;
+use super::context::{Context, NodeDeployment};
 use super::events::EventType;
 use crate::csi_client::CallError;
 use crate::journal::{Operation, Phase};
@@ -323,9 +323,11 @@ async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapE
 /// created in the last moments may be missed, but one the sidecar created (the only kind a
 /// replay of our own operation can return) is known before its operation is ever idle.
 fn volume_holder(ctx: &Context, volume_id: &str) -> Option<String> {
+    let node = ctx.node.as_ref().map(NodeDeployment::scope);
     ctx.volumes.state().iter().find_map(|cached| {
         let pv = cached.to_volume().ok()?;
-        pv_holds_volume(&pv, &ctx.config.driver_name, volume_id).then(|| cached.name_any())
+        pv_holds_volume(&pv, &ctx.config.driver_name, volume_id, node.as_ref())
+            .then(|| cached.name_any())
     })
 }
 

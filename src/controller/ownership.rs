@@ -24,9 +24,10 @@ use tracing::{debug, info, warn};
 
 use super::actions::claim_key;
 use super::context::{Context, NodeDeployment};
+use crate::csi;
 use crate::provision::{
     CapacityCheck, TopologyError, TopologyInputs, accessibility_requirements, capacity_check,
-    enough_capacity, ownership_delay, plan_provision, select_node_patch,
+    has_room, left_out, ownership_delay, plan_provision, select_node_patch,
 };
 
 /// This node's race for each Immediate claim it competes for, by claim UID.
@@ -93,14 +94,6 @@ impl Races {
     }
 }
 
-/// Whether the volume fits on this node.
-enum Room {
-    Enough,
-    NotEnough,
-    /// The class's allowedTopologies leave this node out (upstream: not the owner).
-    NotHere(TopologyError),
-}
-
 /// One step of this node's race for `pvc`: wait, or check the room and write this node's
 /// name. Returns when to look at the claim again (`None`: when it changes).
 pub(super) async fn compete(
@@ -110,6 +103,12 @@ pub(super) async fn compete(
 ) -> Option<Duration> {
     let node = ctx.node.as_ref()?;
     let uid = pvc.uid().unwrap_or_default();
+    let requirements = requirements_here(pvc, class, ctx, node);
+    if left_out(class, &requirements) {
+        ctx.races().forget(&uid);
+        debug!(claim = %claim_key(pvc), "the claim's allowed topologies leave this node out");
+        return None;
+    }
     let delay = |attempt| ownership_delay(attempt, node.base_delay, node.max_delay, jitter());
     {
         let mut races = ctx.races();
@@ -123,22 +122,19 @@ pub(super) async fn compete(
             return Some(left);
         }
     }
-    match room_here(pvc, class, ctx, node).await {
-        Room::Enough => {}
-        Room::NotEnough => {
-            let wait = ctx.races().lost(&uid, Instant::now(), delay);
-            debug!(claim = %claim_key(pvc), retry_in = ?wait, "not enough capacity on this node");
-            return Some(wait);
-        }
-        Room::NotHere(error) => {
-            ctx.races().forget(&uid);
-            debug!(claim = %claim_key(pvc), %error, "the claim's allowed topologies leave this node out");
-            return None;
-        }
+    if !room_here(pvc, class, ctx, &requirements).await {
+        let wait = ctx.races().lost(&uid, Instant::now(), delay);
+        debug!(claim = %claim_key(pvc), retry_in = ?wait, "not enough capacity on this node");
+        return Some(wait);
     }
+    let Some(patch) = select_node_patch(pvc, &node.name) else {
+        let wait = ctx.races().lost(&uid, Instant::now(), delay);
+        warn!(claim = %claim_key(pvc), retry_in = ?wait, "the claim has no resourceVersion; not selecting this node");
+        return Some(wait);
+    };
     let api: Api<PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &pvc.namespace().unwrap_or_default());
-    let patch = Patch::Merge(select_node_patch(pvc, &node.name));
+    let patch = Patch::Merge(patch);
     match api
         .patch(&pvc.name_any(), &PatchParams::default(), &patch)
         .await
@@ -160,59 +156,62 @@ pub(super) async fn compete(
     }
 }
 
-/// Upstream's capacity check, from the pure plan only (nothing is written, A3): GetCapacity
-/// for each requisite segment of this node (once without topology, A13), each bounded by
-/// `--timeout` like every driver call (A12). A claim that cannot be planned, or a failed
-/// call, counts as room: the owner then reports the problem as upstream's event.
-async fn room_here(
+/// The claim's accessibility requirements as if this node were selected (`Ok(None)` for a
+/// driver without topology).
+fn requirements_here(
     pvc: &PersistentVolumeClaim,
     class: &StorageClass,
     ctx: &Context,
     node: &NodeDeployment,
-) -> Room {
-    let plan = match plan_provision(pvc, class, &ctx.config, &ctx.caps, &[]) {
-        Ok(plan) => plan,
-        Err(error) => {
-            debug!(claim = %claim_key(pvc), %error, "capacity not checked: the owner reports this");
-            return Room::Enough;
-        }
+) -> Result<Option<csi::TopologyRequirement>, TopologyError> {
+    let Some(view) = &ctx.topology else {
+        return Ok(None);
     };
-    let requirements = match &ctx.topology {
-        Some(view) => {
-            let name = pvc.name_any();
-            let inputs = TopologyInputs {
-                claim_name: &name,
-                selected_node: Some(&node.name),
-                allowed_topologies: class.allowed_topologies.as_deref().unwrap_or_default(),
-                strict: ctx.topology_flags.strict,
-                immediate: ctx.topology_flags.immediate,
-            };
-            match accessibility_requirements(&inputs, view) {
-                Ok(requirements) => requirements,
-                Err(error) => return Room::NotHere(error),
-            }
-        }
-        None => None,
+    let name = pvc.name_any();
+    let inputs = TopologyInputs {
+        claim_name: &name,
+        selected_node: Some(&node.name),
+        allowed_topologies: class.allowed_topologies.as_deref().unwrap_or_default(),
+        strict: ctx.topology_flags.strict,
+        immediate: ctx.topology_flags.immediate,
     };
-    let CapacityCheck::Ask { needed, requests } = capacity_check(&plan, requirements.as_ref())
+    accessibility_requirements(&inputs, view)
+}
+
+/// Upstream's capacity check, from the pure plan only (nothing is written, A3): the calls
+/// `provision::capacity_check` lists, each bounded by `--timeout` like every driver call
+/// (A12), judged by `provision::has_room`.
+async fn room_here(
+    pvc: &PersistentVolumeClaim,
+    class: &StorageClass,
+    ctx: &Context,
+    requirements: &Result<Option<csi::TopologyRequirement>, TopologyError>,
+) -> bool {
+    let plan = plan_provision(pvc, class, &ctx.config, &ctx.caps, &[]);
+    if let Err(error) = &plan {
+        debug!(claim = %claim_key(pvc), %error, "capacity not checked: the owner reports this");
+    }
+    if let Err(error) = requirements {
+        debug!(claim = %claim_key(pvc), %error, "capacity not checked: the owner reports this");
+    }
+    let requirements = requirements.as_ref().map(Option::as_ref);
+    let CapacityCheck::Ask { needed, requests } = capacity_check(plan.as_ref(), requirements)
     else {
-        return Room::Enough;
+        return true;
     };
-    let mut available = Vec::with_capacity(requests.len());
+    let mut answers = Vec::with_capacity(requests.len());
     for request in requests {
-        match ctx.driver.csi.get_capacity(request).await {
-            Ok(answer) => available.push(answer.available_capacity),
-            Err(error) => {
-                warn!(claim = %claim_key(pvc), %error, "capacity check failed; trying to own the claim anyway");
-                return Room::Enough;
-            }
+        let answer = ctx.driver.csi.get_capacity(request).await;
+        if let Err(error) = &answer {
+            warn!(claim = %claim_key(pvc), %error, "capacity check failed; trying to own the claim anyway");
+        }
+        let failed = answer.is_err();
+        answers.push(answer.map(|answer| answer.available_capacity));
+        if failed {
+            break;
         }
     }
-    if enough_capacity(needed, available) {
-        Room::Enough
-    } else {
-        Room::NotEnough
-    }
+    has_room(needed, &answers)
 }
 
 /// Uniform in [0, 1).

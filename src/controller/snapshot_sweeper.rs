@@ -27,6 +27,7 @@ use super::cache::CacheError;
 use super::context::Context;
 use super::finalizers::remove_finalizer_once;
 use crate::api::{VolumeSnapshot, VolumeSnapshotContent};
+use crate::journal::JournalError;
 use crate::provision::{
     InFlightSources, PendingRestores, SNAPSHOT_PROTECTION_FINALIZER, SnapshotContent,
     SnapshotVerdict, snapshot_verdict,
@@ -45,6 +46,8 @@ pub enum SweepError {
     ClaimsNotListed,
     #[error(transparent)]
     Claims(#[from] CacheError),
+    #[error("which snapshots operations in flight restore is unknown: {0}")]
+    Journal(#[from] JournalError),
 }
 
 /// What one sweep did.
@@ -164,7 +167,7 @@ pub(super) async fn sweep(
         .map(|claim| claim.to_claim())
         .collect::<Result<Vec<PersistentVolumeClaim>, _>>()?;
     let pending = PendingRestores::new(&claims);
-    let in_flight = InFlightSources::new(&ctx.journal.registry().content_sources());
+    let in_flight = InFlightSources::new(&ctx.journal.sources_in_flight().await?);
     // One list for all: whose each snapshot is (its content's driver), and its handle.
     let contents = list_contents(ctx).await;
     let mut swept = Swept::default();
@@ -265,7 +268,8 @@ mod tests {
     use super::*;
     use crate::api::{VolumeSnapshotContentStatus, VolumeSnapshotStatus};
     use crate::controller::fixtures::{
-        Cluster, Scenario, Step, bounded, get, patch, recorded_operation,
+        Cluster, Scenario, Step, bounded, every_node_journal, get, journal_path, patch,
+        recorded_operation,
     };
     use crate::csi;
     use crate::csi::volume_content_source::{SnapshotSource, Type};
@@ -428,6 +432,43 @@ mod tests {
                 kept: 1
             }
         );
+        scenario.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn in_node_mode_another_nodes_restore_keeps_its_snapshot_and_an_unread_journal_all() {
+        let restore = crate::journal::Operation {
+            request: csi::CreateVolumeRequest {
+                volume_content_source: Some(csi::VolumeContentSource {
+                    r#type: Some(Type::Snapshot(SnapshotSource {
+                        snapshot_id: "in-use-handle".into(),
+                    })),
+                }),
+                ..recorded_operation().request
+            },
+            ..recorded_operation()
+        };
+        let scenario = Cluster::new()
+            .node_mode("node-b", &[])
+            .start([
+                listed(&[snapshot("in-use"), snapshot("other")]),
+                every_node_journal(&[restore]),
+                ours(&["in-use", "other"]),
+                released("other"),
+                listed(&[snapshot("orphan")]),
+                get(journal_path()).refuse(500, "InternalError"),
+            ])
+            .await;
+        let swept = sweep_once(&scenario, true).await.expect("swept");
+        assert_eq!(
+            swept,
+            Swept {
+                released: 1,
+                kept: 1
+            }
+        );
+        let error = sweep_once(&scenario, true).await.expect_err("no sweep");
+        assert!(matches!(error, SweepError::Journal(_)), "{error}");
         scenario.finish().await;
     }
 

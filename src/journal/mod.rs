@@ -27,13 +27,14 @@ use thiserror::Error;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
+use crate::csi;
 use crate::kube_client::RateLimitLayer;
 use holdings::Holdings;
 use placement::Placement;
 pub use placement::{SHARD_BYTES, SHARD_CAPACITY};
 pub use record::{
     Change, OperationRecord, Phase, ProvisioningJournal, ProvisioningJournalSpec, RECORD_FORMAT,
-    RecordError, SecretReference, Summary, apply,
+    RecordError, SecretReference, Summary, apply, recorded_sources,
 };
 pub use registry::{Busy, NameTaken, Operation, Registry, Reservation};
 use writer::{Queued, Writers, shard_index};
@@ -59,6 +60,10 @@ pub enum JournalError {
     WriterGone,
     #[error(transparent)]
     NameTaken(#[from] NameTaken),
+    #[error("failed to list every node's journal shards: {0}")]
+    EveryNode(kube::Error),
+    #[error("another node's journal holds a record this build cannot read: {0}")]
+    Unreadable(RecordError),
 }
 
 pub struct Journal {
@@ -66,6 +71,9 @@ pub struct Journal {
     writers: Arc<Writers>,
     api: Api<ProvisioningJournal>,
     selector: String,
+    /// Node mode: every node's shards of this driver (`JournalScope::every_node_selector`).
+    every_node_selector: Option<String>,
+    rate_limit: RateLimitLayer,
     namespace: String,
     record_timeout: Duration,
 }
@@ -96,7 +104,7 @@ impl Journal {
         let holdings = Arc::new(Holdings::default());
         let writers = Arc::new(Writers::new(
             api.clone(),
-            rate_limit,
+            rate_limit.clone(),
             base_name,
             driver,
             scope.labels.clone(),
@@ -129,6 +137,8 @@ impl Journal {
             writers,
             api,
             selector,
+            every_node_selector: scope.every_node_selector.clone(),
+            rate_limit,
             namespace: namespace.to_owned(),
             record_timeout,
         })
@@ -251,6 +261,24 @@ impl Journal {
 
     pub fn registry(&self) -> &Registry {
         &self.holdings.registry
+    }
+
+    /// The content sources that operations in flight read, which must stay protected
+    /// (docs/journal.md rule 12): this sidecar's, reserved ones included, and in node mode
+    /// also every other node's as stored now, since another node's reaper may replay a clone
+    /// or restore of a claim that is gone. An `Err` means they are unknown: release nothing.
+    pub async fn sources_in_flight(&self) -> Result<Vec<csi::VolumeContentSource>, JournalError> {
+        let mut sources = self.registry().content_sources();
+        if let Some(selector) = &self.every_node_selector {
+            self.rate_limit.acquire().await;
+            let shards = self
+                .api
+                .list(&ListParams::default().labels(selector))
+                .await
+                .map_err(JournalError::EveryNode)?;
+            sources.extend(recorded_sources(&shards.items).map_err(JournalError::Unreadable)?);
+        }
+        Ok(sources)
     }
 
     pub fn namespace(&self) -> &str {

@@ -241,6 +241,21 @@ impl OperationRecord {
     }
 }
 
+/// The content sources the operations recorded in `shards` read: their requests'
+/// `volume_content_source`. Fails on the first record this build cannot read: what it reads
+/// is unknown, so nothing may be released on the strength of this answer.
+pub fn recorded_sources(
+    shards: &[ProvisioningJournal],
+) -> Result<Vec<csi::VolumeContentSource>, RecordError> {
+    let mut sources = Vec::new();
+    for record in shards.iter().flat_map(|shard| &shard.spec.operations) {
+        if let Some(source) = record.to_operation()?.request.volume_content_source {
+            sources.push(source);
+        }
+    }
+    Ok(sources)
+}
+
 /// Applies queued changes to a shard's operations, in order. Returns whether anything changed
 /// (an unchanged shard needs no write). Upserting an operation that is already recorded keeps
 /// its history (since, attempts, last error).
@@ -505,5 +520,47 @@ mod tests {
         let kept = truncate(&text);
         assert!(kept.len() <= MAX_ERROR_LEN + '…'.len_utf8());
         assert!(kept.ends_with('…'));
+    }
+
+    #[test]
+    fn the_sources_of_every_shard_are_read_and_an_unreadable_record_fails_the_read() {
+        use csi::volume_content_source::{SnapshotSource, Type, VolumeSource};
+        let reading = |name: &str, source: Type| {
+            let mut operation = operation(name);
+            operation.request.volume_content_source = Some(csi::VolumeContentSource {
+                r#type: Some(source),
+            });
+            OperationRecord::from_operation(&operation, Timestamp::UNIX_EPOCH)
+        };
+        let shard = |records: Vec<OperationRecord>| {
+            ProvisioningJournal::new(
+                "d.node-0",
+                ProvisioningJournalSpec {
+                    driver: "d".into(),
+                    operations: records,
+                    ..ProvisioningJournalSpec::default()
+                },
+            )
+        };
+        let clone = Type::Volume(VolumeSource {
+            volume_id: "vol-a".into(),
+        });
+        let restore = Type::Snapshot(SnapshotSource {
+            snapshot_id: "snap-b".into(),
+        });
+        let shards = [
+            shard(vec![reading("pvc-1", clone.clone()), record("pvc-2")]),
+            shard(vec![reading("pvc-3", restore.clone())]),
+        ];
+        let sources = recorded_sources(&shards).expect("readable");
+        let types: Vec<_> = sources.into_iter().filter_map(|s| s.r#type).collect();
+        assert_eq!(types, [clone, restore]);
+        let mut newer = record("pvc-4");
+        newer.format_version = RECORD_FORMAT + 1;
+        let unreadable = [shards[0].clone(), shard(vec![newer])];
+        assert!(matches!(
+            recorded_sources(&unreadable),
+            Err(RecordError::NewerFormat { .. })
+        ));
     }
 }

@@ -29,6 +29,10 @@ pub struct JournalScope {
     pub base_name: String,
     pub labels: BTreeMap<String, String>,
     pub selector: String,
+    /// Node mode: the selector of every node's shards of this driver, this node's included.
+    /// Read (never written) before a data source's protection comes off, since another node
+    /// may still replay a clone or restore from it (docs/journal.md rule 12).
+    pub every_node_selector: Option<String>,
 }
 
 impl JournalScope {
@@ -41,6 +45,7 @@ impl JournalScope {
                 base_name: driver_base.to_owned(),
                 labels,
                 selector: format!("{DRIVER_LABEL}={driver_base},!{NODE_LABEL}"),
+                every_node_selector: None,
             },
             Some(node) => {
                 let key = node_key(node);
@@ -49,6 +54,7 @@ impl JournalScope {
                     base_name: format!("{driver_base}.{key}"),
                     labels,
                     selector: format!("{DRIVER_LABEL}={driver_base},{NODE_LABEL}={key}"),
+                    every_node_selector: Some(format!("{DRIVER_LABEL}={driver_base},{NODE_LABEL}")),
                 }
             }
         }
@@ -111,6 +117,7 @@ mod tests {
             "provisioner.csi-rs.dev/driver=hostpath-csi-k8s-io,!provisioner.csi-rs.dev/node"
         );
         assert_eq!(scope.labels.len(), 1);
+        assert_eq!(scope.every_node_selector, None);
     }
 
     #[test]
@@ -122,6 +129,10 @@ mod tests {
             "provisioner.csi-rs.dev/driver=hostpath-csi-k8s-io,provisioner.csi-rs.dev/node=worker-1.example.com"
         );
         assert_eq!(scope.labels[NODE_LABEL], "worker-1.example.com");
+        assert_eq!(
+            scope.every_node_selector.as_deref(),
+            Some("provisioner.csi-rs.dev/driver=hostpath-csi-k8s-io,provisioner.csi-rs.dev/node")
+        );
         assert!(valid_object_name(&format!("{}-0", scope.base_name)));
     }
 

@@ -13,6 +13,7 @@ use super::names::{
     ANN_BETA_STORAGE_CLASS, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
     ANN_MIGRATED_TO, ANN_PROVISIONED_BY, PV_FINALIZER,
 };
+use super::node::{NodeScope, VolumePlace, volume_place};
 use super::secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
 use super::settings::DriverCapabilities;
 
@@ -210,7 +211,15 @@ pub enum ExistingPv {
     Other,
 }
 
-pub fn existing_pv(existing: &PersistentVolume, wanted: &PersistentVolume) -> ExistingPv {
+///
+/// In node mode (`node`) the volume handle is one node's driver's: local drivers reuse handles
+/// on every node, so an existing PV known to be on another node ([`volume_place`]) holds
+/// another volume, whatever its handle.
+pub fn existing_pv(
+    existing: &PersistentVolume,
+    wanted: &PersistentVolume,
+    node: Option<&NodeScope<'_>>,
+) -> ExistingPv {
     let csi = |pv: &PersistentVolume| pv.spec.as_ref().and_then(|spec| spec.csi.clone());
     let claim_uid = |pv: &PersistentVolume| {
         pv.spec
@@ -223,6 +232,7 @@ pub fn existing_pv(existing: &PersistentVolume, wanted: &PersistentVolume) -> Ex
     };
     if existing_csi.driver != wanted_csi.driver
         || existing_csi.volume_handle != wanted_csi.volume_handle
+        || !may_be_here(existing, &existing_csi.driver, node)
     {
         return ExistingPv::Other;
     }
@@ -237,12 +247,26 @@ pub fn existing_pv(existing: &PersistentVolume, wanted: &PersistentVolume) -> Ex
 }
 
 /// Whether `pv` references the backend volume `handle` of `driver`, whatever its name: such a
-/// volume is in use and never deleted for an operation in flight.
-pub fn pv_holds_volume(pv: &PersistentVolume, driver: &str, handle: &str) -> bool {
+/// volume is in use and never deleted for an operation in flight. In node mode (`node`), a PV
+/// known to be on another node references that node's volume of the same handle, not ours;
+/// one whose place is unknown is taken to hold ours (it is never deleted on a guess).
+pub fn pv_holds_volume(
+    pv: &PersistentVolume,
+    driver: &str,
+    handle: &str,
+    node: Option<&NodeScope<'_>>,
+) -> bool {
     pv.spec
         .as_ref()
         .and_then(|spec| spec.csi.as_ref())
         .is_some_and(|csi| csi.driver == driver && csi.volume_handle == handle)
+        && may_be_here(pv, driver, node)
+}
+
+/// Central mode: every PV of the driver is this sidecar's. Node mode: all but those known to
+/// be on another node.
+fn may_be_here(pv: &PersistentVolume, driver: &str, node: Option<&NodeScope<'_>>) -> bool {
+    node.is_none_or(|node| volume_place(pv, driver, node) != VolumePlace::OtherNode)
 }
 
 /// Whether `pv` is the PV of an operation of `driver` for the claim `claim_uid`: the only PV
@@ -583,7 +607,7 @@ mod tests {
     fn existing_pv_with_same_handle_and_claim_is_ours() {
         let wanted = PvBuilder::new().build();
         assert_eq!(
-            existing_pv(&PvBuilder::new().phase("Bound").build(), &wanted),
+            existing_pv(&PvBuilder::new().phase("Bound").build(), &wanted, None),
             ExistingPv::Ours
         );
     }
@@ -596,7 +620,7 @@ mod tests {
             PvBuilder::new().csi_driver("x").build(),
             PvBuilder::new().no_csi().build(),
         ] {
-            assert_eq!(existing_pv(&existing, &wanted), ExistingPv::Other);
+            assert_eq!(existing_pv(&existing, &wanted, None), ExistingPv::Other);
         }
     }
 
@@ -608,23 +632,87 @@ mod tests {
             PvBuilder::new().no_claim_ref().build(),
             PvBuilder::new().deleting().build(),
         ] {
-            assert_eq!(existing_pv(&existing, &wanted), ExistingPv::HoldsTheVolume);
+            assert_eq!(
+                existing_pv(&existing, &wanted, None),
+                ExistingPv::HoldsTheVolume
+            );
         }
         let no_uid = PvBuilder::new().no_claim_ref().build();
-        assert_eq!(existing_pv(&no_uid, &no_uid), ExistingPv::HoldsTheVolume);
+        assert_eq!(
+            existing_pv(&no_uid, &no_uid, None),
+            ExistingPv::HoldsTheVolume
+        );
     }
 
     #[test]
     fn a_pv_holds_a_volume_by_driver_and_handle_whatever_its_name() {
         let pv = PvBuilder::new().name("static-1").handle("vol-1").build();
-        assert!(pv_holds_volume(&pv, DRIVER, "vol-1"));
-        assert!(!pv_holds_volume(&pv, DRIVER, "vol-2"));
-        assert!(!pv_holds_volume(&pv, "other.driver", "vol-1"));
+        assert!(pv_holds_volume(&pv, DRIVER, "vol-1", None));
+        assert!(!pv_holds_volume(&pv, DRIVER, "vol-2", None));
+        assert!(!pv_holds_volume(&pv, "other.driver", "vol-1", None));
         assert!(!pv_holds_volume(
             &PvBuilder::new().no_csi().build(),
             DRIVER,
-            "vol-1"
+            "vol-1",
+            None
         ));
+    }
+
+    #[test]
+    fn in_node_mode_a_pv_of_another_node_holds_another_volume_of_the_same_handle() {
+        use std::collections::BTreeMap;
+        let identity = |node: &str| {
+            let mut pv = PvBuilder::new().build();
+            if let Some(csi) = pv.spec.as_mut().and_then(|spec| spec.csi.as_mut()) {
+                csi.volume_attributes = Some(BTreeMap::from([(
+                    super::super::names::PROVISIONER_IDENTITY_KEY.to_owned(),
+                    format!("1-2-{DRIVER}-{node}"),
+                )]));
+            }
+            pv
+        };
+        let segment = BTreeMap::new();
+        let node = NodeScope {
+            name: "node-b",
+            segment: &segment,
+            immediate_binding: true,
+        };
+        let (mine, theirs, unknown) = (
+            identity("node-b"),
+            identity("node-a"),
+            PvBuilder::new().build(),
+        );
+        let holds = |pv: &PersistentVolume| pv_holds_volume(pv, DRIVER, "vol-1", Some(&node));
+        assert!(holds(&mine));
+        assert!(!holds(&theirs));
+        assert!(
+            holds(&unknown),
+            "a PV naming no node is never taken for another's"
+        );
+        assert!(
+            pv_holds_volume(&theirs, DRIVER, "vol-1", None),
+            "central mode"
+        );
+        assert_eq!(existing_pv(&mine, &mine, Some(&node)), ExistingPv::Ours);
+        assert_eq!(existing_pv(&theirs, &mine, Some(&node)), ExistingPv::Other);
+        assert_eq!(
+            existing_pv(&theirs, &mine, None),
+            ExistingPv::Ours,
+            "central mode"
+        );
+        let mut other_claim = identity("node-b");
+        if let Some(claim) = other_claim
+            .spec
+            .as_mut()
+            .and_then(|spec| spec.claim_ref.as_mut())
+        {
+            claim.uid = Some("other".into());
+        }
+        assert_eq!(
+            existing_pv(&other_claim, &mine, Some(&node)),
+            ExistingPv::HoldsTheVolume
+        );
+        assert_eq!(existing_pv(&unknown, &mine, Some(&node)), ExistingPv::Ours);
     }
 
     #[test]

@@ -85,8 +85,9 @@ pub use names::{
 };
 pub use naming::{VolumeNameError, check_volume_name_flags, names_may_collide, volume_name};
 pub use node::{
-    CapacityCheck, NodeScope, Ownership, SingleNode, capacity_check, check_node, enough_capacity,
-    node_claim_work, ownership_delay, select_node_patch, volume_on_node,
+    CapacityCheck, NodeScope, Ownership, SingleNode, VolumePlace, capacity_check, check_node,
+    has_room, left_out, node_claim_work, ownership_delay, select_node_patch, volume_on_node,
+    volume_place,
 };
 pub use parameters::{
     ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,

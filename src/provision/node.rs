@@ -24,7 +24,7 @@ use crate::csi;
 use super::claim::{NotOwner, SkipReason, annotation};
 use super::names::{ANN_SELECTED_NODE, PROVISIONER_IDENTITY_KEY};
 use super::plan::ProvisionPlan;
-use super::topology::ClusterTopology;
+use super::topology::{ClusterTopology, TopologyError};
 use super::work::ClaimWork;
 
 const IMMEDIATE: &str = "Immediate";
@@ -72,10 +72,13 @@ pub fn check_node(
 /// competed for. A claim whose operation is in this node's journal stays this node's whatever
 /// its annotation says now: the recorded request must be finished here (docs/journal.md).
 ///
-/// The consistency finalizer comes off only on the owner, which alone may have an operation
-/// in flight; or, on any node, from a claim being deleted that no node was ever selected for
-/// (nothing can be in flight for it anywhere: a node records an operation only for a claim
-/// selected to it, and gives the node back only once nothing is in flight).
+/// The consistency finalizer comes off on the owner, which alone may have an operation in
+/// flight; or, on any node, from a claim being deleted that nothing can be in flight for
+/// anywhere: one no node was ever selected for (a node records an operation only for a claim
+/// selected to it, and gives the node back only once nothing is in flight), or one already
+/// bound (its PV holds the volume, so its operation's outcome is safe). So a claim whose
+/// owner node is gone for good does not stay Terminating. Other nodes leave a live claim to
+/// its owner, so that they do not all race to remove the same finalizer.
 pub fn node_claim_work<C: Deref<Target = StorageClass>>(
     work: ClaimWork<C>,
     pvc: &PersistentVolumeClaim,
@@ -104,7 +107,8 @@ pub fn node_claim_work<C: Deref<Target = StorageClass>>(
         ClaimWork::Refuse(error) if selected == Some(node.name) => ClaimWork::Refuse(error),
         ClaimWork::ReleaseFinalizer
             if selected == Some(node.name)
-                || (selected.is_none() && pvc.metadata.deletion_timestamp.is_some()) =>
+                || (pvc.metadata.deletion_timestamp.is_some()
+                    && (selected.is_none() || is_bound(pvc))) =>
         {
             ClaimWork::ReleaseFinalizer
         }
@@ -113,6 +117,14 @@ pub fn node_claim_work<C: Deref<Target = StorageClass>>(
         }
         nothing @ ClaimWork::Nothing(_) => nothing,
     }
+}
+
+/// Whether the claim names its PV (`spec.volumeName`).
+fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
+    pvc.spec
+        .as_ref()
+        .and_then(|spec| spec.volume_name.as_deref())
+        .is_some_and(|name| !name.is_empty())
 }
 
 /// How long a node waits before its `attempt`-th try (0 first) to own an Immediate claim:
@@ -129,11 +141,27 @@ pub fn ownership_delay(attempt: u32, base: Duration, max: Duration, jitter: f64)
     raw.saturating_sub(jitter)
 }
 
+/// Upstream's check before the first delay: a class with allowedTopologies whose
+/// requirements, computed as if this node were selected, fail (they leave this node out)
+/// makes this node no owner. Without allowedTopologies a topology error does not: the node
+/// competes and, once the owner, reports the error as an event on the claim.
+pub fn left_out(
+    class: &StorageClass,
+    requirements: &Result<Option<csi::TopologyRequirement>, TopologyError>,
+) -> bool {
+    requirements.is_err()
+        && class
+            .allowed_topologies
+            .as_ref()
+            .is_some_and(|terms| !terms.is_empty())
+}
+
 /// The GetCapacity calls a node makes before it claims an Immediate claim, and the bytes one
 /// answer must have room for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CapacityCheck {
-    /// The claim requests no size (or could not be planned: the owner reports that): no call.
+    /// No call, and room: the claim requests no size, or cannot be planned or placed here
+    /// (the owner reports that, as upstream, which proceeds on a failed check).
     Skip,
     Ask {
         needed: i64,
@@ -144,10 +172,13 @@ pub enum CapacityCheck {
 /// Upstream asks once per requisite topology (or once without topology) with the claim's
 /// parameters and capabilities and no secrets; built from the pure plan only, so a node that
 /// does not become the owner leaves nothing behind (no source finalizer, A3).
-pub fn capacity_check(
-    plan: &ProvisionPlan,
-    requirements: Option<&csi::TopologyRequirement>,
+pub fn capacity_check<P, T>(
+    plan: Result<&ProvisionPlan, P>,
+    requirements: Result<Option<&csi::TopologyRequirement>, T>,
 ) -> CapacityCheck {
+    let (Ok(plan), Ok(requirements)) = (plan, requirements) else {
+        return CapacityCheck::Skip;
+    };
     if plan.required_bytes <= 0 {
         return CapacityCheck::Skip;
     }
@@ -171,21 +202,29 @@ pub fn capacity_check(
     }
 }
 
-/// Enough room: one answer's `available_capacity` holds the request.
-pub fn enough_capacity(needed: i64, available: impl IntoIterator<Item = i64>) -> bool {
-    available.into_iter().any(|bytes| needed <= bytes)
+/// Whether the volume fits here after the calls of [`CapacityCheck::Ask`]: one answer's
+/// `available_capacity` holds the request. A failed call counts as room (upstream proceeds,
+/// so that the owner surfaces the driver's error as an event).
+pub fn has_room<E>(needed: i64, answers: &[Result<i64, E>]) -> bool {
+    answers.iter().any(Result::is_err)
+        || answers
+            .iter()
+            .any(|answer| answer.as_ref().is_ok_and(|bytes| needed <= *bytes))
 }
 
 /// The merge patch that makes this node the claim's owner: the selected-node annotation, with
 /// the claim's resourceVersion so that the API server refuses it (409) if the claim changed
-/// since it was read (another node may have written its name first).
-pub fn select_node_patch(pvc: &PersistentVolumeClaim, node: &str) -> Value {
-    json!({
+/// since it was read (another node may have written its name first). `None` for a claim
+/// without a resourceVersion: without it the patch would overwrite whatever node another
+/// node wrote meanwhile, so nothing may be written.
+pub fn select_node_patch(pvc: &PersistentVolumeClaim, node: &str) -> Option<Value> {
+    let version = pvc.metadata.resource_version.as_deref()?;
+    Some(json!({
         "metadata": {
-            "resourceVersion": pvc.metadata.resource_version,
+            "resourceVersion": version,
             "annotations": { ANN_SELECTED_NODE: node },
         }
-    })
+    }))
 }
 
 /// The topology a node-mode sidecar sees: only its own node, with NodeGetInfo's segment as
@@ -219,16 +258,43 @@ impl ClusterTopology for SingleNode {
     }
 }
 
-/// Whether a PV is this node's to delete (and to keep its finalizer on). With a segment and a
-/// PV with node affinity: the affinity must accept a node labelled with the segment (named
-/// `node.name`), as upstream. Otherwise (a driver without topology, a PV without affinity)
-/// upstream lets every node delete it (A14): a node whose driver does not hold the volume
-/// answers NotFound, which counts as deleted, and the volume on its real node would be left
-/// without a PV. Here only the node that created it deletes it: the one named at the end of
-/// the provisioner identity it recorded in the PV (`<ms>-<rand>-<driver>-<node>`). A PV with
-/// neither (created by a central provisioner, or by hand) is no node's.
-pub fn volume_on_node(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>) -> bool {
+/// Where a PV's volume lives, as far as a node can tell from the PV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumePlace {
+    ThisNode,
+    OtherNode,
+    /// The PV names no node, and its affinity (if any) cannot be checked against this node's
+    /// segment: a central provisioner's PV, or one made by hand.
+    Unknown,
+}
+
+/// Where a PV's volume is. First by the provisioner identity the node that created it
+/// recorded in the PV (`<ms>-<rand>-<driver>-<node>`): only that node's driver holds the
+/// volume. Node affinity alone is not enough: a driver whose segments span several nodes (a
+/// zone, a rack) gives all of them a PV's affinity, and the first whose driver answered
+/// NotFound to DeleteVolume (success) would drop the PV and leave the volume on its real node.
+/// Only a PV whose identity names no node falls back to upstream's rule: its affinity must
+/// accept a node labelled with this node's segment (named `node.name`).
+pub fn volume_place(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>) -> VolumePlace {
     let spec = pv.spec.as_ref();
+    let recorded = spec
+        .and_then(|spec| spec.csi.as_ref())
+        .and_then(|csi| {
+            csi.volume_attributes
+                .as_ref()?
+                .get(PROVISIONER_IDENTITY_KEY)
+        })
+        .and_then(|identity| identity_node(identity, driver));
+    let here = |yes: bool| {
+        if yes {
+            VolumePlace::ThisNode
+        } else {
+            VolumePlace::OtherNode
+        }
+    };
+    if let Some(creator) = recorded {
+        return here(creator == node.name);
+    }
     let terms = spec
         .and_then(|spec| spec.node_affinity.as_ref())
         .and_then(|affinity| affinity.required.as_ref())
@@ -236,17 +302,17 @@ pub fn volume_on_node(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>)
         .filter(|terms| !terms.is_empty());
     match terms {
         Some(terms) if !node.segment.is_empty() => {
-            terms.iter().any(|term| term_matches(term, node))
+            here(terms.iter().any(|term| term_matches(term, node)))
         }
-        _ => spec
-            .and_then(|spec| spec.csi.as_ref())
-            .and_then(|csi| {
-                csi.volume_attributes
-                    .as_ref()?
-                    .get(PROVISIONER_IDENTITY_KEY)
-            })
-            .is_some_and(|identity| identity_node(identity, driver) == Some(node.name)),
+        _ => VolumePlace::Unknown,
     }
+}
+
+/// Whether a PV is this node's to delete (and to keep its finalizer on): its volume is known
+/// to be here ([`volume_place`]). A PV whose place is unknown is no node's: upstream lets
+/// every node delete it (A14).
+pub fn volume_on_node(pv: &PersistentVolume, driver: &str, node: &NodeScope<'_>) -> bool {
+    volume_place(pv, driver, node) == VolumePlace::ThisNode
 }
 
 /// The node of a node-mode provisioner identity `<ms>-<rand>-<driver>-<node>`.
@@ -453,23 +519,27 @@ mod tests {
     }
 
     #[test]
-    fn the_finalizer_comes_off_on_the_owner_or_from_a_deleted_claim_never_selected() {
-        let finalized = || {
-            ours()
-                .finalizer(crate::provision::PROVISIONING_FINALIZER)
-                .volume_name("pvc-x")
-        };
-        let mine = finalized().annotation(ANN_SELECTED_NODE, NODE).build();
+    fn the_finalizer_comes_off_on_the_owner_or_from_a_deleted_claim_never_selected_or_bound() {
+        let finalized = || ours().finalizer(crate::provision::PROVISIONING_FINALIZER);
+        let bound = || finalized().volume_name("pvc-x");
+        let mine = bound().annotation(ANN_SELECTED_NODE, NODE).build();
         assert_eq!(node_work(&mine, &wffc(), false), "release");
-        let theirs = finalized().annotation(ANN_SELECTED_NODE, "node-a").build();
+        let theirs = bound().annotation(ANN_SELECTED_NODE, "node-a").build();
         assert!(node_work(&theirs, &wffc(), false).starts_with("nothing"));
         let deleted_unselected = finalized().deleting().build();
         assert_eq!(node_work(&deleted_unselected, &wffc(), false), "release");
-        let deleted_theirs = finalized()
+        // Bound: nothing in flight anywhere, so any node may let it go (its owner may be gone).
+        let deleted_bound_theirs = bound()
             .annotation(ANN_SELECTED_NODE, "node-a")
             .deleting()
             .build();
-        assert!(node_work(&deleted_theirs, &wffc(), false).starts_with("nothing"));
+        assert_eq!(node_work(&deleted_bound_theirs, &wffc(), false), "release");
+        // Not bound: the owner may still have its operation in flight.
+        let deleted_unbound_theirs = finalized()
+            .annotation(ANN_SELECTED_NODE, "node-a")
+            .deleting()
+            .build();
+        assert!(node_work(&deleted_unbound_theirs, &wffc(), false).starts_with("nothing"));
     }
 
     #[test]
@@ -525,7 +595,8 @@ mod tests {
         let pvc = ours().build();
         let plan = plan_for(&pvc, &class);
         let requirements = requirements(&class, false).unwrap();
-        let CapacityCheck::Ask { needed, requests } = capacity_check(&plan, requirements.as_ref())
+        let CapacityCheck::Ask { needed, requests } =
+            capacity_check(Ok::<_, ()>(&plan), Ok::<_, ()>(requirements.as_ref()))
         else {
             panic!("a claim with a size asks");
         };
@@ -544,38 +615,79 @@ mod tests {
     fn a_driver_without_topology_is_asked_once_without_a_segment() {
         let pvc = ours().build();
         let plan = plan_for(&pvc, &immediate());
-        let CapacityCheck::Ask { requests, .. } = capacity_check(&plan, None) else {
+        let CapacityCheck::Ask { requests, .. } =
+            capacity_check(Ok::<_, ()>(&plan), Ok::<_, ()>(None))
+        else {
             panic!("asks");
         };
         assert_eq!(requests.len(), 1);
         assert_eq!(requests[0].accessible_topology, None);
         let sizeless = ours().no_storage().build();
         assert_eq!(
-            capacity_check(&plan_for(&sizeless, &immediate()), None),
+            capacity_check(
+                Ok::<_, ()>(&plan_for(&sizeless, &immediate())),
+                Ok::<_, ()>(None)
+            ),
+            CapacityCheck::Skip
+        );
+        // A claim that cannot be planned or placed here is not asked about: the owner reports it.
+        assert_eq!(
+            capacity_check(Err::<&ProvisionPlan, _>("no plan"), Ok::<_, ()>(None)),
+            CapacityCheck::Skip
+        );
+        assert_eq!(
+            capacity_check(
+                Ok::<_, ()>(&plan),
+                Err::<Option<&csi::TopologyRequirement>, _>("no topology")
+            ),
             CapacityCheck::Skip
         );
     }
 
-    #[test]
-    fn allowed_topologies_without_this_node_make_it_no_owner() {
+    fn allowed(values: &[&str]) -> StorageClass {
         let mut class = immediate();
         class.allowed_topologies = Some(vec![k8s_openapi::api::core::v1::TopologySelectorTerm {
             match_label_expressions: Some(vec![
                 k8s_openapi::api::core::v1::TopologySelectorLabelRequirement {
                     key: "example.com/node".into(),
-                    values: vec!["node-a".into()],
+                    values: values.iter().map(|v| (*v).to_owned()).collect(),
                 },
             ]),
         }]);
-        assert!(requirements(&class, false).is_err());
-        assert!(requirements(&class, true).is_err());
+        class
     }
 
     #[test]
-    fn enough_capacity_is_one_answer_with_room() {
-        assert!(enough_capacity(10, [5, 10]));
-        assert!(!enough_capacity(10, [5, 9]));
-        assert!(!enough_capacity(10, []));
+    fn allowed_topologies_without_this_node_make_it_no_owner() {
+        let elsewhere = allowed(&["node-a"]);
+        for strict in [false, true] {
+            let requirements = requirements(&elsewhere, strict);
+            assert!(requirements.is_err());
+            assert!(left_out(&elsewhere, &requirements));
+        }
+        let here = allowed(&["node-a", NODE]);
+        let requirements = requirements(&here, false);
+        assert!(requirements.is_ok());
+        assert!(!left_out(&here, &requirements));
+    }
+
+    #[test]
+    fn a_topology_error_without_allowed_topologies_leaves_the_node_in_the_race() {
+        let failed = Err(TopologyError::NoAvailableTopology);
+        assert!(!left_out(&immediate(), &failed));
+        let mut empty = immediate();
+        empty.allowed_topologies = Some(Vec::new());
+        assert!(!left_out(&empty, &failed));
+        assert!(left_out(&allowed(&["node-a"]), &failed));
+    }
+
+    #[test]
+    fn there_is_room_when_one_answer_holds_the_request_or_a_call_failed() {
+        let ok = |bytes: &[i64]| bytes.iter().map(|b| Ok::<_, ()>(*b)).collect::<Vec<_>>();
+        assert!(has_room(10, &ok(&[5, 10])));
+        assert!(!has_room(10, &ok(&[5, 9])));
+        assert!(!has_room(10, &ok(&[])));
+        assert!(has_room(10, &[Ok(5), Err("unavailable")]));
     }
 
     #[test]
@@ -583,9 +695,12 @@ mod tests {
         let pvc = claim().resource_version("42").build();
         assert_eq!(
             select_node_patch(&pvc, NODE),
-            json!({"metadata": {"resourceVersion": "42",
-                "annotations": {"volume.kubernetes.io/selected-node": NODE}}})
+            Some(json!({"metadata": {"resourceVersion": "42",
+                "annotations": {"volume.kubernetes.io/selected-node": NODE}}}))
         );
+        let mut unversioned = claim().build();
+        unversioned.metadata.resource_version = None;
+        assert_eq!(select_node_patch(&unversioned, NODE), None);
     }
 
     #[test]
@@ -643,7 +758,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pv_is_deleted_by_the_node_its_affinity_names() {
+    fn a_pv_naming_no_node_is_deleted_by_the_node_its_affinity_names() {
         let segment = segment();
         let node = scope(&segment);
         assert!(volume_on_node(
@@ -671,12 +786,23 @@ mod tests {
             DRIVER,
             &node
         ));
-        // An affinity on another node's segment wins over an identity naming this node.
+        // An identity naming a node wins over the affinity: a segment may span nodes.
         let mislabelled = with_identity(
             pv_on("In", "example.com/node", &["node-a"]),
             &format!("1-2-{DRIVER}-{NODE}"),
         );
-        assert!(!volume_on_node(&mislabelled, DRIVER, &node));
+        assert!(volume_on_node(&mislabelled, DRIVER, &node));
+        let shared_segment = with_identity(
+            pv_on("In", "example.com/node", &[NODE]),
+            &format!("1-2-{DRIVER}-node-a"),
+        );
+        assert!(!volume_on_node(&shared_segment, DRIVER, &node));
+        // An identity naming no node (a central provisioner's) leaves it to the affinity.
+        let central = with_identity(
+            pv_on("In", "example.com/node", &[NODE]),
+            &format!("1-2-{DRIVER}"),
+        );
+        assert!(volume_on_node(&central, DRIVER, &node));
     }
 
     #[test]
@@ -705,6 +831,27 @@ mod tests {
             DRIVER,
             &no_topology
         ));
+    }
+
+    #[test]
+    fn a_pv_naming_no_node_without_a_checkable_affinity_is_of_unknown_place() {
+        let segment = segment();
+        let node = scope(&segment);
+        let empty = BTreeMap::new();
+        let no_topology = scope(&empty);
+        let bare = PvBuilder::new().build();
+        assert_eq!(volume_place(&bare, DRIVER, &node), VolumePlace::Unknown);
+        let affine = pv_on("In", "example.com/node", &[NODE]);
+        assert_eq!(volume_place(&affine, DRIVER, &node), VolumePlace::ThisNode);
+        assert_eq!(
+            volume_place(&affine, DRIVER, &no_topology),
+            VolumePlace::Unknown
+        );
+        let theirs = with_identity(bare, &format!("1-2-{DRIVER}-node-a"));
+        assert_eq!(
+            volume_place(&theirs, DRIVER, &no_topology),
+            VolumePlace::OtherNode
+        );
     }
 
     #[test]

@@ -627,12 +627,12 @@ fn check_persistent_volume(
         })
     );
     prop_assert!(is_provisioner_for_volume(pv, &plan.provisioned_by));
-    prop_assert_eq!(existing_pv(pv, pv), ExistingPv::Ours);
+    prop_assert_eq!(existing_pv(pv, pv, None), ExistingPv::Ours);
     let mut other_volume = pv.clone();
     if let Some(csi) = other_volume.spec.as_mut().and_then(|s| s.csi.as_mut()) {
         csi.volume_handle.push('x');
     }
-    prop_assert_eq!(existing_pv(&other_volume, pv), ExistingPv::Other);
+    prop_assert_eq!(existing_pv(&other_volume, pv, None), ExistingPv::Other);
     Ok(())
 }
 
@@ -986,8 +986,8 @@ proptest! {
         if let Ok(Some(secret)) = deletion_secret_from_class(&pv, class.as_ref()) {
             prop_assert_eq!(dns1123_subdomain_problem(&secret.name), None);
         }
-        let _ = existing_pv(&pv, &wanted);
-        let reflexive = existing_pv(&pv, &pv);
+        let _ = existing_pv(&pv, &wanted, None);
+        let reflexive = existing_pv(&pv, &pv, None);
         let has_csi = pv.spec.as_ref().is_some_and(|s| s.csi.is_some());
         prop_assert_eq!(reflexive == ExistingPv::Other, !has_csi);
     }

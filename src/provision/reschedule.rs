@@ -43,14 +43,22 @@ pub enum NodeVerdict<'a> {
 /// journal replays that first request until the driver says what became of it, so the pod
 /// must stay where that volume would be; a new node would get a volume made for the old one.
 /// Upstream moves on and the first volume, if it appears, is leaked.
-pub fn node_verdict(
-    pvc: &PersistentVolumeClaim,
+///
+/// In node mode (`this_node`) a sidecar gives back or keeps its own node only: a claim it
+/// still works on (its operation is in this node's journal) may name another node by now, and
+/// that node's name is not this sidecar's to remove.
+pub fn node_verdict<'a>(
+    pvc: &'a PersistentVolumeClaim,
     topology: bool,
+    this_node: Option<&str>,
     cause: RescheduleCause,
-) -> NodeVerdict<'_> {
+) -> NodeVerdict<'a> {
     let Some(node) = selected_node(pvc).filter(|_| topology) else {
         return NodeVerdict::Unchanged;
     };
+    if this_node.is_some_and(|this| this != node) {
+        return NodeVerdict::Unchanged;
+    }
     if cause
         == (RescheduleCause::DriverExhausted {
             operation_kept: true,
@@ -99,14 +107,17 @@ mod tests {
             .annotation(ANN_SELECTED_NODE, "n1")
             .build();
         assert_eq!(
-            node_verdict(&pvc, true, EXHAUSTED),
+            node_verdict(&pvc, true, None, EXHAUSTED),
             NodeVerdict::GiveBack("n1")
         );
         assert_eq!(
-            node_verdict(&pvc, true, RescheduleCause::NodeWithoutCsiNode),
+            node_verdict(&pvc, true, None, RescheduleCause::NodeWithoutCsiNode),
             NodeVerdict::GiveBack("n1")
         );
-        assert_eq!(node_verdict(&pvc, false, EXHAUSTED), NodeVerdict::Unchanged);
+        assert_eq!(
+            node_verdict(&pvc, false, None, EXHAUSTED),
+            NodeVerdict::Unchanged
+        );
     }
 
     #[test]
@@ -117,8 +128,14 @@ mod tests {
         let kept = RescheduleCause::DriverExhausted {
             operation_kept: true,
         };
-        assert_eq!(node_verdict(&pvc, true, kept), NodeVerdict::Keep("n1"));
-        assert_eq!(node_verdict(&pvc, false, kept), NodeVerdict::Unchanged);
+        assert_eq!(
+            node_verdict(&pvc, true, None, kept),
+            NodeVerdict::Keep("n1")
+        );
+        assert_eq!(
+            node_verdict(&pvc, false, None, kept),
+            NodeVerdict::Unchanged
+        );
     }
 
     #[test]
@@ -127,16 +144,55 @@ mod tests {
             .annotation(ANN_ALPHA_SELECTED_NODE, "n1")
             .build();
         assert_eq!(
-            node_verdict(&alpha, true, EXHAUSTED),
+            node_verdict(&alpha, true, None, EXHAUSTED),
             NodeVerdict::Unchanged
         );
         let empty = PvcBuilder::new().annotation(ANN_SELECTED_NODE, "").build();
         assert_eq!(
-            node_verdict(&empty, true, EXHAUSTED),
+            node_verdict(&empty, true, None, EXHAUSTED),
             NodeVerdict::Unchanged
         );
         assert_eq!(
-            node_verdict(&PvcBuilder::new().build(), true, EXHAUSTED),
+            node_verdict(&PvcBuilder::new().build(), true, None, EXHAUSTED),
+            NodeVerdict::Unchanged
+        );
+    }
+
+    #[test]
+    fn in_node_mode_only_this_nodes_name_is_given_back_or_kept() {
+        let on = |node: &str| {
+            PvcBuilder::new()
+                .annotation(ANN_SELECTED_NODE, node)
+                .build()
+        };
+        let kept = RescheduleCause::DriverExhausted {
+            operation_kept: true,
+        };
+        let (mine, theirs) = (on("n1"), on("n2"));
+        for cause in [EXHAUSTED, RescheduleCause::NodeWithoutCsiNode] {
+            assert_eq!(
+                node_verdict(&mine, true, Some("n1"), cause),
+                NodeVerdict::GiveBack("n1")
+            );
+            assert_eq!(
+                node_verdict(&theirs, true, Some("n1"), cause),
+                NodeVerdict::Unchanged
+            );
+        }
+        assert_eq!(
+            node_verdict(&mine, true, Some("n1"), kept),
+            NodeVerdict::Keep("n1")
+        );
+        assert_eq!(
+            node_verdict(&theirs, true, Some("n1"), kept),
+            NodeVerdict::Unchanged
+        );
+        // The alpha key is never given back, in node mode neither.
+        let alpha = PvcBuilder::new()
+            .annotation(ANN_ALPHA_SELECTED_NODE, "n1")
+            .build();
+        assert_eq!(
+            node_verdict(&alpha, true, Some("n1"), EXHAUSTED),
             NodeVerdict::Unchanged
         );
     }

@@ -252,17 +252,23 @@ impl CapacityController {
         (desired, matching)
     }
 
-    /// After a change: obsolete objects go, items without an object (and not waiting for a
-    /// retry) are created; with `every_item` (the poll) every item is queried again.
+    /// After a change: obsolete objects go and items without an object are created, unless
+    /// their last attempt failed (then the retry comes after its backoff); with `every_item`
+    /// (the poll) every item is queried again.
     fn queue_changes(&self, every_item: bool) {
         let (desired, matching) = self.recompute();
+        // Work that failed waits for its retry, whatever changes meanwhile.
+        let waiting_retry = |work: &Work| lock(&self.backoff).failures(work) > 0;
         for obsolete in matching.obsolete {
-            self.queue.add(Work::Delete(obsolete));
+            let work = Work::Delete(obsolete);
+            if !waiting_retry(&work) {
+                self.queue.add(work);
+            }
         }
         for item in desired {
             let missing = !matching.linked.contains_key(&item);
             let work = Work::Sync(item);
-            if every_item || (missing && lock(&self.backoff).failures(&work) == 0) {
+            if every_item || (missing && !waiting_retry(&work)) {
                 self.queue.add(work);
             }
         }
@@ -812,6 +818,27 @@ mod tests {
                 "csistoragecapacities_obsolete 2"
             ]
         );
+        test.finish().await;
+    }
+
+    /// A delete that failed waits for its backoff: a class, Node or object event meanwhile
+    /// does not queue it again.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_delete_is_not_queued_again_before_its_retry() {
+        let gone = object("csisc-gone", "deleted-class", &zone("z1"), "1Gi");
+        let test = start(zone("z1"), vec![], vec![gone], vec![]);
+        let work = Work::Delete(Obsolete {
+            name: "csisc-gone".to_owned(),
+            uid: "uid-csisc-gone".to_owned(),
+        });
+        test.controller.queue_changes(false);
+        assert_eq!(test.controller.queue.len(), 1, "queued once");
+        let queued = test.controller.queue.next().await;
+        assert_eq!(queued, work);
+        lock(&test.controller.backoff).failure(work.clone());
+        test.controller.queue.done(&work);
+        test.controller.queue_changes(false);
+        assert_eq!(test.controller.queue.len(), 0, "waits for its retry");
         test.finish().await;
     }
 

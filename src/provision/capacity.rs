@@ -314,19 +314,17 @@ pub struct Matching {
 /// selector (see [`object_segment`]); of several matching one item the oldest is kept (then
 /// the first by name, so every pass picks the same) and the others are duplicates; objects
 /// matching no item (a class or segment gone, or someone else's object with our labels) are
-/// obsolete.
+/// obsolete. An object being deleted (it has a `deletionTimestamp`) is neither: deleting it
+/// again would change nothing, and its item needs a new one.
 pub fn match_objects(
     desired: &BTreeSet<WorkItem>,
     objects: impl IntoIterator<Item = Arc<CSIStorageCapacity>>,
 ) -> Matching {
-    let mut objects: Vec<Arc<CSIStorageCapacity>> = objects.into_iter().collect();
-    objects.sort_by(|a, b| {
-        let created = |object: &CSIStorageCapacity| object.metadata.creation_timestamp.clone();
-        created(a)
-            .map(|time| time.0)
-            .cmp(&created(b).map(|time| time.0))
-            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
-    });
+    let mut objects: Vec<Arc<CSIStorageCapacity>> = objects
+        .into_iter()
+        .filter(|object| !being_deleted(object))
+        .collect();
+    objects.sort_by(|a, b| age_order(a, b));
     let mut matching = Matching::default();
     for object in objects {
         let item = object_segment(&object).map(|segment| WorkItem {
@@ -344,6 +342,24 @@ pub fn match_objects(
         }
     }
     matching
+}
+
+fn being_deleted(object: &CSIStorageCapacity) -> bool {
+    object.metadata.deletion_timestamp.is_some()
+}
+
+/// Oldest first, then by name: the order in which duplicates give way.
+fn age_order(a: &CSIStorageCapacity, b: &CSIStorageCapacity) -> std::cmp::Ordering {
+    let created = |object: &CSIStorageCapacity| {
+        object
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|time| time.0)
+    };
+    created(a)
+        .cmp(&created(b))
+        .then_with(|| a.metadata.name.cmp(&b.metadata.name))
 }
 
 /// Why capacity may have changed outside the poll.
@@ -779,6 +795,33 @@ mod tests {
         let obsolete: Vec<&str> = matching.obsolete.iter().map(|o| o.name.as_str()).collect();
         assert_eq!(obsolete, ["old-class", "same-age", "younger"]);
         assert_eq!(matching.obsolete[0].uid, "uid-old-class");
+    }
+
+    /// An object being deleted is left to finish: neither its item's object nor obsolete.
+    #[test]
+    fn an_object_being_deleted_is_neither_linked_nor_obsolete() {
+        let desired = BTreeSet::from([item("z1", "fast")]);
+        let deleting = stored(
+            "deleting",
+            1,
+            json!({
+                "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"},
+                "storageClassName": "fast",
+                "nodeTopology": {"matchLabels": {"zone": "z1"}},
+            }),
+        );
+        let gone_class = stored(
+            "deleting-gone-class",
+            1,
+            json!({
+                "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"},
+                "storageClassName": "slow",
+            }),
+        );
+        assert_eq!(
+            match_objects(&desired, [deleting, gone_class]),
+            Matching::default()
+        );
     }
 
     fn existing(

@@ -32,13 +32,10 @@ use super::topology::{TopologyCache, TopologyView};
 use crate::csi_client::{CallError, CsiController};
 use crate::metrics::Metrics;
 use crate::provision::capacity::{
-    Capacity, Matching, ObjectTemplate, Obsolete, RefreshCause, Segment, WorkItem, desired_items,
-    get_capacity_request, match_objects, refreshed_items,
+    Capacity, Matching, ObjectTemplate, Obsolete, PendingCreates, RefreshCause, Segment,
+    SyncTarget, WorkItem, being_deleted, desired_items, get_capacity_request, match_objects,
+    refreshed_items,
 };
-
-/// How long a worker that created an object waits for the watch to report it, so that the
-/// item's next sync updates it rather than creating a second one.
-const CREATED_SEEN_WAIT: Duration = Duration::from_secs(10);
 
 /// `--enable-capacity` settings, from flags, env and the owner lookup (`app::capacity`).
 #[derive(Clone, Debug)]
@@ -100,6 +97,13 @@ pub enum CapacityError {
         #[source]
         source: kube::Error,
     },
+    #[error("read created CSIStorageCapacity {name} for {item}: {source}")]
+    ReadCreated {
+        name: String,
+        item: WorkItem,
+        #[source]
+        source: kube::Error,
+    },
     #[error("update CSIStorageCapacity {name} for {item}: {source}")]
     Update {
         name: String,
@@ -147,8 +151,8 @@ pub struct CapacityController {
     classes: Store<StorageClass>,
     segments: Segments,
     objects: Store<CSIStorageCapacity>,
-    /// Counts the capacity watch's events, so a worker can wait for its own creation.
-    seen: tokio::sync::watch::Receiver<u64>,
+    /// Objects created and not reported by the watch yet.
+    pending: Mutex<PendingCreates>,
     immediate_binding: bool,
     metrics: Arc<Metrics>,
     queue: WorkQueue<Work>,
@@ -161,7 +165,6 @@ pub struct CapacityController {
 struct ObjectWatch<S> {
     store: Store<CSIStorageCapacity>,
     events: S,
-    seen: tokio::sync::watch::Receiver<u64>,
 }
 
 /// Starts watching the objects `template` describes; every event also signals `changes`.
@@ -175,19 +178,11 @@ fn watch_objects(
         .labels(&template.label_selector())
         .any_semantic();
     let (store, writer) = reflector::store();
-    let (seen_tx, seen) = tokio::sync::watch::channel(0_u64);
     let events = watcher(api, config)
         .default_backoff()
         .reflect(writer)
-        .map_ok(move |_| {
-            seen_tx.send_modify(|count| *count = count.wrapping_add(1));
-            changes.notify_one();
-        });
-    ObjectWatch {
-        store,
-        events,
-        seen,
-    }
+        .map_ok(move |_| changes.notify_one());
+    ObjectWatch { store, events }
 }
 
 /// What [`CapacityController::new`] needs besides the settings.
@@ -207,7 +202,6 @@ impl CapacityController {
         inputs: CapacityInputs,
         settings: &CapacitySettings,
         objects: Store<CSIStorageCapacity>,
-        seen: tokio::sync::watch::Receiver<u64>,
     ) -> Self {
         CapacityController {
             client: inputs.client,
@@ -216,7 +210,7 @@ impl CapacityController {
             classes: inputs.classes,
             segments: inputs.segments,
             objects,
-            seen,
+            pending: Mutex::new(PendingCreates::default()),
             immediate_binding: settings.immediate_binding,
             metrics: inputs.metrics,
             queue: WorkQueue::new(),
@@ -248,6 +242,10 @@ impl CapacityController {
             matching.linked.len(),
             matching.obsolete.len(),
         );
+        lock(&self.pending).settle(&desired, |name| {
+            let object = ObjectRef::new(name).within(&self.template.namespace);
+            self.objects.get(&object).is_some()
+        });
         *lock(&self.desired) = desired.clone();
         (desired, matching)
     }
@@ -266,7 +264,9 @@ impl CapacityController {
             }
         }
         for item in desired {
-            let missing = !matching.linked.contains_key(&item);
+            // A create the watch has not reported yet is checked by the poll.
+            let missing =
+                !matching.linked.contains_key(&item) && !lock(&self.pending).pending(&item);
             let work = Work::Sync(item);
             if every_item || (missing && !waiting_retry(&work)) {
                 self.queue.add(work);
@@ -312,27 +312,68 @@ impl CapacityController {
             })?;
         let capacity = Capacity::from(&response);
         let desired = lock(&self.desired).clone();
-        let existing = match_objects(&desired, self.objects.state())
+        let object = match_objects(&desired, self.objects.state())
             .linked
             .remove(item);
-        match existing {
-            None => self.create(item, capacity).await,
-            Some(existing) => {
-                let Some(updated) = self.template.updated_object(&existing, capacity) else {
-                    debug!(%item, "capacity unchanged");
-                    return Ok(());
-                };
-                let name = existing.metadata.name.clone().unwrap_or_default();
-                self.api()
-                    .replace(&name, &PostParams::default(), &updated)
-                    .await
-                    .map_err(|source| CapacityError::Update {
-                        name: name.clone(),
-                        item: item.clone(),
-                        source,
-                    })?;
-                debug!(%item, name, "updated");
-                Ok(())
+        let target = lock(&self.pending).target(item, object);
+        let existing = match target {
+            SyncTarget::Update(object) => object,
+            SyncTarget::Created(name) => match self.read_created(item, &name).await? {
+                Some(object) => object,
+                None => return self.create(item, capacity).await,
+            },
+            SyncTarget::Create => return self.create(item, capacity).await,
+        };
+        self.update(item, &existing, capacity).await
+    }
+
+    async fn update(
+        &self,
+        item: &WorkItem,
+        existing: &CSIStorageCapacity,
+        capacity: Capacity,
+    ) -> Result<(), CapacityError> {
+        let Some(updated) = self.template.updated_object(existing, capacity) else {
+            debug!(%item, "capacity unchanged");
+            return Ok(());
+        };
+        let name = existing.metadata.name.clone().unwrap_or_default();
+        self.api()
+            .replace(&name, &PostParams::default(), &updated)
+            .await
+            .map_err(|source| CapacityError::Update {
+                name: name.clone(),
+                item: item.clone(),
+                source,
+            })?;
+        debug!(%item, name, "updated");
+        Ok(())
+    }
+
+    /// The object this instance created as `name` for `item`, which the watch has not
+    /// reported yet, read from the API server; `None`, and the create settled, when it is
+    /// gone, being deleted or no longer ours (its labels changed: the watch never reports it).
+    async fn read_created(
+        &self,
+        item: &WorkItem,
+        name: &str,
+    ) -> Result<Option<Arc<CSIStorageCapacity>>, CapacityError> {
+        let read = self
+            .api()
+            .get_opt(name)
+            .await
+            .map_err(|source| CapacityError::ReadCreated {
+                name: name.to_owned(),
+                item: item.clone(),
+                source,
+            })?;
+        match read {
+            Some(object) if !being_deleted(&object) && self.template.manages(&object) => {
+                Ok(Some(Arc::new(object)))
+            }
+            _ => {
+                lock(&self.pending).forget(item);
+                Ok(None)
             }
         }
     }
@@ -351,16 +392,8 @@ impl CapacityController {
             })?;
         let name = created.metadata.name.unwrap_or_default();
         debug!(%item, name, "created");
-        // Until the watch reports it, the store would make the next sync create another.
-        let object = ObjectRef::new(&name).within(&self.template.namespace);
-        let mut seen = self.seen.clone();
-        let reported = seen.wait_for(|_| self.objects.get(&object).is_some());
-        if tokio::time::timeout(CREATED_SEEN_WAIT, reported)
-            .await
-            .is_err()
-        {
-            debug!(name, "created object not reported by the watch yet");
-        }
+        // Until the watch reports it, the item's syncs read it instead of creating another.
+        lock(&self.pending).created(item.clone(), name);
         Ok(())
     }
 
@@ -455,12 +488,7 @@ pub fn start(
     Started<impl Stream<Item = Result<(), watcher::Error>> + Send + 'static + use<>>,
 ) {
     let watch = watch_objects(&inputs.client, &settings.template, Arc::clone(&changes));
-    let controller = Arc::new(CapacityController::new(
-        inputs,
-        settings,
-        watch.store,
-        watch.seen,
-    ));
+    let controller = Arc::new(CapacityController::new(inputs, settings, watch.store));
     let (refresh, receiver) = CapacityRefresh::channel();
     let started = Started {
         controller,
@@ -564,7 +592,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::controller::fixtures::{
-        Finish, RETRY_MAX, RETRY_START, Step, bounded, delete, listed, post, put, scripted,
+        Finish, RETRY_MAX, RETRY_START, Step, bounded, delete, get, listed, post, put, scripted,
     };
     use crate::csi;
     use crate::provision::capacity::{MANAGED_BY, selector};
@@ -657,7 +685,6 @@ mod tests {
             threads: 1,
             immediate_binding: false,
         };
-        let (_, seen) = tokio::sync::watch::channel(0_u64);
         let inputs = CapacityInputs {
             client,
             driver,
@@ -667,7 +694,7 @@ mod tests {
             retry_interval_start: RETRY_START,
             retry_interval_max: RETRY_MAX,
         };
-        let controller = CapacityController::new(inputs, &settings, listed(objects), seen);
+        let controller = CapacityController::new(inputs, &settings, listed(objects));
         Test {
             controller: Arc::new(controller),
             metrics,
@@ -735,6 +762,33 @@ mod tests {
         )
         .poll()
         .await;
+        test.finish().await;
+    }
+
+    /// The watch lags: the next poll reads the created object instead of creating another;
+    /// once it is gone (deleted before the watch reported it), a new one is created.
+    #[tokio::test(start_paused = true)]
+    async fn a_create_the_watch_has_not_reported_is_read_not_repeated() {
+        let created = object("csisc-a", "fast", &zone("z1"), "100Gi");
+        let test = start(
+            zone("z1"),
+            vec![class("fast")],
+            vec![],
+            vec![
+                get_capacity(&zone("z1"), 100 * GIB, None),
+                post(OBJECTS).answer(201, created.clone()),
+                get_capacity(&zone("z1"), 100 * GIB, None),
+                get(format!("{OBJECTS}/csisc-a")).answer(200, created),
+                get_capacity(&zone("z1"), 100 * GIB, None),
+                get(format!("{OBJECTS}/csisc-a")).refuse(404, "NotFound"),
+                post(OBJECTS).answer(201, object("csisc-b", "fast", &zone("z1"), "100Gi")),
+            ],
+        )
+        .poll()
+        .await;
+        test.controller.queue_changes(false);
+        assert_eq!(test.controller.queue.len(), 0, "events do not create again");
+        let test = test.poll().await.poll().await;
         test.finish().await;
     }
 

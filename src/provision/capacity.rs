@@ -195,6 +195,14 @@ impl ObjectTemplate {
         )
     }
 
+    /// Whether `object` carries both our labels (the watch sees exactly these).
+    pub fn manages(&self, object: &CSIStorageCapacity) -> bool {
+        let labels = object.metadata.labels.as_ref();
+        self.labels()
+            .iter()
+            .all(|(key, value)| labels.and_then(|labels| labels.get(key)) == Some(value))
+    }
+
     /// The object to create for `item`.
     pub fn new_object(&self, item: &WorkItem, capacity: Capacity) -> CSIStorageCapacity {
         CSIStorageCapacity {
@@ -344,7 +352,69 @@ pub fn match_objects(
     matching
 }
 
-fn being_deleted(object: &CSIStorageCapacity) -> bool {
+/// What a sync does with what the driver reported for an item.
+#[derive(Debug, PartialEq)]
+pub enum SyncTarget {
+    /// Bring the item's object up to date.
+    Update(Arc<CSIStorageCapacity>),
+    /// The object named so was created for the item and the watch has not reported it yet:
+    /// read it; create another only if it is gone.
+    Created(String),
+    /// Create the item's object.
+    Create,
+}
+
+/// The objects this instance created and the watch has not reported yet, by item. Without
+/// them a lagging watch would make every sync of the item create one more object (each a
+/// duplicate, deleted once seen, or a leak if the watch never reports it).
+#[derive(Debug, Default, PartialEq)]
+pub struct PendingCreates {
+    names: BTreeMap<WorkItem, String>,
+}
+
+impl PendingCreates {
+    /// `name` was created for `item`.
+    pub fn created(&mut self, item: WorkItem, name: String) {
+        self.names.insert(item, name);
+    }
+
+    /// Whether `item` has a create the watch has not reported.
+    pub fn pending(&self, item: &WorkItem) -> bool {
+        self.names.contains_key(item)
+    }
+
+    /// `item`'s create is settled: its object is gone, or another object serves it.
+    pub fn forget(&mut self, item: &WorkItem) {
+        self.names.remove(item);
+    }
+
+    /// After a watch event: the creates the watch now reports (`reported`), and those of items
+    /// no longer wanted (their object, once seen, is obsolete), are settled.
+    pub fn settle(&mut self, desired: &BTreeSet<WorkItem>, reported: impl Fn(&str) -> bool) {
+        self.names
+            .retain(|item, name| desired.contains(item) && !reported(name));
+    }
+
+    /// Create or not: the item's object (see [`object_of`]) if it has one, which settles a
+    /// pending create; else the pending create, to read; else a new object.
+    pub fn target(
+        &mut self,
+        item: &WorkItem,
+        object: Option<Arc<CSIStorageCapacity>>,
+    ) -> SyncTarget {
+        match (object, self.names.get(item)) {
+            (Some(object), _) => {
+                self.forget(item);
+                SyncTarget::Update(object)
+            }
+            (None, Some(name)) => SyncTarget::Created(name.clone()),
+            (None, None) => SyncTarget::Create,
+        }
+    }
+}
+
+/// Whether `object` is on its way out (it has a `deletionTimestamp`).
+pub fn being_deleted(object: &CSIStorageCapacity) -> bool {
     object.metadata.deletion_timestamp.is_some()
 }
 
@@ -822,6 +892,46 @@ mod tests {
             match_objects(&desired, [deleting, gone_class]),
             Matching::default()
         );
+    }
+
+    #[test]
+    fn an_item_with_a_pending_create_is_not_created_again_until_settled() {
+        let fast = item("z1", "fast");
+        let mut pending = PendingCreates::default();
+        assert_eq!(pending.target(&fast, None), SyncTarget::Create);
+        pending.created(fast.clone(), "csisc-a".to_owned());
+        assert!(pending.pending(&fast));
+        // The watch lags: read the created one, do not create another.
+        assert_eq!(
+            pending.target(&fast, None),
+            SyncTarget::Created("csisc-a".to_owned())
+        );
+        // Other objects reported: still pending.
+        pending.settle(&BTreeSet::from([fast.clone()]), |name| name == "csisc-x");
+        assert!(pending.pending(&fast));
+        // The watch reports it: settled.
+        pending.settle(&BTreeSet::from([fast.clone()]), |name| name == "csisc-a");
+        assert!(!pending.pending(&fast));
+        assert_eq!(pending.target(&fast, None), SyncTarget::Create);
+    }
+
+    #[test]
+    fn an_object_or_an_unwanted_item_settles_a_pending_create() {
+        let fast = item("z1", "fast");
+        let object = stored("csisc-old", 1, json!({"storageClassName": "fast"}));
+        let mut pending = PendingCreates::default();
+        pending.created(fast.clone(), "csisc-a".to_owned());
+        assert_eq!(
+            pending.target(&fast, Some(Arc::clone(&object))),
+            SyncTarget::Update(object)
+        );
+        assert!(!pending.pending(&fast));
+        pending.created(fast.clone(), "csisc-a".to_owned());
+        pending.settle(&BTreeSet::new(), |_| false);
+        assert_eq!(pending, PendingCreates::default());
+        pending.created(fast.clone(), "csisc-b".to_owned());
+        pending.forget(&fast);
+        assert_eq!(pending.target(&fast, None), SyncTarget::Create);
     }
 
     fn existing(

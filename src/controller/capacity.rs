@@ -4,10 +4,10 @@
 //! and which object is whose is decided by `provision::capacity`; this module does the IO.
 //!
 //! One loop decides, `--capacity-threads` workers act. The loop recomputes the wanted items and
-//! matches them with the watched objects whenever a class, a Node, a CSINode or one of our
-//! objects changes (then items without an object are queued, obsolete objects are queued for
-//! deletion, and the gauges set); every `--capacity-poll-interval` (the first time at start)
-//! it queues every item; a provisioning or deletion queues the items it may have changed. A
+//! matches them with the watched objects whenever a class or one of our objects changes, or a
+//! Node's labels or a CSINode's keys for our driver (then items without an object are queued,
+//! obsolete objects are queued for deletion, and the gauges set); every
+//! `--capacity-poll-interval` (the first time at start) it queues every item; a provisioning or deletion queues the items it may have changed. A
 //! queued item waits at most once, one worker at a time works on it, and a failed one is
 //! retried with its own backoff (`--retry-interval-start`, `--retry-interval-max`).
 
@@ -34,7 +34,7 @@ use crate::metrics::Metrics;
 use crate::provision::capacity::{
     Capacity, Matching, ObjectTemplate, Obsolete, PendingCreates, RefreshCause, Segment,
     SyncTarget, WorkItem, being_deleted, desired_items, get_capacity_request, match_objects,
-    refreshed_items,
+    object_of, refreshed_items, still_obsolete,
 };
 
 /// `--enable-capacity` settings, from flags, env and the owner lookup (`app::capacity`).
@@ -311,10 +311,7 @@ impl CapacityController {
                 source,
             })?;
         let capacity = Capacity::from(&response);
-        let desired = lock(&self.desired).clone();
-        let object = match_objects(&desired, self.objects.state())
-            .linked
-            .remove(item);
+        let object = object_of(item, self.objects.state());
         let target = lock(&self.pending).target(item, object);
         let existing = match target {
             SyncTarget::Update(object) => object,
@@ -399,11 +396,12 @@ impl CapacityController {
 
     /// Deletes an object no item wants, unless it became wanted meanwhile.
     async fn delete(&self, obsolete: &Obsolete) -> Result<(), CapacityError> {
-        let desired = lock(&self.desired).clone();
-        let still_obsolete = match_objects(&desired, self.objects.state())
-            .obsolete
-            .contains(obsolete);
-        if !still_obsolete {
+        let object = ObjectRef::new(&obsolete.name).within(&self.template.namespace);
+        let Some(object) = self.objects.get(&object) else {
+            return Ok(());
+        };
+        let same = object.metadata.uid.as_deref() == Some(obsolete.uid.as_str());
+        if !same || !still_obsolete(&object, &lock(&self.desired), self.objects.state()) {
             return Ok(());
         }
         let params = DeleteParams {

@@ -105,7 +105,8 @@ pub async fn run(
     let sweep_interval = settings.snapshot_orphan_sweep_interval;
     let journal_timeout = settings.journal_timeout;
     let initial_list = cache::probe_initial_list(&client).await;
-    // With --enable-capacity, every class, Node and CSINode event wakes the capacity controller.
+    // With --enable-capacity, every class event, and a Node label or CSINode key change of our
+    // driver, wakes the capacity controller.
     let capacity_changes = settings
         .capacity
         .as_ref()

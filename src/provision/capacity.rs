@@ -352,6 +352,43 @@ pub fn match_objects(
     matching
 }
 
+/// The object of `item` among `objects`, the one [`match_objects`] links: same class and
+/// selector, not being deleted, the oldest (then the first by name). One pass, no sorting.
+pub fn object_of(
+    item: &WorkItem,
+    objects: impl IntoIterator<Item = Arc<CSIStorageCapacity>>,
+) -> Option<Arc<CSIStorageCapacity>> {
+    objects
+        .into_iter()
+        .filter(|object| {
+            !being_deleted(object)
+                && object.storage_class_name == item.class
+                && object_segment(object).as_ref() == Some(&item.segment)
+        })
+        .min_by(|a, b| age_order(a, b))
+}
+
+/// Whether `object` is still obsolete: not being deleted, and either no item wants its class
+/// and selector or another object is that item's (it is a duplicate).
+pub fn still_obsolete(
+    object: &Arc<CSIStorageCapacity>,
+    desired: &BTreeSet<WorkItem>,
+    objects: impl IntoIterator<Item = Arc<CSIStorageCapacity>>,
+) -> bool {
+    if being_deleted(object) {
+        return false;
+    }
+    let item = object_segment(object).map(|segment| WorkItem {
+        segment,
+        class: object.storage_class_name.clone(),
+    });
+    match item {
+        Some(item) if desired.contains(&item) => object_of(&item, objects)
+            .is_none_or(|linked| linked.metadata.uid != object.metadata.uid),
+        _ => true,
+    }
+}
+
 /// What a sync does with what the driver reported for an item.
 #[derive(Debug, PartialEq)]
 pub enum SyncTarget {
@@ -891,6 +928,61 @@ mod tests {
         assert_eq!(
             match_objects(&desired, [deleting, gone_class]),
             Matching::default()
+        );
+    }
+
+    #[test]
+    fn the_object_of_an_item_is_the_one_match_objects_links() {
+        let fast = item("z1", "fast");
+        let desired = BTreeSet::from([fast.clone(), item("z2", "fast")]);
+        let z1 = |name, created| {
+            stored(
+                name,
+                created,
+                json!({"storageClassName": "fast", "nodeTopology": {"matchLabels": {"zone": "z1"}}}),
+            )
+        };
+        let deleting = stored(
+            "deleting",
+            1,
+            json!({
+                "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"},
+                "storageClassName": "fast",
+                "nodeTopology": {"matchLabels": {"zone": "z1"}},
+            }),
+        );
+        let other_class = stored(
+            "other",
+            1,
+            json!({"storageClassName": "slow", "nodeTopology": {"matchLabels": {"zone": "z1"}}}),
+        );
+        let objects = vec![
+            z1("younger", 20),
+            deleting,
+            other_class.clone(),
+            z1("same-age-b", 10),
+            z1("same-age-a", 10),
+        ];
+        let linked = object_of(&fast, objects.clone()).expect("an object");
+        assert_eq!(linked.metadata.name.as_deref(), Some("same-age-a"));
+        assert_eq!(
+            match_objects(&desired, objects.clone()).linked.get(&fast),
+            Some(&linked)
+        );
+        assert_eq!(object_of(&item("z2", "fast"), objects.clone()), None);
+
+        assert!(!still_obsolete(&linked, &desired, objects.clone()));
+        assert!(
+            still_obsolete(&objects[0], &desired, objects.clone()),
+            "duplicate"
+        );
+        assert!(
+            still_obsolete(&other_class, &desired, objects.clone()),
+            "class not wanted"
+        );
+        assert!(
+            !still_obsolete(&objects[1], &desired, objects.clone()),
+            "being deleted"
         );
     }
 

@@ -126,20 +126,31 @@ enum Work {
     Delete(Obsolete),
 }
 
+/// How many refresh requests may wait for the controller's loop. A burst beyond (thousands of
+/// provisionings between two turns of the loop) drops requests rather than memory: the poll
+/// queries every item anyway.
+const REFRESH_BACKLOG: usize = 1024;
+
 /// Sends the refresh requests of the claim and volume reconcilers to the controller.
 #[derive(Clone)]
-pub struct CapacityRefresh(mpsc::UnboundedSender<RefreshCause>);
+pub struct CapacityRefresh(mpsc::Sender<RefreshCause>);
 
 impl CapacityRefresh {
-    pub fn channel() -> (Self, mpsc::UnboundedReceiver<RefreshCause>) {
-        let (sender, receiver) = mpsc::unbounded_channel();
+    pub fn channel() -> (Self, mpsc::Receiver<RefreshCause>) {
+        let (sender, receiver) = mpsc::channel(REFRESH_BACKLOG);
         (CapacityRefresh(sender), receiver)
     }
 
-    /// Asks for the items `cause` may have changed to be queried again. A controller that
-    /// has stopped needs nothing.
+    /// Asks for the items `cause` may have changed to be queried again, without waiting: a
+    /// full backlog drops the request (the next poll catches up), and a controller that has
+    /// stopped needs nothing.
     pub fn request(&self, cause: RefreshCause) {
-        let _ = self.0.send(cause);
+        if let Err(mpsc::error::TrySendError::Full(cause)) = self.0.try_send(cause) {
+            debug!(
+                ?cause,
+                "capacity refresh backlog full: the next poll refreshes these objects"
+            );
+        }
     }
 }
 
@@ -471,7 +482,7 @@ pub struct Started<S> {
     controller: Arc<CapacityController>,
     settings: CapacitySettings,
     changes: Arc<Notify>,
-    refresh: mpsc::UnboundedReceiver<RefreshCause>,
+    refresh: mpsc::Receiver<RefreshCause>,
     object_events: S,
 }
 
@@ -525,7 +536,7 @@ async fn run<S, D>(
     controller: Arc<CapacityController>,
     settings: &CapacitySettings,
     changes: Arc<Notify>,
-    mut refresh: mpsc::UnboundedReceiver<RefreshCause>,
+    mut refresh: mpsc::Receiver<RefreshCause>,
     object_events: S,
     drained: impl Fn() -> D,
 ) where
@@ -567,8 +578,8 @@ async fn run<S, D>(
                 biased;
                 () = &mut drained => break,
                 _ = poll.tick() => controller.queue_changes(true),
-                () = changes.notified() => controller.queue_changes(false),
                 Some(cause) = refresh.recv() => controller.queue_refresh(&cause),
+                () = changes.notified() => controller.queue_changes(false),
             }
         }
         for worker in workers {
@@ -871,6 +882,23 @@ mod tests {
             ]
         );
         test.finish().await;
+    }
+
+    /// The backlog is bounded: requests beyond it are dropped, never waited for.
+    #[tokio::test]
+    async fn refresh_requests_beyond_the_backlog_are_dropped() {
+        let (refresh, mut receiver) = CapacityRefresh::channel();
+        let cause = RefreshCause::Deleted { affinity: None };
+        for _ in 0..REFRESH_BACKLOG + 10 {
+            refresh.request(cause.clone());
+        }
+        let mut received = 0;
+        while receiver.try_recv().is_ok() {
+            received += 1;
+        }
+        assert_eq!(received, REFRESH_BACKLOG);
+        drop(receiver);
+        refresh.request(cause);
     }
 
     /// A delete that failed waits for its backoff: a class, Node or object event meanwhile

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt, TryStreamExt, future};
@@ -27,6 +27,7 @@ use tracing::{debug, info, warn};
 
 use super::backoff::Backoff;
 use super::cache::listed;
+use super::lock;
 use super::queue::WorkQueue;
 use super::topology::{TopologyCache, TopologyView};
 use crate::csi_client::{CallError, CsiController};
@@ -464,14 +465,16 @@ impl CapacityController {
 }
 
 /// The segments of `source` at run time; a central provisioner reads them from the topology
-/// cache (the settings ask for `Cluster` only when the driver has topology, so the cache is
-/// there; without it, the nil segment).
+/// cache.
 pub fn segments(source: &SegmentSource, topology: Option<&TopologyView>) -> Segments {
     match (source, topology) {
         (SegmentSource::Cluster, Some(TopologyView::Watched(cache))) => {
             Segments::Cluster(cache.clone())
         }
-        // Nothing watched: a driver without topology (node mode's settings name its segment).
+        // Not reached: the settings (`app::capacity`) ask for `Cluster` only for a central
+        // provisioner whose driver has topology, which is exactly when the cache is watched
+        // (node mode's settings give `Fixed`, a driver without topology `Fixed(nil)`). Should
+        // that change, the nil segment, one object for all nodes, is what "no topology" means.
         (SegmentSource::Cluster, _) => Segments::Fixed(Segment::new()),
         (SegmentSource::Fixed(segment), _) => Segments::Fixed(segment.clone()),
     }
@@ -560,6 +563,12 @@ async fn run<S, D>(
             () = drained() => return,
         };
         if !(classes && segments && objects) {
+            warn!(
+                classes,
+                topology = segments,
+                objects,
+                "a watch the capacity controller needs ended before it listed (false above): no CSIStorageCapacity objects are published"
+            );
             return;
         }
         info!(
@@ -570,6 +579,7 @@ async fn run<S, D>(
         let workers = (0..settings.threads.max(1))
             .map(|_| tokio::spawn(Arc::clone(&controller).worker(drained())))
             .collect::<Vec<_>>();
+        // 0 is refused at start (config).
         let mut poll = tokio::time::interval(settings.poll_interval.max(Duration::from_millis(1)));
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut drained = std::pin::pin!(drained());
@@ -591,10 +601,8 @@ async fn run<S, D>(
         () = decide => {}
         () = &mut watch => {}
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+    // Lost leadership or drained: another instance (or none) publishes now, not these counts.
+    controller.metrics.set_capacity_objects(0, 0, 0);
 }
 
 #[cfg(test)]
@@ -879,6 +887,45 @@ mod tests {
                 "csistoragecapacities_desired_goal 1",
                 "csistoragecapacities_desired_current 1",
                 "csistoragecapacities_obsolete 2"
+            ]
+        );
+        test.finish().await;
+    }
+
+    /// A controller that stops (lost leadership, drain) publishes no counts any more.
+    #[tokio::test(start_paused = true)]
+    async fn the_gauges_are_zero_once_the_controller_stops() {
+        let test = start(
+            zone("z1"),
+            vec![class("fast")],
+            vec![object("csisc-a", "fast", &zone("z1"), "10Gi")],
+            vec![],
+        );
+        test.controller.recompute();
+        assert_eq!(test.gauges()[0], "csistoragecapacities_desired_goal 1");
+        let settings = CapacitySettings {
+            template: template(),
+            segments: SegmentSource::Fixed(zone("z1")),
+            poll_interval: Duration::from_secs(60),
+            threads: 1,
+            immediate_binding: false,
+        };
+        let (_refresh, receiver) = CapacityRefresh::channel();
+        bounded(run(
+            Arc::clone(&test.controller),
+            &settings,
+            Arc::new(Notify::new()),
+            receiver,
+            futures::stream::pending(),
+            || future::ready(()),
+        ))
+        .await;
+        assert_eq!(
+            test.gauges(),
+            [
+                "csistoragecapacities_desired_goal 0",
+                "csistoragecapacities_desired_current 0",
+                "csistoragecapacities_obsolete 0"
             ]
         );
         test.finish().await;

@@ -484,6 +484,8 @@ pub enum RefreshCause {
     Deleted {
         affinity: Option<VolumeNodeAffinity>,
     },
+    /// The orphan reaper deleted a volume of `class` that never got a PV (no affinity known).
+    OrphanDeleted { class: String },
 }
 
 /// The items to query again after `cause`, and how many node-affinity terms were not plain
@@ -496,12 +498,14 @@ pub struct Refresh {
 
 /// Upstream's rules: a volume with node affinity refreshes every item whose segment is one of
 /// the affinity's terms (any class: they share the space); a created volume without affinity
-/// refreshes every item of its class, and so does a failed CreateVolume; a deleted volume
-/// without affinity refreshes nothing.
+/// refreshes every item of its class, and so do a failed CreateVolume and a deleted orphan
+/// (ours: upstream has no orphan reaper); a deleted volume without affinity refreshes nothing.
 pub fn refreshed_items(desired: &BTreeSet<WorkItem>, cause: &RefreshCause) -> Refresh {
     let (class, affinity) = match cause {
         RefreshCause::Provisioned { class, affinity } => (Some(class), affinity.as_ref()),
-        RefreshCause::ProvisionFailed { class } => (Some(class), None),
+        RefreshCause::ProvisionFailed { class } | RefreshCause::OrphanDeleted { class } => {
+            (Some(class), None)
+        }
         RefreshCause::Deleted { affinity } => (None, affinity.as_ref()),
     };
     match affinity {
@@ -1167,6 +1171,13 @@ mod tests {
         assert_eq!(
             refreshed_items(&desired(), &failed).items,
             [item("z1", "fast"), item("z2", "fast")]
+        );
+        let orphan = RefreshCause::OrphanDeleted {
+            class: "slow".to_owned(),
+        };
+        assert_eq!(
+            refreshed_items(&desired(), &orphan).items,
+            [item("z1", "slow"), item("z2", "slow")]
         );
         let deleted = RefreshCause::Deleted { affinity: None };
         assert_eq!(refreshed_items(&desired(), &deleted), Refresh::default());

@@ -615,6 +615,36 @@ mod tests {
         serde_json::from_value(serde_json::to_value(pv).unwrap()).unwrap()
     }
 
+    /// The comparison sees the object as cached before the event, not the event's own.
+    #[test]
+    fn a_watch_event_is_judged_against_the_object_cached_before_it() {
+        let (reader, mut writer) = reflector::store::<StorageClass>();
+        let class = |mode: &str| StorageClass {
+            metadata: ObjectMeta {
+                name: Some("c".to_owned()),
+                ..ObjectMeta::default()
+            },
+            provisioner: "d".to_owned(),
+            volume_binding_mode: Some(mode.to_owned()),
+            ..StorageClass::default()
+        };
+        writer.apply_watcher_event(&watcher::Event::Apply(class("Immediate")));
+        let mode_changed = |old: Option<&StorageClass>, new: Option<&StorageClass>| {
+            old.map(|c| &c.volume_binding_mode) != new.map(|c| &c.volume_binding_mode)
+        };
+        let changes = |event| event_changes(&reader, &event, &mode_changed);
+        assert!(!changes(watcher::Event::Apply(class("Immediate"))));
+        assert!(changes(watcher::Event::Apply(class(
+            "WaitForFirstConsumer"
+        ))));
+        assert!(changes(watcher::Event::InitApply(class(
+            "WaitForFirstConsumer"
+        ))));
+        assert!(changes(watcher::Event::Delete(class("Immediate"))));
+        assert!(!changes(watcher::Event::Init));
+        assert!(changes(watcher::Event::InitDone));
+    }
+
     #[test]
     fn metadata_skips_managed_fields_and_last_applied_and_keeps_what_is_read() {
         let cached: CachedClaim = serde_json::from_value(json!({

@@ -7,7 +7,8 @@
 //! matches them with the watched objects whenever a class or one of our objects changes, or a
 //! Node's labels or a CSINode's keys for our driver (then items without an object are queued,
 //! obsolete objects are queued for deletion, and the gauges set); every
-//! `--capacity-poll-interval` (the first time at start) it queues every item; a provisioning or deletion queues the items it may have changed. A
+//! `--capacity-poll-interval` (the first time at start) it queues every item; a provisioning or
+//! deletion queues the items it may have changed (a bounded backlog: the poll catches up). A
 //! queued item waits at most once, one worker at a time works on it, and a failed one is
 //! retried with its own backoff (`--retry-interval-start`, `--retry-interval-max`).
 

@@ -23,32 +23,43 @@ use support::topology::{Topology, pv_segments, scheduling_cluster};
 
 const GI: i64 = 1 << 30;
 
-/// The objects of `driver` in `namespace`, by zone (the value of `key` in their selector).
-async fn objects_by_zone(
-    client: &Client,
-    namespace: &str,
-    driver: &str,
-    key: &str,
-) -> BTreeMap<String, CSIStorageCapacity> {
+/// The objects of `driver` in `namespace`, by zone (the value of `key` in their selector;
+/// each test has one class), and how many listed objects share a (zone, class) with another.
+struct Listed {
+    by_zone: BTreeMap<String, CSIStorageCapacity>,
+    duplicates: usize,
+}
+
+async fn objects_by_zone(client: &Client, namespace: &str, driver: &str, key: &str) -> Listed {
     let api: Api<CSIStorageCapacity> = Api::namespaced(client.clone(), namespace);
     let selector = format!("csi.storage.k8s.io/drivername={driver}");
     let list = api
         .list(&ListParams::default().labels(&selector))
         .await
         .unwrap_or_else(|e| panic!("listing CSIStorageCapacity: {e}"));
-    list.items
-        .into_iter()
-        .map(|object| {
-            let zone = object
-                .node_topology
-                .as_ref()
-                .and_then(|selector| selector.match_labels.as_ref())
-                .and_then(|labels| labels.get(key))
-                .cloned()
-                .unwrap_or_default();
-            (zone, object)
-        })
-        .collect()
+    let listed = list.items.len();
+    let zone_of = |object: &CSIStorageCapacity| {
+        object
+            .node_topology
+            .as_ref()
+            .and_then(|selector| selector.match_labels.as_ref())
+            .and_then(|labels| labels.get(key))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let keys: std::collections::BTreeSet<(String, String)> = list
+        .items
+        .iter()
+        .map(|object| (zone_of(object), object.storage_class_name.clone()))
+        .collect();
+    Listed {
+        duplicates: listed - keys.len(),
+        by_zone: list
+            .items
+            .into_iter()
+            .map(|object| (zone_of(&object), object))
+            .collect(),
+    }
 }
 
 fn bytes(quantity: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>) -> i64 {
@@ -86,17 +97,22 @@ async fn wait_sizes(
         .map(|(zone, capacity, maximum)| ((*zone).to_owned(), (*capacity, *maximum)))
         .collect();
     support::eventually("the CSIStorageCapacity objects", TIMEOUT, || async {
-        let objects = objects_by_zone(&cluster.client, cluster.ns(), driver, key).await;
-        if sizes(&objects) == want && objects.len() == want.len() {
-            Ok(objects)
+        let listed = objects_by_zone(&cluster.client, cluster.ns(), driver, key).await;
+        if sizes(&listed.by_zone) == want && listed.duplicates == 0 {
+            Ok(listed.by_zone)
         } else {
-            Err(format!("{:?}", sizes(&objects)))
+            Err(format!(
+                "{:?}, {} duplicates",
+                sizes(&listed.by_zone),
+                listed.duplicates
+            ))
         }
     })
     .await
 }
 
-/// A CSIDriver object for `driver` with `storageCapacity: true`, deleted on drop.
+/// A CSIDriver object for `driver` with `storageCapacity: true`, deleted by [`Self::delete`]
+/// at the end of the test (a test that fails leaves it: its driver name is unique).
 struct CsiDriverObject {
     api: Api<CSIDriver>,
     name: String,
@@ -126,13 +142,12 @@ impl CsiDriverObject {
     }
 }
 
-impl Drop for CsiDriverObject {
-    fn drop(&mut self) {
-        let (api, name) = (self.api.clone(), self.name.clone());
-        // Best effort: the driver name is unique to this test.
-        tokio::spawn(async move {
-            let _ = api.delete(&name, &DeleteParams::default()).await;
-        });
+impl CsiDriverObject {
+    async fn delete(self) {
+        self.api
+            .delete(&self.name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting CSIDriver {}: {e}", self.name));
     }
 }
 
@@ -172,7 +187,7 @@ async fn objects_per_zone_follow_capacity_and_guide_the_scheduler() {
         "--max-volume-size=15Gi",
     ])
     .await;
-    let _csi_driver = CsiDriverObject::create(&cluster.client, driver.name()).await;
+    let csi_driver = CsiDriverObject::create(&cluster.client, driver.name()).await;
     two_zones(&topology, &driver, &key).await;
     let class = topology.wffc_class("wffc", driver.name()).await;
     // The owner (level 0): a Pod of this test, as the sidecar's own would be.
@@ -242,21 +257,24 @@ async fn objects_per_zone_follow_capacity_and_guide_the_scheduler() {
         assert_eq!(selector.match_expressions, None);
     }
 
-    // The gauges.
-    let page = sidecar.wait_metrics().await;
-    let samples = parse_metrics(&page);
-    assert_eq!(
-        metric_sum(&samples, "csistoragecapacities_desired_goal", &[]),
-        2.0
-    );
-    assert_eq!(
-        metric_sum(&samples, "csistoragecapacities_desired_current", &[]),
-        2.0
-    );
-    assert_eq!(
-        metric_sum(&samples, "csistoragecapacities_obsolete", &[]),
-        0.0
-    );
+    // The gauges (set when the controller sees the objects, which may follow the list above).
+    sidecar.wait_metrics().await;
+    support::eventually("the capacity gauges", TIMEOUT, || async {
+        let page = sidecar.metrics()?;
+        let samples = parse_metrics(&page);
+        let gauges = [
+            "csistoragecapacities_desired_goal",
+            "csistoragecapacities_desired_current",
+            "csistoragecapacities_obsolete",
+        ]
+        .map(|name| metric_sum(&samples, name, &[]));
+        if gauges == [2.0, 2.0, 0.0] {
+            Ok(())
+        } else {
+            Err(format!("{gauges:?}"))
+        }
+    })
+    .await;
 
     // A 12Gi claim fits only zone 2's maximum volume size: the scheduler puts its pod there,
     // and the provisioning refreshes zone 2's object at once (the poll is an hour away).
@@ -284,7 +302,8 @@ async fn objects_per_zone_follow_capacity_and_guide_the_scheduler() {
     )
     .await;
 
-    // Too big for every zone: the scheduler finds no node and the driver gets no CreateVolume.
+    // Too big for every zone: the scheduler finds no node for lack of capacity (its
+    // VolumeBinding plugin's reason) and the driver gets no CreateVolume.
     let creates = driver.create_volume_requests().len();
     create_claim(&cluster.claims, &claim("too-big", &class, "11Gi", None)).await;
     topology.create_pod("too-big", &["too-big"], &[]).await;
@@ -296,15 +315,23 @@ async fn objects_per_zone_follow_capacity_and_guide_the_scheduler() {
                 .get("too-big")
                 .await
                 .map_err(|e| e.to_string())?;
-            let unschedulable = pod
+            let scheduled = pod
                 .status
                 .and_then(|status| status.conditions)
                 .unwrap_or_default()
                 .into_iter()
-                .any(|c| c.type_ == "PodScheduled" && c.status == "False");
-            unschedulable
-                .then_some(())
-                .ok_or_else(|| "not yet".to_owned())
+                .find(|c| c.type_ == "PodScheduled");
+            match scheduled {
+                Some(c)
+                    if c.status == "False"
+                        && c.message.as_deref().is_some_and(|message| {
+                            message.contains("node(s) did not have enough free storage")
+                        }) =>
+                {
+                    Ok(())
+                }
+                other => Err(format!("{other:?}")),
+            }
         },
     )
     .await;
@@ -313,16 +340,26 @@ async fn objects_per_zone_follow_capacity_and_guide_the_scheduler() {
 
     // Someone deletes an object: it is created again.
     let api: Api<CSIStorageCapacity> = Api::namespaced(cluster.client.clone(), cluster.ns());
-    let objects = objects_by_zone(&cluster.client, cluster.ns(), driver.name(), &key).await;
+    let objects = objects_by_zone(&cluster.client, cluster.ns(), driver.name(), &key)
+        .await
+        .by_zone;
     let z1_name = objects["z1"].metadata.name.clone().expect("name");
     api.delete(&z1_name, &DeleteParams::default())
         .await
         .expect("deleting an object");
     support::eventually("zone 1's object to be created again", TIMEOUT, || async {
-        let objects = objects_by_zone(&cluster.client, cluster.ns(), driver.name(), &key).await;
-        match objects.get("z1").and_then(|o| o.metadata.name.clone()) {
-            Some(name) if name != z1_name && objects.len() == 2 => Ok(()),
-            other => Err(format!("{other:?}")),
+        let listed = objects_by_zone(&cluster.client, cluster.ns(), driver.name(), &key).await;
+        match listed
+            .by_zone
+            .get("z1")
+            .and_then(|o| o.metadata.name.clone())
+        {
+            Some(name)
+                if name != z1_name && listed.by_zone.len() == 2 && listed.duplicates == 0 =>
+            {
+                Ok(())
+            }
+            other => Err(format!("{other:?}, {} duplicates", listed.duplicates)),
         }
     })
     .await;
@@ -355,6 +392,7 @@ async fn objects_per_zone_follow_capacity_and_guide_the_scheduler() {
         .expect("deleting the class");
     wait_sizes(&cluster, driver.name(), &key, &[]).await;
     sidecar.assert_running();
+    csi_driver.delete().await;
 }
 
 // ------------------------------------------------------------------------ start-up errors

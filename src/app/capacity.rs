@@ -31,14 +31,8 @@ pub enum CapacityStartError {
     NotServed,
     #[error("unexpected error when checking for the V1 CSIStorageCapacity API: {0}")]
     ApiCheck(#[source] kube::Error),
-    #[error("look up owner(s) of pod: {0}")]
-    Owner(#[source] OwnerError),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum OwnerError {
     #[error(
-        "{api_version}/{kind} {name:?} in namespace {namespace:?} has no controlling owner, cannot unwind the ownership further"
+        "look up owner(s) of pod: {api_version}/{kind} {name:?} in namespace {namespace:?} has no controlling owner, cannot unwind the ownership further"
     )]
     NoController {
         api_version: String,
@@ -46,8 +40,8 @@ pub enum OwnerError {
         name: String,
         namespace: String,
     },
-    #[error("get {kind} {name:?} in namespace {namespace:?}: {source}")]
-    Get {
+    #[error("look up owner(s) of pod: get {kind} {name:?} in namespace {namespace:?}: {source}")]
+    OwnerGet {
         kind: String,
         name: String,
         namespace: String,
@@ -77,11 +71,7 @@ pub(super) async fn capacity_settings(
     }
     check_v1_served(client, &namespace).await?;
     let owner = match (u32::try_from(args.capacity_ownerref_level), pod_name) {
-        (Ok(level), Some(pod)) => Some(
-            find_owner(client, &namespace, &pod, level)
-                .await
-                .map_err(CapacityStartError::Owner)?,
-        ),
+        (Ok(level), Some(pod)) => Some(find_owner(client, &namespace, &pod, level).await?),
         _ => None,
     };
     let segments = match node {
@@ -130,11 +120,11 @@ async fn find_owner(
     namespace: &str,
     pod: &str,
     level: u32,
-) -> Result<OwnerReference, OwnerError> {
+) -> Result<OwnerReference, CapacityStartError> {
     let pod = Api::<Pod>::namespaced(client.clone(), namespace)
         .get(pod)
         .await
-        .map_err(|source| OwnerError::Get {
+        .map_err(|source| CapacityStartError::OwnerGet {
             kind: "Pod".to_owned(),
             name: pod.to_owned(),
             namespace: namespace.to_owned(),
@@ -167,12 +157,12 @@ fn controller_of(
     references: &[OwnerReference],
     object: &OwnerReference,
     namespace: &str,
-) -> Result<OwnerReference, OwnerError> {
+) -> Result<OwnerReference, CapacityStartError> {
     references
         .iter()
         .find(|reference| reference.controller == Some(true))
         .cloned()
-        .ok_or_else(|| OwnerError::NoController {
+        .ok_or_else(|| CapacityStartError::NoController {
             api_version: object.api_version.clone(),
             kind: object.kind.clone(),
             name: object.name.clone(),
@@ -185,8 +175,8 @@ async fn get_owner_references(
     client: &Client,
     namespace: &str,
     reference: &OwnerReference,
-) -> Result<Vec<OwnerReference>, OwnerError> {
-    let get_error = |source| OwnerError::Get {
+) -> Result<Vec<OwnerReference>, CapacityStartError> {
+    let get_error = |source| CapacityStartError::OwnerGet {
         kind: reference.kind.clone(),
         name: reference.name.clone(),
         namespace: namespace.to_owned(),

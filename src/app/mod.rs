@@ -79,8 +79,8 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
 
     let node = node::node_deployment(&args.node_deployment, &driver, &clients.client).await?;
     let mut settings = settings::settings(&args, &info, node)?;
-    if args.capacity.enable_capacity {
-        let client = clients.capacity.as_ref().unwrap_or(&clients.client);
+    // The capacity client exists exactly with --enable-capacity.
+    if let Some(client) = clients.capacity.as_ref() {
         let capacity = capacity::capacity_settings(
             &args.capacity,
             &info,

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::ArgAction;
 
-use super::error::{ConfigError, positive_count};
+use super::error::{ConfigError, positive_count, positive_duration};
 use super::go::{parse_go_bool, parse_go_duration};
 
 #[derive(Debug, Clone, clap::Args)]
@@ -44,6 +44,8 @@ impl CapacityArgs {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if self.enable_capacity {
             positive_count("capacity-threads", self.capacity_threads)?;
+            // Upstream would poll without a pause, GetCapacity for every item in a loop.
+            positive_duration("capacity-poll-interval", self.capacity_poll_interval)?;
         }
         Ok(())
     }

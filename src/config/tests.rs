@@ -473,6 +473,10 @@ fn validation_errors_name_the_flag() {
             &["--enable-capacity", "--capacity-threads=0"],
             "--capacity-threads",
         ),
+        (
+            &["--enable-capacity", "--capacity-poll-interval=0"],
+            "--capacity-poll-interval",
+        ),
         (&["--timeout=0"], "--timeout"),
         (&["--retry-interval-start=10m"], "--retry-interval-start"),
         (&["--retry-interval-start=0s"], "--retry-interval-start"),

@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{WatchEvent, WatchParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -463,18 +463,70 @@ pub fn watch<K>(
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let (reader, writer) = reflector::store();
+    watch_signalling(
+        api,
+        initial_list,
+        changes,
+        |_: Option<&K>, _: Option<&K>| true,
+    )
+}
+
+/// [`watch`], signalling `changes` only for the events `changed` tells apart: it is given
+/// the cached object (`None` if new) and the object after the event (`None` if deleted).
+/// The store is updated before the signal, so a woken reader sees the change.
+pub fn watch_signalling<K, F>(
+    api: Api<K>,
+    initial_list: InitialList,
+    changes: Option<&Arc<Notify>>,
+    changed: F,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    F: Fn(Option<&K>, Option<&K>) -> bool + Send + 'static,
+{
+    let (reader, mut writer) = reflector::store();
     let changes = changes.cloned();
+    let cached = reader.clone();
     let stream = watcher(api, watcher_config(initial_list))
         .default_backoff()
-        .reflect(writer)
-        .inspect_ok(move |_| {
-            if let Some(changes) = &changes {
+        .inspect_ok(move |event| {
+            let signal = changes
+                .as_ref()
+                .filter(|_| event_changes(&cached, event, &changed));
+            writer.apply_watcher_event(event);
+            if let Some(changes) = signal {
                 changes.notify_one();
             }
         })
         .applied_objects();
     (reader, stream)
+}
+
+/// Whether `event` changes something `changed` cares about, judged against the store before
+/// the event. A re-list's end always counts: objects deleted meanwhile vanish with it.
+fn event_changes<K>(
+    store: &Store<K>,
+    event: &watcher::Event<K>,
+    changed: &impl Fn(Option<&K>, Option<&K>) -> bool,
+) -> bool
+where
+    K: Resource<DynamicType = ()> + Clone,
+{
+    let cached = |object: &K| store.get(&ObjectRef::from_obj(object));
+    match event {
+        watcher::Event::Apply(object) | watcher::Event::InitApply(object) => {
+            changed(cached(object).as_deref(), Some(object))
+        }
+        watcher::Event::Delete(object) => {
+            let old = cached(object);
+            changed(Some(old.as_deref().unwrap_or(object)), None)
+        }
+        watcher::Event::Init => false,
+        watcher::Event::InitDone => true,
+    }
 }
 
 /// The VolumeAttachment store, and the stream of the attachments deleted: each may free a PV
@@ -561,6 +613,36 @@ mod tests {
 
     fn cached_volume(pv: &PersistentVolume) -> CachedVolume {
         serde_json::from_value(serde_json::to_value(pv).unwrap()).unwrap()
+    }
+
+    /// The comparison sees the object as cached before the event, not the event's own.
+    #[test]
+    fn a_watch_event_is_judged_against_the_object_cached_before_it() {
+        let (reader, mut writer) = reflector::store::<StorageClass>();
+        let class = |mode: &str| StorageClass {
+            metadata: ObjectMeta {
+                name: Some("c".to_owned()),
+                ..ObjectMeta::default()
+            },
+            provisioner: "d".to_owned(),
+            volume_binding_mode: Some(mode.to_owned()),
+            ..StorageClass::default()
+        };
+        writer.apply_watcher_event(&watcher::Event::Apply(class("Immediate")));
+        let mode_changed = |old: Option<&StorageClass>, new: Option<&StorageClass>| {
+            old.map(|c| &c.volume_binding_mode) != new.map(|c| &c.volume_binding_mode)
+        };
+        let changes = |event| event_changes(&reader, &event, &mode_changed);
+        assert!(!changes(watcher::Event::Apply(class("Immediate"))));
+        assert!(changes(watcher::Event::Apply(class(
+            "WaitForFirstConsumer"
+        ))));
+        assert!(changes(watcher::Event::InitApply(class(
+            "WaitForFirstConsumer"
+        ))));
+        assert!(changes(watcher::Event::Delete(class("Immediate"))));
+        assert!(!changes(watcher::Event::Init));
+        assert!(changes(watcher::Event::InitDone));
     }
 
     #[test]

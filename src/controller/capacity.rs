@@ -4,16 +4,17 @@
 //! and which object is whose is decided by `provision::capacity`; this module does the IO.
 //!
 //! One loop decides, `--capacity-threads` workers act. The loop recomputes the wanted items and
-//! matches them with the watched objects whenever a class, a Node, a CSINode or one of our
-//! objects changes (then items without an object are queued, obsolete objects are queued for
-//! deletion, and the gauges set); every `--capacity-poll-interval` (the first time at start)
-//! it queues every item; a provisioning or deletion queues the items it may have changed. A
+//! matches them with the watched objects whenever a class or one of our objects changes, or a
+//! Node's labels or a CSINode's keys for our driver (then items without an object are queued,
+//! obsolete objects are queued for deletion, and the gauges set); every
+//! `--capacity-poll-interval` (the first time at start) it queues every item; a provisioning or
+//! deletion queues the items it may have changed (a bounded backlog: the poll catches up). A
 //! queued item waits at most once, one worker at a time works on it, and a failed one is
 //! retried with its own backoff (`--retry-interval-start`, `--retry-interval-max`).
 
 use std::collections::BTreeSet;
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt, TryStreamExt, future};
@@ -27,18 +28,16 @@ use tracing::{debug, info, warn};
 
 use super::backoff::Backoff;
 use super::cache::listed;
+use super::lock;
 use super::queue::WorkQueue;
 use super::topology::{TopologyCache, TopologyView};
 use crate::csi_client::{CallError, CsiController};
 use crate::metrics::Metrics;
 use crate::provision::capacity::{
-    Capacity, Matching, ObjectTemplate, Obsolete, RefreshCause, Segment, WorkItem, desired_items,
-    get_capacity_request, match_objects, refreshed_items,
+    Capacity, Matching, ObjectTemplate, Obsolete, PendingCreates, RefreshCause, Segment,
+    SyncTarget, WorkItem, being_deleted, desired_items, get_capacity_request, match_objects,
+    object_of, refreshed_items, still_obsolete,
 };
-
-/// How long a worker that created an object waits for the watch to report it, so that the
-/// item's next sync updates it rather than creating a second one.
-const CREATED_SEEN_WAIT: Duration = Duration::from_secs(10);
 
 /// `--enable-capacity` settings, from flags, env and the owner lookup (`app::capacity`).
 #[derive(Clone, Debug)]
@@ -100,6 +99,13 @@ pub enum CapacityError {
         #[source]
         source: kube::Error,
     },
+    #[error("read created CSIStorageCapacity {name} for {item}: {source}")]
+    ReadCreated {
+        name: String,
+        item: WorkItem,
+        #[source]
+        source: kube::Error,
+    },
     #[error("update CSIStorageCapacity {name} for {item}: {source}")]
     Update {
         name: String,
@@ -122,20 +128,31 @@ enum Work {
     Delete(Obsolete),
 }
 
+/// How many refresh requests may wait for the controller's loop. A burst beyond (thousands of
+/// provisionings between two turns of the loop) drops requests rather than memory: the poll
+/// queries every item anyway.
+const REFRESH_BACKLOG: usize = 1024;
+
 /// Sends the refresh requests of the claim and volume reconcilers to the controller.
 #[derive(Clone)]
-pub struct CapacityRefresh(mpsc::UnboundedSender<RefreshCause>);
+pub struct CapacityRefresh(mpsc::Sender<RefreshCause>);
 
 impl CapacityRefresh {
-    pub fn channel() -> (Self, mpsc::UnboundedReceiver<RefreshCause>) {
-        let (sender, receiver) = mpsc::unbounded_channel();
+    pub fn channel() -> (Self, mpsc::Receiver<RefreshCause>) {
+        let (sender, receiver) = mpsc::channel(REFRESH_BACKLOG);
         (CapacityRefresh(sender), receiver)
     }
 
-    /// Asks for the items `cause` may have changed to be queried again. A controller that
-    /// has stopped needs nothing.
+    /// Asks for the items `cause` may have changed to be queried again, without waiting: a
+    /// full backlog drops the request (the next poll catches up), and a controller that has
+    /// stopped needs nothing.
     pub fn request(&self, cause: RefreshCause) {
-        let _ = self.0.send(cause);
+        if let Err(mpsc::error::TrySendError::Full(cause)) = self.0.try_send(cause) {
+            debug!(
+                ?cause,
+                "capacity refresh backlog full: the next poll refreshes these objects"
+            );
+        }
     }
 }
 
@@ -147,8 +164,8 @@ pub struct CapacityController {
     classes: Store<StorageClass>,
     segments: Segments,
     objects: Store<CSIStorageCapacity>,
-    /// Counts the capacity watch's events, so a worker can wait for its own creation.
-    seen: tokio::sync::watch::Receiver<u64>,
+    /// Objects created and not reported by the watch yet.
+    pending: Mutex<PendingCreates>,
     immediate_binding: bool,
     metrics: Arc<Metrics>,
     queue: WorkQueue<Work>,
@@ -161,7 +178,6 @@ pub struct CapacityController {
 struct ObjectWatch<S> {
     store: Store<CSIStorageCapacity>,
     events: S,
-    seen: tokio::sync::watch::Receiver<u64>,
 }
 
 /// Starts watching the objects `template` describes; every event also signals `changes`.
@@ -175,19 +191,11 @@ fn watch_objects(
         .labels(&template.label_selector())
         .any_semantic();
     let (store, writer) = reflector::store();
-    let (seen_tx, seen) = tokio::sync::watch::channel(0_u64);
     let events = watcher(api, config)
         .default_backoff()
         .reflect(writer)
-        .map_ok(move |_| {
-            seen_tx.send_modify(|count| *count = count.wrapping_add(1));
-            changes.notify_one();
-        });
-    ObjectWatch {
-        store,
-        events,
-        seen,
-    }
+        .map_ok(move |_| changes.notify_one());
+    ObjectWatch { store, events }
 }
 
 /// What [`CapacityController::new`] needs besides the settings.
@@ -207,7 +215,6 @@ impl CapacityController {
         inputs: CapacityInputs,
         settings: &CapacitySettings,
         objects: Store<CSIStorageCapacity>,
-        seen: tokio::sync::watch::Receiver<u64>,
     ) -> Self {
         CapacityController {
             client: inputs.client,
@@ -216,7 +223,7 @@ impl CapacityController {
             classes: inputs.classes,
             segments: inputs.segments,
             objects,
-            seen,
+            pending: Mutex::new(PendingCreates::default()),
             immediate_binding: settings.immediate_binding,
             metrics: inputs.metrics,
             queue: WorkQueue::new(),
@@ -248,21 +255,33 @@ impl CapacityController {
             matching.linked.len(),
             matching.obsolete.len(),
         );
+        lock(&self.pending).settle(&desired, |name| {
+            let object = ObjectRef::new(name).within(&self.template.namespace);
+            self.objects.get(&object).is_some()
+        });
         *lock(&self.desired) = desired.clone();
         (desired, matching)
     }
 
-    /// After a change: obsolete objects go, items without an object (and not waiting for a
-    /// retry) are created; with `every_item` (the poll) every item is queried again.
+    /// After a change: obsolete objects go and items without an object are created, unless
+    /// their last attempt failed (then the retry comes after its backoff); with `every_item`
+    /// (the poll) every item is queried again.
     fn queue_changes(&self, every_item: bool) {
         let (desired, matching) = self.recompute();
+        // Work that failed waits for its retry, whatever changes meanwhile.
+        let waiting_retry = |work: &Work| lock(&self.backoff).failures(work) > 0;
         for obsolete in matching.obsolete {
-            self.queue.add(Work::Delete(obsolete));
+            let work = Work::Delete(obsolete);
+            if !waiting_retry(&work) {
+                self.queue.add(work);
+            }
         }
         for item in desired {
-            let missing = !matching.linked.contains_key(&item);
+            // A create the watch has not reported yet is checked by the poll.
+            let missing =
+                !matching.linked.contains_key(&item) && !lock(&self.pending).pending(&item);
             let work = Work::Sync(item);
-            if every_item || (missing && lock(&self.backoff).failures(&work) == 0) {
+            if every_item || (missing && !waiting_retry(&work)) {
                 self.queue.add(work);
             }
         }
@@ -305,28 +324,66 @@ impl CapacityController {
                 source,
             })?;
         let capacity = Capacity::from(&response);
-        let desired = lock(&self.desired).clone();
-        let existing = match_objects(&desired, self.objects.state())
-            .linked
-            .remove(item);
-        match existing {
-            None => self.create(item, capacity).await,
-            Some(existing) => {
-                let Some(updated) = self.template.updated_object(&existing, capacity) else {
-                    debug!(%item, "capacity unchanged");
-                    return Ok(());
-                };
-                let name = existing.metadata.name.clone().unwrap_or_default();
-                self.api()
-                    .replace(&name, &PostParams::default(), &updated)
-                    .await
-                    .map_err(|source| CapacityError::Update {
-                        name: name.clone(),
-                        item: item.clone(),
-                        source,
-                    })?;
-                debug!(%item, name, "updated");
-                Ok(())
+        let object = object_of(item, self.objects.state());
+        let target = lock(&self.pending).target(item, object);
+        let existing = match target {
+            SyncTarget::Update(object) => object,
+            SyncTarget::Created(name) => match self.read_created(item, &name).await? {
+                Some(object) => object,
+                None => return self.create(item, capacity).await,
+            },
+            SyncTarget::Create => return self.create(item, capacity).await,
+        };
+        self.update(item, &existing, capacity).await
+    }
+
+    async fn update(
+        &self,
+        item: &WorkItem,
+        existing: &CSIStorageCapacity,
+        capacity: Capacity,
+    ) -> Result<(), CapacityError> {
+        let Some(updated) = self.template.updated_object(existing, capacity) else {
+            debug!(%item, "capacity unchanged");
+            return Ok(());
+        };
+        let name = existing.metadata.name.clone().unwrap_or_default();
+        self.api()
+            .replace(&name, &PostParams::default(), &updated)
+            .await
+            .map_err(|source| CapacityError::Update {
+                name: name.clone(),
+                item: item.clone(),
+                source,
+            })?;
+        debug!(%item, name, "updated");
+        Ok(())
+    }
+
+    /// The object this instance created as `name` for `item`, which the watch has not
+    /// reported yet, read from the API server; `None`, and the create settled, when it is
+    /// gone, being deleted or no longer ours (its labels changed: the watch never reports it).
+    async fn read_created(
+        &self,
+        item: &WorkItem,
+        name: &str,
+    ) -> Result<Option<Arc<CSIStorageCapacity>>, CapacityError> {
+        let read = self
+            .api()
+            .get_opt(name)
+            .await
+            .map_err(|source| CapacityError::ReadCreated {
+                name: name.to_owned(),
+                item: item.clone(),
+                source,
+            })?;
+        match read {
+            Some(object) if !being_deleted(&object) && self.template.manages(&object) => {
+                Ok(Some(Arc::new(object)))
+            }
+            _ => {
+                lock(&self.pending).forget(item);
+                Ok(None)
             }
         }
     }
@@ -345,26 +402,19 @@ impl CapacityController {
             })?;
         let name = created.metadata.name.unwrap_or_default();
         debug!(%item, name, "created");
-        // Until the watch reports it, the store would make the next sync create another.
-        let object = ObjectRef::new(&name).within(&self.template.namespace);
-        let mut seen = self.seen.clone();
-        let reported = seen.wait_for(|_| self.objects.get(&object).is_some());
-        if tokio::time::timeout(CREATED_SEEN_WAIT, reported)
-            .await
-            .is_err()
-        {
-            debug!(name, "created object not reported by the watch yet");
-        }
+        // Until the watch reports it, the item's syncs read it instead of creating another.
+        lock(&self.pending).created(item.clone(), name);
         Ok(())
     }
 
     /// Deletes an object no item wants, unless it became wanted meanwhile.
     async fn delete(&self, obsolete: &Obsolete) -> Result<(), CapacityError> {
-        let desired = lock(&self.desired).clone();
-        let still_obsolete = match_objects(&desired, self.objects.state())
-            .obsolete
-            .contains(obsolete);
-        if !still_obsolete {
+        let object = ObjectRef::new(&obsolete.name).within(&self.template.namespace);
+        let Some(object) = self.objects.get(&object) else {
+            return Ok(());
+        };
+        let same = object.metadata.uid.as_deref() == Some(obsolete.uid.as_str());
+        if !same || !still_obsolete(&object, &lock(&self.desired), self.objects.state()) {
             return Ok(());
         }
         let params = DeleteParams {
@@ -416,14 +466,16 @@ impl CapacityController {
 }
 
 /// The segments of `source` at run time; a central provisioner reads them from the topology
-/// cache (the settings ask for `Cluster` only when the driver has topology, so the cache is
-/// there; without it, the nil segment).
+/// cache.
 pub fn segments(source: &SegmentSource, topology: Option<&TopologyView>) -> Segments {
     match (source, topology) {
         (SegmentSource::Cluster, Some(TopologyView::Watched(cache))) => {
             Segments::Cluster(cache.clone())
         }
-        // Nothing watched: a driver without topology (node mode's settings name its segment).
+        // Not reached: the settings (`app::capacity`) ask for `Cluster` only for a central
+        // provisioner whose driver has topology, which is exactly when the cache is watched
+        // (node mode's settings give `Fixed`, a driver without topology `Fixed(nil)`). Should
+        // that change, the nil segment, one object for all nodes, is what "no topology" means.
         (SegmentSource::Cluster, _) => Segments::Fixed(Segment::new()),
         (SegmentSource::Fixed(segment), _) => Segments::Fixed(segment.clone()),
     }
@@ -434,7 +486,7 @@ pub struct Started<S> {
     controller: Arc<CapacityController>,
     settings: CapacitySettings,
     changes: Arc<Notify>,
-    refresh: mpsc::UnboundedReceiver<RefreshCause>,
+    refresh: mpsc::Receiver<RefreshCause>,
     object_events: S,
 }
 
@@ -449,12 +501,7 @@ pub fn start(
     Started<impl Stream<Item = Result<(), watcher::Error>> + Send + 'static + use<>>,
 ) {
     let watch = watch_objects(&inputs.client, &settings.template, Arc::clone(&changes));
-    let controller = Arc::new(CapacityController::new(
-        inputs,
-        settings,
-        watch.store,
-        watch.seen,
-    ));
+    let controller = Arc::new(CapacityController::new(inputs, settings, watch.store));
     let (refresh, receiver) = CapacityRefresh::channel();
     let started = Started {
         controller,
@@ -493,7 +540,7 @@ async fn run<S, D>(
     controller: Arc<CapacityController>,
     settings: &CapacitySettings,
     changes: Arc<Notify>,
-    mut refresh: mpsc::UnboundedReceiver<RefreshCause>,
+    mut refresh: mpsc::Receiver<RefreshCause>,
     object_events: S,
     drained: impl Fn() -> D,
 ) where
@@ -517,6 +564,12 @@ async fn run<S, D>(
             () = drained() => return,
         };
         if !(classes && segments && objects) {
+            warn!(
+                classes,
+                topology = segments,
+                objects,
+                "a watch the capacity controller needs ended before it listed (false above): no CSIStorageCapacity objects are published"
+            );
             return;
         }
         info!(
@@ -527,6 +580,7 @@ async fn run<S, D>(
         let workers = (0..settings.threads.max(1))
             .map(|_| tokio::spawn(Arc::clone(&controller).worker(drained())))
             .collect::<Vec<_>>();
+        // 0 is refused at start (config).
         let mut poll = tokio::time::interval(settings.poll_interval.max(Duration::from_millis(1)));
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut drained = std::pin::pin!(drained());
@@ -535,8 +589,8 @@ async fn run<S, D>(
                 biased;
                 () = &mut drained => break,
                 _ = poll.tick() => controller.queue_changes(true),
-                () = changes.notified() => controller.queue_changes(false),
                 Some(cause) = refresh.recv() => controller.queue_refresh(&cause),
+                () = changes.notified() => controller.queue_changes(false),
             }
         }
         for worker in workers {
@@ -548,17 +602,15 @@ async fn run<S, D>(
         () = decide => {}
         () = &mut watch => {}
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+    // Lost leadership or drained: another instance (or none) publishes now, not these counts.
+    controller.metrics.set_capacity_objects(0, 0, 0);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::controller::fixtures::{
-        Finish, RETRY_MAX, RETRY_START, Step, bounded, delete, listed, post, put, scripted,
+        Finish, RETRY_MAX, RETRY_START, Step, bounded, delete, get, listed, post, put, scripted,
     };
     use crate::csi;
     use crate::provision::capacity::{MANAGED_BY, selector};
@@ -651,7 +703,6 @@ mod tests {
             threads: 1,
             immediate_binding: false,
         };
-        let (_, seen) = tokio::sync::watch::channel(0_u64);
         let inputs = CapacityInputs {
             client,
             driver,
@@ -661,7 +712,7 @@ mod tests {
             retry_interval_start: RETRY_START,
             retry_interval_max: RETRY_MAX,
         };
-        let controller = CapacityController::new(inputs, &settings, listed(objects), seen);
+        let controller = CapacityController::new(inputs, &settings, listed(objects));
         Test {
             controller: Arc::new(controller),
             metrics,
@@ -729,6 +780,33 @@ mod tests {
         )
         .poll()
         .await;
+        test.finish().await;
+    }
+
+    /// The watch lags: the next poll reads the created object instead of creating another;
+    /// once it is gone (deleted before the watch reported it), a new one is created.
+    #[tokio::test(start_paused = true)]
+    async fn a_create_the_watch_has_not_reported_is_read_not_repeated() {
+        let created = object("csisc-a", "fast", &zone("z1"), "100Gi");
+        let test = start(
+            zone("z1"),
+            vec![class("fast")],
+            vec![],
+            vec![
+                get_capacity(&zone("z1"), 100 * GIB, None),
+                post(OBJECTS).answer(201, created.clone()),
+                get_capacity(&zone("z1"), 100 * GIB, None),
+                get(format!("{OBJECTS}/csisc-a")).answer(200, created),
+                get_capacity(&zone("z1"), 100 * GIB, None),
+                get(format!("{OBJECTS}/csisc-a")).refuse(404, "NotFound"),
+                post(OBJECTS).answer(201, object("csisc-b", "fast", &zone("z1"), "100Gi")),
+            ],
+        )
+        .poll()
+        .await;
+        test.controller.queue_changes(false);
+        assert_eq!(test.controller.queue.len(), 0, "events do not create again");
+        let test = test.poll().await.poll().await;
         test.finish().await;
     }
 
@@ -812,6 +890,83 @@ mod tests {
                 "csistoragecapacities_obsolete 2"
             ]
         );
+        test.finish().await;
+    }
+
+    /// A controller that stops (lost leadership, drain) publishes no counts any more.
+    #[tokio::test(start_paused = true)]
+    async fn the_gauges_are_zero_once_the_controller_stops() {
+        let test = start(
+            zone("z1"),
+            vec![class("fast")],
+            vec![object("csisc-a", "fast", &zone("z1"), "10Gi")],
+            vec![],
+        );
+        test.controller.recompute();
+        assert_eq!(test.gauges()[0], "csistoragecapacities_desired_goal 1");
+        let settings = CapacitySettings {
+            template: template(),
+            segments: SegmentSource::Fixed(zone("z1")),
+            poll_interval: Duration::from_secs(60),
+            threads: 1,
+            immediate_binding: false,
+        };
+        let (_refresh, receiver) = CapacityRefresh::channel();
+        bounded(run(
+            Arc::clone(&test.controller),
+            &settings,
+            Arc::new(Notify::new()),
+            receiver,
+            futures::stream::pending(),
+            || future::ready(()),
+        ))
+        .await;
+        assert_eq!(
+            test.gauges(),
+            [
+                "csistoragecapacities_desired_goal 0",
+                "csistoragecapacities_desired_current 0",
+                "csistoragecapacities_obsolete 0"
+            ]
+        );
+        test.finish().await;
+    }
+
+    /// The backlog is bounded: requests beyond it are dropped, never waited for.
+    #[tokio::test]
+    async fn refresh_requests_beyond_the_backlog_are_dropped() {
+        let (refresh, mut receiver) = CapacityRefresh::channel();
+        let cause = RefreshCause::Deleted { affinity: None };
+        for _ in 0..REFRESH_BACKLOG + 10 {
+            refresh.request(cause.clone());
+        }
+        let mut received = 0;
+        while receiver.try_recv().is_ok() {
+            received += 1;
+        }
+        assert_eq!(received, REFRESH_BACKLOG);
+        drop(receiver);
+        refresh.request(cause);
+    }
+
+    /// A delete that failed waits for its backoff: a class, Node or object event meanwhile
+    /// does not queue it again.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_delete_is_not_queued_again_before_its_retry() {
+        let gone = object("csisc-gone", "deleted-class", &zone("z1"), "1Gi");
+        let test = start(zone("z1"), vec![], vec![gone], vec![]);
+        let work = Work::Delete(Obsolete {
+            name: "csisc-gone".to_owned(),
+            uid: "uid-csisc-gone".to_owned(),
+        });
+        test.controller.queue_changes(false);
+        assert_eq!(test.controller.queue.len(), 1, "queued once");
+        let queued = test.controller.queue.next().await;
+        assert_eq!(queued, work);
+        lock(&test.controller.backoff).failure(work.clone());
+        test.controller.queue.done(&work);
+        test.controller.queue_changes(false);
+        assert_eq!(test.controller.queue.len(), 0, "waits for its retry");
         test.finish().await;
     }
 

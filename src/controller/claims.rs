@@ -396,13 +396,13 @@ async fn provision_claim(
         Ok(pv) => pv,
         Err(error) => return Err(clean_up_unusable(ctx, &plan, &request, error).await),
     };
-    let affinity = pv.spec.as_ref().and_then(|spec| spec.node_affinity.clone());
-    save_volume(ctx, &plan, pv, &request).await?;
-    ctx.journal.complete(&plan.volume_name);
+    // The volume takes space from here on, whether or not its PV is saved at this attempt.
     ctx.refresh_capacity(|| RefreshCause::Provisioned {
         class: plan.class_name.clone(),
-        affinity,
+        affinity: pv.spec.as_ref().and_then(|spec| spec.node_affinity.clone()),
     });
+    save_volume(ctx, &plan, pv, &request).await?;
+    ctx.journal.complete(&plan.volume_name);
     if let Some(source) = &plan.source {
         sources::release_snapshot(ctx, source).await;
     }

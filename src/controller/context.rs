@@ -16,6 +16,7 @@ use super::capacity::{CapacityRefresh, CapacitySettings};
 use super::events::EventRecorder;
 use super::grants::GrantCache;
 use super::limits::CallLimits;
+use super::lock;
 use super::ownership::Races;
 use super::topology::TopologyView;
 use crate::csi_client::CsiController;
@@ -247,10 +248,4 @@ impl Context {
     pub(super) fn node_scope(&self) -> Option<NodeScope<'_>> {
         self.node.as_ref().map(NodeDeployment::scope)
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

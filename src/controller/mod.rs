@@ -105,7 +105,8 @@ pub async fn run(
     let sweep_interval = settings.snapshot_orphan_sweep_interval;
     let journal_timeout = settings.journal_timeout;
     let initial_list = cache::probe_initial_list(&client).await;
-    // With --enable-capacity, every class, Node and CSINode event wakes the capacity controller.
+    // With --enable-capacity, every class event, and a Node label or CSINode key change of our
+    // driver, wakes the capacity controller.
     let capacity_changes = settings
         .capacity
         .as_ref()
@@ -155,12 +156,13 @@ pub async fn run(
     } else {
         (None, future::ready(()).boxed())
     };
-    let capacity = match (&settings.capacity, capacity_changes) {
-        (Some(capacity_settings), Some(changes)) => Some(capacity::start(
+    // The capacity client exists exactly with --enable-capacity, as the settings do.
+    let capacity = match (&settings.capacity, capacity_changes, capacity_client) {
+        (Some(capacity_settings), Some(changes), Some(capacity_client)) => Some(capacity::start(
             capacity_settings,
             changes,
             capacity::CapacityInputs {
-                client: capacity_client.unwrap_or_else(|| client.clone()),
+                client: capacity_client,
                 driver: Arc::clone(&driver),
                 classes: classes.clone(),
                 segments: capacity::segments(&capacity_settings.segments, topology.as_ref()),
@@ -388,6 +390,14 @@ pub async fn run(
     // the drain promises an empty journal.
     flushed?;
     Ok(Ended::HandedOver)
+}
+
+/// A mutex's guard, also after a panic of another holder: every state behind these mutexes is
+/// updated in single assignments, so a poisoned one is still whole.
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Polls a watch that only fills a store (no controller reads its stream).

@@ -27,6 +27,7 @@ use super::context::{Context, NodeDeployment};
 use super::events::EventType;
 use crate::csi_client::CallError;
 use crate::journal::{Operation, Phase};
+use crate::provision::capacity::RefreshCause;
 use crate::provision::{has_provisioning_finalizer, pv_holds_volume, pv_is_for_claim};
 
 /// Why reaping one operation did not finish; it is retried with a backoff, and the text is
@@ -299,6 +300,9 @@ async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapE
     delete_volume(ctx, &operation.class_name, &volume_id, secrets)
         .await
         .map_err(ReapError::Driver)?;
+    ctx.refresh_capacity(|| RefreshCause::OrphanDeleted {
+        class: operation.class_name.clone(),
+    });
     ctx.metrics.orphan_deleted();
     info!(
         volume = operation.volume_name,

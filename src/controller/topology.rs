@@ -19,7 +19,7 @@ use kube::{Api, Client, Resource};
 use serde::Deserialize;
 use tokio::sync::Notify;
 
-use super::cache::{InitialList, listed, watch};
+use super::cache::{InitialList, listed, watch_signalling};
 use crate::provision::capacity::{Segment, cluster_segments};
 use crate::provision::{ClusterTopology, SingleNode};
 
@@ -162,8 +162,9 @@ impl TopologyCache {
 }
 
 /// Starts watching Nodes and CSINodes: the cache to read and the streams that fill it (they
-/// must be polled). Every event, deletions included, signals `changes` if given (the capacity
-/// controller's segments follow them).
+/// must be polled). An event that may change the capacity segments signals `changes` if
+/// given: a Node that appears, goes or changes its labels, a CSINode whose keys for our
+/// driver change (not the Node status updates every kubelet sends every few seconds).
 pub fn watch_topology(
     client: &Client,
     initial_list: InitialList,
@@ -174,21 +175,55 @@ pub fn watch_topology(
     impl Stream<Item = Result<CachedNode, watcher::Error>> + Send + 'static,
     impl Stream<Item = Result<CachedCsiNode, watcher::Error>> + Send + 'static,
 ) {
-    let (nodes, node_stream) = watch(
+    let (nodes, node_stream) = watch_signalling(
         Api::<CachedNode>::all(client.clone()),
         initial_list,
         changes,
+        node_labels_changed,
     );
-    let (csinodes, csinode_stream) = watch(
+    let ours: Arc<str> = driver.into();
+    let (csinodes, csinode_stream) = watch_signalling(
         Api::<CachedCsiNode>::all(client.clone()),
         initial_list,
         changes,
+        move |old: Option<&CachedCsiNode>, new: Option<&CachedCsiNode>| {
+            driver_keys_changed(&ours, old, new)
+        },
     );
     (
         TopologyCache::new(nodes, csinodes, driver),
         node_stream,
         csinode_stream,
     )
+}
+
+/// Whether a Node event (`None`: absent before, or deleted) changes what the segments read:
+/// its presence or its labels (no labels ≡ empty labels).
+fn node_labels_changed(old: Option<&CachedNode>, new: Option<&CachedNode>) -> bool {
+    let labels = |node: &CachedNode| {
+        node.metadata
+            .labels
+            .clone()
+            .filter(|labels| !labels.is_empty())
+    };
+    match (old, new) {
+        (Some(old), Some(new)) => labels(old) != labels(new),
+        _ => true,
+    }
+}
+
+/// Whether a CSINode event changes whether `driver` is registered there or its keys.
+fn driver_keys_changed(
+    driver: &str,
+    old: Option<&CachedCsiNode>,
+    new: Option<&CachedCsiNode>,
+) -> bool {
+    let keys = |csinode: Option<&CachedCsiNode>| {
+        csinode
+            .and_then(|csinode| csinode.registered_keys(driver))
+            .map(<[String]>::to_vec)
+    };
+    keys(old) != keys(new)
 }
 
 impl TopologyCache {
@@ -330,6 +365,74 @@ mod tests {
 
     fn csinode(name: &str, drivers: serde_json::Value) -> serde_json::Value {
         json!({"metadata": {"name": name, "uid": format!("uid-{name}")}, "spec": {"drivers": drivers}})
+    }
+
+    fn parsed<K: for<'de> Deserialize<'de>>(value: serde_json::Value) -> K {
+        serde_json::from_value(value).expect("test object")
+    }
+
+    /// Status updates (a new resourceVersion, other images) do not wake the capacity
+    /// controller; label changes, appearance and removal do.
+    #[test]
+    fn only_label_changes_and_presence_of_a_node_count_for_capacity() {
+        let before: CachedNode = parsed(node("n1", json!({"zone": "z1"})));
+        let mut status_update = node("n1", json!({"zone": "z1"}));
+        status_update["metadata"]["resourceVersion"] = json!("2");
+        status_update["status"] = json!({"images": []});
+        let status_update: CachedNode = parsed(status_update);
+        let relabelled: CachedNode = parsed(node("n1", json!({"zone": "z2"})));
+        assert!(!node_labels_changed(Some(&before), Some(&status_update)));
+        assert!(node_labels_changed(Some(&before), Some(&relabelled)));
+        assert!(node_labels_changed(None, Some(&before)));
+        assert!(node_labels_changed(Some(&before), None));
+        let unlabelled: CachedNode = parsed(json!({"metadata": {"name": "n1"}}));
+        let empty: CachedNode = parsed(node("n1", json!({})));
+        assert!(!node_labels_changed(Some(&unlabelled), Some(&empty)));
+    }
+
+    #[test]
+    fn only_our_drivers_registration_and_keys_of_a_csinode_count_for_capacity() {
+        let ours = |keys: serde_json::Value| {
+            parsed::<CachedCsiNode>(csinode(
+                "n1",
+                json!([{"name": "d", "topologyKeys": keys}, {"name": "other", "topologyKeys": ["x"]}]),
+            ))
+        };
+        let theirs = |keys: serde_json::Value| {
+            parsed::<CachedCsiNode>(csinode(
+                "n1",
+                json!([{"name": "other", "topologyKeys": keys}]),
+            ))
+        };
+        let zone = ours(json!(["zone"]));
+        assert!(!driver_keys_changed(
+            "d",
+            Some(&zone),
+            Some(&ours(json!(["zone"])))
+        ));
+        assert!(driver_keys_changed(
+            "d",
+            Some(&zone),
+            Some(&ours(json!(["zone", "rack"])))
+        ));
+        assert!(driver_keys_changed(
+            "d",
+            Some(&zone),
+            Some(&ours(json!(null)))
+        ));
+        assert!(driver_keys_changed("d", Some(&zone), None));
+        assert!(driver_keys_changed("d", None, Some(&zone)));
+        assert!(driver_keys_changed(
+            "d",
+            Some(&theirs(json!(["x"]))),
+            Some(&zone)
+        ));
+        assert!(!driver_keys_changed(
+            "d",
+            Some(&theirs(json!(["x"]))),
+            Some(&theirs(json!(["y"])))
+        ));
+        assert!(!driver_keys_changed("d", None, Some(&theirs(json!(["x"])))));
     }
 
     fn cache() -> TopologyCache {

@@ -195,6 +195,14 @@ impl ObjectTemplate {
         )
     }
 
+    /// Whether `object` carries both our labels (the watch sees exactly these).
+    pub fn manages(&self, object: &CSIStorageCapacity) -> bool {
+        let labels = object.metadata.labels.as_ref();
+        self.labels()
+            .iter()
+            .all(|(key, value)| labels.and_then(|labels| labels.get(key)) == Some(value))
+    }
+
     /// The object to create for `item`.
     pub fn new_object(&self, item: &WorkItem, capacity: Capacity) -> CSIStorageCapacity {
         CSIStorageCapacity {
@@ -314,19 +322,17 @@ pub struct Matching {
 /// selector (see [`object_segment`]); of several matching one item the oldest is kept (then
 /// the first by name, so every pass picks the same) and the others are duplicates; objects
 /// matching no item (a class or segment gone, or someone else's object with our labels) are
-/// obsolete.
+/// obsolete. An object being deleted (it has a `deletionTimestamp`) is neither: deleting it
+/// again would change nothing, and its item needs a new one.
 pub fn match_objects(
     desired: &BTreeSet<WorkItem>,
     objects: impl IntoIterator<Item = Arc<CSIStorageCapacity>>,
 ) -> Matching {
-    let mut objects: Vec<Arc<CSIStorageCapacity>> = objects.into_iter().collect();
-    objects.sort_by(|a, b| {
-        let created = |object: &CSIStorageCapacity| object.metadata.creation_timestamp.clone();
-        created(a)
-            .map(|time| time.0)
-            .cmp(&created(b).map(|time| time.0))
-            .then_with(|| a.metadata.name.cmp(&b.metadata.name))
-    });
+    let mut objects: Vec<Arc<CSIStorageCapacity>> = objects
+        .into_iter()
+        .filter(|object| !being_deleted(object))
+        .collect();
+    objects.sort_by(|a, b| age_order(a, b));
     let mut matching = Matching::default();
     for object in objects {
         let item = object_segment(&object).map(|segment| WorkItem {
@@ -346,6 +352,123 @@ pub fn match_objects(
     matching
 }
 
+/// The object of `item` among `objects`, the one [`match_objects`] links: same class and
+/// selector, not being deleted, the oldest (then the first by name). One pass, no sorting.
+pub fn object_of(
+    item: &WorkItem,
+    objects: impl IntoIterator<Item = Arc<CSIStorageCapacity>>,
+) -> Option<Arc<CSIStorageCapacity>> {
+    objects
+        .into_iter()
+        .filter(|object| {
+            !being_deleted(object)
+                && object.storage_class_name == item.class
+                && object_segment(object).as_ref() == Some(&item.segment)
+        })
+        .min_by(|a, b| age_order(a, b))
+}
+
+/// Whether `object` is still obsolete: not being deleted, and either no item wants its class
+/// and selector or another object is that item's (it is a duplicate).
+pub fn still_obsolete(
+    object: &Arc<CSIStorageCapacity>,
+    desired: &BTreeSet<WorkItem>,
+    objects: impl IntoIterator<Item = Arc<CSIStorageCapacity>>,
+) -> bool {
+    if being_deleted(object) {
+        return false;
+    }
+    let item = object_segment(object).map(|segment| WorkItem {
+        segment,
+        class: object.storage_class_name.clone(),
+    });
+    match item {
+        Some(item) if desired.contains(&item) => object_of(&item, objects)
+            .is_none_or(|linked| linked.metadata.uid != object.metadata.uid),
+        _ => true,
+    }
+}
+
+/// What a sync does with what the driver reported for an item.
+#[derive(Debug, PartialEq)]
+pub enum SyncTarget {
+    /// Bring the item's object up to date.
+    Update(Arc<CSIStorageCapacity>),
+    /// The object named so was created for the item and the watch has not reported it yet:
+    /// read it; create another only if it is gone.
+    Created(String),
+    /// Create the item's object.
+    Create,
+}
+
+/// The objects this instance created and the watch has not reported yet, by item. Without
+/// them a lagging watch would make every sync of the item create one more object (each a
+/// duplicate, deleted once seen, or a leak if the watch never reports it).
+#[derive(Debug, Default, PartialEq)]
+pub struct PendingCreates {
+    names: BTreeMap<WorkItem, String>,
+}
+
+impl PendingCreates {
+    /// `name` was created for `item`.
+    pub fn created(&mut self, item: WorkItem, name: String) {
+        self.names.insert(item, name);
+    }
+
+    /// Whether `item` has a create the watch has not reported.
+    pub fn pending(&self, item: &WorkItem) -> bool {
+        self.names.contains_key(item)
+    }
+
+    /// `item`'s create is settled: its object is gone, or another object serves it.
+    pub fn forget(&mut self, item: &WorkItem) {
+        self.names.remove(item);
+    }
+
+    /// After a watch event: the creates the watch now reports (`reported`), and those of items
+    /// no longer wanted (their object, once seen, is obsolete), are settled.
+    pub fn settle(&mut self, desired: &BTreeSet<WorkItem>, reported: impl Fn(&str) -> bool) {
+        self.names
+            .retain(|item, name| desired.contains(item) && !reported(name));
+    }
+
+    /// Create or not: the item's object (see [`object_of`]) if it has one, which settles a
+    /// pending create; else the pending create, to read; else a new object.
+    pub fn target(
+        &mut self,
+        item: &WorkItem,
+        object: Option<Arc<CSIStorageCapacity>>,
+    ) -> SyncTarget {
+        match (object, self.names.get(item)) {
+            (Some(object), _) => {
+                self.forget(item);
+                SyncTarget::Update(object)
+            }
+            (None, Some(name)) => SyncTarget::Created(name.clone()),
+            (None, None) => SyncTarget::Create,
+        }
+    }
+}
+
+/// Whether `object` is on its way out (it has a `deletionTimestamp`).
+pub fn being_deleted(object: &CSIStorageCapacity) -> bool {
+    object.metadata.deletion_timestamp.is_some()
+}
+
+/// Oldest first, then by name: the order in which duplicates give way.
+fn age_order(a: &CSIStorageCapacity, b: &CSIStorageCapacity) -> std::cmp::Ordering {
+    let created = |object: &CSIStorageCapacity| {
+        object
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|time| time.0)
+    };
+    created(a)
+        .cmp(&created(b))
+        .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+}
+
 /// Why capacity may have changed outside the poll.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RefreshCause {
@@ -361,6 +484,8 @@ pub enum RefreshCause {
     Deleted {
         affinity: Option<VolumeNodeAffinity>,
     },
+    /// The orphan reaper deleted a volume of `class` that never got a PV (no affinity known).
+    OrphanDeleted { class: String },
 }
 
 /// The items to query again after `cause`, and how many node-affinity terms were not plain
@@ -373,12 +498,14 @@ pub struct Refresh {
 
 /// Upstream's rules: a volume with node affinity refreshes every item whose segment is one of
 /// the affinity's terms (any class: they share the space); a created volume without affinity
-/// refreshes every item of its class, and so does a failed CreateVolume; a deleted volume
-/// without affinity refreshes nothing.
+/// refreshes every item of its class, and so do a failed CreateVolume and a deleted orphan
+/// (ours: upstream has no orphan reaper); a deleted volume without affinity refreshes nothing.
 pub fn refreshed_items(desired: &BTreeSet<WorkItem>, cause: &RefreshCause) -> Refresh {
     let (class, affinity) = match cause {
         RefreshCause::Provisioned { class, affinity } => (Some(class), affinity.as_ref()),
-        RefreshCause::ProvisionFailed { class } => (Some(class), None),
+        RefreshCause::ProvisionFailed { class } | RefreshCause::OrphanDeleted { class } => {
+            (Some(class), None)
+        }
         RefreshCause::Deleted { affinity } => (None, affinity.as_ref()),
     };
     match affinity {
@@ -781,6 +908,128 @@ mod tests {
         assert_eq!(matching.obsolete[0].uid, "uid-old-class");
     }
 
+    /// An object being deleted is left to finish: neither its item's object nor obsolete.
+    #[test]
+    fn an_object_being_deleted_is_neither_linked_nor_obsolete() {
+        let desired = BTreeSet::from([item("z1", "fast")]);
+        let deleting = stored(
+            "deleting",
+            1,
+            json!({
+                "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"},
+                "storageClassName": "fast",
+                "nodeTopology": {"matchLabels": {"zone": "z1"}},
+            }),
+        );
+        let gone_class = stored(
+            "deleting-gone-class",
+            1,
+            json!({
+                "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"},
+                "storageClassName": "slow",
+            }),
+        );
+        assert_eq!(
+            match_objects(&desired, [deleting, gone_class]),
+            Matching::default()
+        );
+    }
+
+    #[test]
+    fn the_object_of_an_item_is_the_one_match_objects_links() {
+        let fast = item("z1", "fast");
+        let desired = BTreeSet::from([fast.clone(), item("z2", "fast")]);
+        let z1 = |name, created| {
+            stored(
+                name,
+                created,
+                json!({"storageClassName": "fast", "nodeTopology": {"matchLabels": {"zone": "z1"}}}),
+            )
+        };
+        let deleting = stored(
+            "deleting",
+            1,
+            json!({
+                "metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"},
+                "storageClassName": "fast",
+                "nodeTopology": {"matchLabels": {"zone": "z1"}},
+            }),
+        );
+        let other_class = stored(
+            "other",
+            1,
+            json!({"storageClassName": "slow", "nodeTopology": {"matchLabels": {"zone": "z1"}}}),
+        );
+        let objects = vec![
+            z1("younger", 20),
+            deleting,
+            other_class.clone(),
+            z1("same-age-b", 10),
+            z1("same-age-a", 10),
+        ];
+        let linked = object_of(&fast, objects.clone()).expect("an object");
+        assert_eq!(linked.metadata.name.as_deref(), Some("same-age-a"));
+        assert_eq!(
+            match_objects(&desired, objects.clone()).linked.get(&fast),
+            Some(&linked)
+        );
+        assert_eq!(object_of(&item("z2", "fast"), objects.clone()), None);
+
+        assert!(!still_obsolete(&linked, &desired, objects.clone()));
+        assert!(
+            still_obsolete(&objects[0], &desired, objects.clone()),
+            "duplicate"
+        );
+        assert!(
+            still_obsolete(&other_class, &desired, objects.clone()),
+            "class not wanted"
+        );
+        assert!(
+            !still_obsolete(&objects[1], &desired, objects.clone()),
+            "being deleted"
+        );
+    }
+
+    #[test]
+    fn an_item_with_a_pending_create_is_not_created_again_until_settled() {
+        let fast = item("z1", "fast");
+        let mut pending = PendingCreates::default();
+        assert_eq!(pending.target(&fast, None), SyncTarget::Create);
+        pending.created(fast.clone(), "csisc-a".to_owned());
+        assert!(pending.pending(&fast));
+        // The watch lags: read the created one, do not create another.
+        assert_eq!(
+            pending.target(&fast, None),
+            SyncTarget::Created("csisc-a".to_owned())
+        );
+        // Other objects reported: still pending.
+        pending.settle(&BTreeSet::from([fast.clone()]), |name| name == "csisc-x");
+        assert!(pending.pending(&fast));
+        // The watch reports it: settled.
+        pending.settle(&BTreeSet::from([fast.clone()]), |name| name == "csisc-a");
+        assert!(!pending.pending(&fast));
+        assert_eq!(pending.target(&fast, None), SyncTarget::Create);
+    }
+
+    #[test]
+    fn an_object_or_an_unwanted_item_settles_a_pending_create() {
+        let fast = item("z1", "fast");
+        let object = stored("csisc-old", 1, json!({"storageClassName": "fast"}));
+        let mut pending = PendingCreates::default();
+        pending.created(fast.clone(), "csisc-a".to_owned());
+        assert_eq!(
+            pending.target(&fast, Some(Arc::clone(&object))),
+            SyncTarget::Update(object)
+        );
+        assert!(!pending.pending(&fast));
+        pending.created(fast.clone(), "csisc-a".to_owned());
+        pending.settle(&BTreeSet::new(), |_| false);
+        assert_eq!(pending, PendingCreates::default());
+        pending.created(fast.clone(), "csisc-b".to_owned());
+        pending.forget(&fast);
+        assert_eq!(pending.target(&fast, None), SyncTarget::Create);
+    }
+
     fn existing(
         capacity: &str,
         maximum: Option<&str>,
@@ -922,6 +1171,13 @@ mod tests {
         assert_eq!(
             refreshed_items(&desired(), &failed).items,
             [item("z1", "fast"), item("z2", "fast")]
+        );
+        let orphan = RefreshCause::OrphanDeleted {
+            class: "slow".to_owned(),
+        };
+        assert_eq!(
+            refreshed_items(&desired(), &orphan).items,
+            [item("z1", "slow"), item("z2", "slow")]
         );
         let deleted = RefreshCause::Deleted { affinity: None };
         assert_eq!(refreshed_items(&desired(), &deleted), Refresh::default());

@@ -617,24 +617,7 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     })
     .await;
 
-    claims
-        .delete("data", &DeleteParams::default())
-        .await
-        .expect("deleting the claim");
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let volume_name = pv_name(&data);
-    support::eventually("the PV to be gone", TIMEOUT, || async {
-        assert_not_refused(&sidecar);
-        match volumes
-            .get_opt(&volume_name)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            None => Ok(()),
-            Some(pv) => Err(format!("phase {:?}", pv.status.and_then(|s| s.phase))),
-        }
-    })
-    .await;
+    delete_claim_and_wait_pv_gone(&client, &claims, &data, &sidecar).await;
     wait_driver_empty(&driver).await;
 
     // An orphan: the driver creates the volume but answers DEADLINE_EXCEEDED, so the operation
@@ -975,24 +958,7 @@ async fn the_node_overlay_rbac_is_enough_and_every_rule_is_used() {
     )
     .await;
 
-    claims
-        .delete("selected", &DeleteParams::default())
-        .await
-        .expect("deleting the claim");
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let volume_name = pv_name(&selected);
-    support::eventually("the PV to be gone", TIMEOUT, || async {
-        assert_not_refused(&sidecar);
-        match volumes
-            .get_opt(&volume_name)
-            .await
-            .map_err(|e| e.to_string())?
-        {
-            None => Ok(()),
-            Some(pv) => Err(format!("phase {:?}", pv.status.and_then(|s| s.phase))),
-        }
-    })
-    .await;
+    delete_claim_and_wait_pv_gone(&client, &claims, &selected, &sidecar).await;
 
     Api::<StorageClass>::all(client.clone())
         .delete(&local, &DeleteParams::default())
@@ -1138,6 +1104,35 @@ async fn a_sigterm_before_the_first_list_still_ends_the_leader() {
     .await;
 
     exits_on_sigterm_releasing_the_lease(&mut sidecar, &client, ns, &driver).await;
+}
+
+/// Deletes `claim` and waits until its PV is gone (the sidecar deleted volume and PV), failing
+/// at once if the sidecar was refused a request meanwhile.
+async fn delete_claim_and_wait_pv_gone(
+    client: &Client,
+    claims: &Api<PersistentVolumeClaim>,
+    claim: &PersistentVolumeClaim,
+    sidecar: &Sidecar,
+) {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    claims
+        .delete(&name, &DeleteParams::default())
+        .await
+        .expect("deleting the claim");
+    let volumes: Api<PersistentVolume> = Api::all(client.clone());
+    let volume_name = pv_name(claim);
+    support::eventually("the PV to be gone", TIMEOUT, || async {
+        assert_not_refused(sidecar);
+        match volumes
+            .get_opt(&volume_name)
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            None => Ok(()),
+            Some(pv) => Err(format!("phase {:?}", pv.status.and_then(|s| s.phase))),
+        }
+    })
+    .await;
 }
 
 async fn wait_driver_empty(driver: &Driver) {

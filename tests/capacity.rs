@@ -470,3 +470,77 @@ async fn start_up_errors_name_what_is_missing() {
     );
     assert!(log.contains(&want), "{log}");
 }
+
+/// A driver without topology gets one object per class with an empty selector (all nodes), and
+/// it stays: upstream compares its wanted empty `matchLabels` with the stored absent one, never
+/// finds its object, and deletes and re-creates it at every poll (A10). Here the object keeps
+/// its UID across polls, counted by the GetCapacity calls the sidecar reports.
+#[tokio::test]
+async fn without_topology_one_object_per_class_stays_across_polls() {
+    let cluster = Cluster::new("capacity-flat").await;
+    let driver = Driver::start(&["--capacity=5Gi"]).await;
+    let class = cluster.class("flat", &driver, "Delete", &[]).await;
+    let options = sidecar_options(
+        cluster.ns(),
+        &[
+            "--enable-capacity",
+            "--capacity-ownerref-level=-1",
+            "--capacity-poll-interval=1s",
+            "--capacity-for-immediate-binding",
+        ],
+        None,
+    );
+    let mut sidecar = Sidecar::start_with(&driver, options);
+    let api: Api<CSIStorageCapacity> = Api::namespaced(cluster.client.clone(), cluster.ns());
+    let selector = format!("csi.storage.k8s.io/drivername={}", driver.name());
+    let listed = || async {
+        api.list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(|e| e.to_string())
+            .map(|list| list.items)
+    };
+    let first = support::eventually("one object for the class", TIMEOUT, || async {
+        match listed().await?.as_slice() {
+            [object] if object.storage_class_name == class && object.capacity.is_some() => {
+                Ok(object.clone())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let selects_all = first.node_topology.as_ref().is_none_or(|selector| {
+        selector
+            .match_labels
+            .as_ref()
+            .is_none_or(|labels| labels.is_empty())
+            && selector
+                .match_expressions
+                .as_ref()
+                .is_none_or(|expressions| expressions.is_empty())
+    });
+    assert!(selects_all, "{:?}", first.node_topology);
+    let calls = |page: &str| {
+        metric_sum(
+            &parse_metrics(page),
+            "csi_sidecar_operations_seconds_count",
+            &[("method_name", "/csi.v1.Controller/GetCapacity")],
+        )
+    };
+    let polled_at_first = calls(&sidecar.wait_metrics().await);
+    support::eventually("three more polls", TIMEOUT, || async {
+        let page = sidecar.metrics()?;
+        let polled = calls(&page);
+        (polled >= polled_at_first + 3.0)
+            .then_some(())
+            .ok_or(format!("{polled} GetCapacity calls"))
+    })
+    .await;
+    let objects = listed().await.expect("listing the objects");
+    let uids: Vec<_> = objects.iter().map(|o| o.metadata.uid.clone()).collect();
+    assert_eq!(
+        uids,
+        vec![first.metadata.uid.clone()],
+        "the object was replaced or duplicated"
+    );
+    sidecar.assert_running();
+}

@@ -79,8 +79,19 @@ impl Side {
 const FAST_RETRIES: [&str; 2] = ["--retry-interval-start=200ms", "--retry-interval-max=2s"];
 
 fn start_sidecar(side: Side, driver: &impl CsiEndpoint, flags: &[&str]) -> Sidecar {
+    start_sidecar_with_env(side, driver, flags, Vec::new())
+}
+
+/// [`start_sidecar`] with environment variables (`NAMESPACE`, `NODE_NAME`).
+fn start_sidecar_with_env(
+    side: Side,
+    driver: &impl CsiEndpoint,
+    flags: &[&str],
+    env: Vec<(&'static str, String)>,
+) -> Sidecar {
     let mut options = SidecarOptions::args(&FAST_RETRIES);
     options.args.extend(flags.iter().map(|f| (*f).to_owned()));
+    options.env = env;
     match side {
         Side::Upstream => Sidecar::start_upstream(driver, options),
         Side::Ours => Sidecar::start_with(driver, options),
@@ -1315,6 +1326,19 @@ async fn capacity_objects(cluster: &Cluster, driver: &str) -> BTreeMap<String, V
     objects
 }
 
+/// `objects` (by [`capacity_objects`]' key) with the run's namespace and driver name replaced.
+fn normalised_capacities(
+    cluster: &Cluster,
+    driver: &str,
+    objects: &BTreeMap<String, Value>,
+) -> BTreeMap<String, Value> {
+    let normaliser = Normaliser::new(cluster.ns(), driver);
+    objects
+        .iter()
+        .map(|(key, object)| (normaliser.replace(key), normaliser.apply(object)))
+        .collect()
+}
+
 /// Waits until the published objects are `expected` many and `settled` accepts them.
 async fn wait_capacities(
     cluster: &Cluster,
@@ -1352,20 +1376,16 @@ async fn capacity_central(side: Side) -> Observed {
     });
     create_class(&cluster.client, &class).await;
     cluster.class("immediate", &driver, "Delete", &[]).await;
-    let mut options = SidecarOptions::args(&FAST_RETRIES);
-    options.args.extend(
-        [
+    let mut sidecar = start_sidecar_with_env(
+        side,
+        &driver,
+        &[
             "--enable-capacity",
             "--capacity-ownerref-level=-1",
             "--capacity-poll-interval=2s",
-        ]
-        .map(str::to_owned),
+        ],
+        vec![("NAMESPACE", cluster.ns().to_owned())],
     );
-    options.env.push(("NAMESPACE", cluster.ns().to_owned()));
-    let mut sidecar = match side {
-        Side::Upstream => Sidecar::start_upstream(&driver, options),
-        Side::Ours => Sidecar::start_with(&driver, options),
-    };
     let objects = wait_capacities(&cluster, driver.name(), ZONES.len() * 2, |objects| {
         objects.values().all(|object| !object["capacity"].is_null())
     })
@@ -1373,11 +1393,7 @@ async fn capacity_central(side: Side) -> Observed {
     sidecar.assert_running();
     drop(sidecar);
     let mut observed = observe(&cluster, &driver, &[], &NO_SOURCES, Vec::new()).await;
-    let normaliser = Normaliser::new(cluster.ns(), driver.name());
-    observed.capacities = objects
-        .iter()
-        .map(|(key, object)| (normaliser.replace(key), normaliser.apply(object)))
-        .collect();
+    observed.capacities = normalised_capacities(&cluster, driver.name(), &objects);
     observed
 }
 
@@ -1417,22 +1433,20 @@ async fn node_mode(side: Side) -> Observed {
         .iter()
         .zip(&nodes)
         .map(|(driver, node)| {
-            let mut options = SidecarOptions::args(&FAST_RETRIES);
-            options.args.extend(
-                [
+            start_sidecar_with_env(
+                side,
+                *driver,
+                &[
                     "--node-deployment",
                     "--enable-capacity",
                     "--capacity-ownerref-level=-1",
                     "--capacity-poll-interval=10m",
-                ]
-                .map(str::to_owned),
-            );
-            options.env.push(("NODE_NAME", node.clone()));
-            options.env.push(("NAMESPACE", cluster.ns().to_owned()));
-            match side {
-                Side::Upstream => Sidecar::start_upstream(*driver, options),
-                Side::Ours => Sidecar::start_with(*driver, options),
-            }
+                ],
+                vec![
+                    ("NODE_NAME", node.clone()),
+                    ("NAMESPACE", cluster.ns().to_owned()),
+                ],
+            )
         })
         .collect();
     let claims = ["vol-n1", "vol-n2"];
@@ -1456,11 +1470,7 @@ async fn node_mode(side: Side) -> Observed {
     let mut requests = first.create_volume_requests();
     requests.extend(second.create_volume_requests());
     let mut observed = observe(&cluster, &first, &claims, &NO_SOURCES, requests).await;
-    let normaliser = Normaliser::new(cluster.ns(), first.name());
-    observed.capacities = objects
-        .iter()
-        .map(|(key, object)| (normaliser.replace(key), normaliser.apply(object)))
-        .collect();
+    observed.capacities = normalised_capacities(&cluster, first.name(), &objects);
     observed
 }
 

@@ -397,6 +397,16 @@ where
     }
 }
 
+/// An error's text as upstream's Go client prints it: an API error is its Status message alone
+/// (kube's text adds the reason and the whole Status), e.g.
+/// `volumeattributesclasses.storage.k8s.io "gold" not found`.
+pub fn go_error_text(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => status.message.clone(),
+        _ => error.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;

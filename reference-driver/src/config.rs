@@ -106,6 +106,11 @@ pub struct Cli {
     /// Report no capacity: GET_CAPACITY is not advertised and GetCapacity is UNIMPLEMENTED.
     #[arg(long)]
     pub no_get_capacity: bool,
+
+    /// Advertise MODIFY_VOLUME: CreateVolume accepts `mutable_parameters` and keeps them with
+    /// the volume (ControllerModifyVolume stays UNIMPLEMENTED).
+    #[arg(long)]
+    pub modify_volume: bool,
 }
 
 /// One `--segment` as given; its capacity defaults to `--capacity` once all flags are known.
@@ -215,6 +220,7 @@ impl TryFrom<Cli> for DriverConfig {
                 snapshots: !cli.no_snapshots,
                 clone: !cli.no_clone,
                 get_capacity: !cli.no_get_capacity,
+                modify_volume: cli.modify_volume,
             },
         })
     }
@@ -427,6 +433,7 @@ mod tests {
                 snapshots: false,
                 clone: true,
                 get_capacity: true,
+                modify_volume: false,
             }
         );
         assert_eq!(
@@ -435,8 +442,10 @@ mod tests {
                 snapshots: false,
                 clone: false,
                 get_capacity: true,
+                modify_volume: false,
             }
         );
+        assert!(features(&["--modify-volume"]).modify_volume);
     }
 
     #[test]

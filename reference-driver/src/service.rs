@@ -44,10 +44,11 @@ const SNAPSHOT_CAPABILITIES: &[ControllerRpc] = &[
 ];
 
 /// [`CONTROLLER_CAPABILITIES`]; GET_CAPACITY, the snapshot ones and CLONE_VOLUME as `features`
-/// allow; and
-/// PUBLISH_UNPUBLISH_VOLUME with `--attach-required`: only advertised, for testing sidecars
+/// allow; PUBLISH_UNPUBLISH_VOLUME with `--attach-required`: only advertised, for testing sidecars
 /// that behave differently for attachable volumes (the provisioner's VolumeAttachment check
-/// before DeleteVolume).
+/// before DeleteVolume); and MODIFY_VOLUME with `--modify-volume`: CreateVolume then takes
+/// `mutable_parameters` (a claim's VolumeAttributesClass), ControllerModifyVolume stays
+/// UNIMPLEMENTED (the provisioner never calls it).
 fn controller_capabilities(features: Features, attach_required: bool) -> Vec<ControllerRpc> {
     let snapshots = if features.snapshots {
         SNAPSHOT_CAPABILITIES
@@ -57,6 +58,9 @@ fn controller_capabilities(features: Features, attach_required: bool) -> Vec<Con
     let capacity = features.get_capacity.then_some(ControllerRpc::GetCapacity);
     let clone = features.clone.then_some(ControllerRpc::CloneVolume);
     let attach = attach_required.then_some(ControllerRpc::PublishUnpublishVolume);
+    let modify = features
+        .modify_volume
+        .then_some(ControllerRpc::ModifyVolume);
     CONTROLLER_CAPABILITIES
         .iter()
         .copied()
@@ -64,6 +68,7 @@ fn controller_capabilities(features: Features, attach_required: bool) -> Vec<Con
         .chain(snapshots.iter().copied())
         .chain(clone)
         .chain(attach)
+        .chain(modify)
         .collect()
 }
 
@@ -242,6 +247,7 @@ impl Driver {
     ) -> Result<csi::Volume, CsiError> {
         let args = validate::create_volume(req)?;
         validate::source_served(args.source.as_ref(), self.inner.features)?;
+        validate::mutable_parameters_served(&args, self.inner.features)?;
         let mut held = self
             .inner
             .inflight
@@ -1045,6 +1051,7 @@ mod tests {
                 snapshots: false,
                 clone: false,
                 get_capacity: false,
+                modify_volume: false,
             },
             false,
         );
@@ -1054,11 +1061,19 @@ mod tests {
                 snapshots: false,
                 clone: true,
                 get_capacity: false,
+                modify_volume: false,
             },
             false,
         );
         assert_eq!(clone_only.last(), Some(&CloneVolume));
         assert_eq!(clone_only.len(), CONTROLLER_CAPABILITIES.len() + 1);
+        assert!(!all.contains(&ControllerRpc::ModifyVolume));
+        let modifying = Features {
+            modify_volume: true,
+            ..Features::default()
+        };
+        let modifying = controller_capabilities(modifying, false);
+        assert_eq!(modifying.last(), Some(&ControllerRpc::ModifyVolume));
     }
 
     #[test]

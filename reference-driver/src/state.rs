@@ -108,6 +108,9 @@ pub struct VolumeRecord {
     pub access: AccessKind,
     #[serde(default)]
     pub parameters: BTreeMap<String, String>,
+    /// CreateVolume's `mutable_parameters` (only with `--modify-volume`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mutable_parameters: BTreeMap<String, String>,
     #[serde(default)]
     pub source: Option<ContentSource>,
     /// The labels of the segment the volume was created in; empty when the driver runs without
@@ -212,6 +215,8 @@ pub struct Features {
     pub clone: bool,
     /// GET_CAPACITY (`--no-get-capacity`).
     pub get_capacity: bool,
+    /// MODIFY_VOLUME, and CreateVolume's `mutable_parameters` (`--modify-volume`).
+    pub modify_volume: bool,
 }
 
 impl Default for Features {
@@ -220,6 +225,7 @@ impl Default for Features {
             snapshots: true,
             clone: true,
             get_capacity: true,
+            modify_volume: false,
         }
     }
 }
@@ -235,6 +241,7 @@ pub struct CreateVolumeArgs {
     pub limit_bytes: i64,
     pub access: AccessKind,
     pub parameters: BTreeMap<String, String>,
+    pub mutable_parameters: BTreeMap<String, String>,
     pub source: Option<ContentSource>,
     pub requirements: Requirements,
 }
@@ -330,6 +337,7 @@ pub fn decide_create_volume(
         capacity_bytes: size,
         access: args.access,
         parameters: args.parameters.clone(),
+        mutable_parameters: args.mutable_parameters.clone(),
         source: args.source.clone(),
         topology: segment.labels.clone(),
         publications: BTreeMap::new(),
@@ -362,6 +370,9 @@ fn check_compatible(existing: &VolumeRecord, args: &CreateVolumeArgs) -> Result<
     }
     if existing.parameters != args.parameters {
         return conflict("parameter set".into());
+    }
+    if existing.mutable_parameters != args.mutable_parameters {
+        return conflict("mutable parameter set".into());
     }
     if existing.source != args.source {
         return conflict("content source".into());
@@ -559,6 +570,7 @@ mod tests {
             limit_bytes: limit,
             access: AccessKind::Mount,
             parameters: BTreeMap::new(),
+            mutable_parameters: BTreeMap::new(),
             source: None,
             requirements: Requirements::default(),
         }
@@ -622,6 +634,24 @@ mod tests {
             create(&mut state, &sourced, "x"),
             Err(CsiError::AlreadyExists(_))
         ));
+        let mut mutable = args("a", 10 * GI, 0);
+        mutable
+            .mutable_parameters
+            .insert("iops".into(), "3000".into());
+        assert!(matches!(
+            create(&mut state, &mutable, "x"),
+            Err(CsiError::AlreadyExists(_))
+        ));
+    }
+
+    #[test]
+    fn mutable_parameters_are_kept_with_the_volume() {
+        let mut state = State::default();
+        let mut a = args("a", GI, 0);
+        a.mutable_parameters.insert("iops".into(), "3000".into());
+        let created = create(&mut state, &a, "vol-1").unwrap();
+        assert_eq!(created.mutable_parameters, a.mutable_parameters);
+        assert_eq!(create(&mut state, &a, "vol-2").unwrap().id, "vol-1");
     }
 
     #[test]

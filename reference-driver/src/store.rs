@@ -132,6 +132,7 @@ mod tests {
                 capacity_bytes: 42,
                 access: AccessKind::Block,
                 parameters: [("type".to_string(), "fast".to_string())].into(),
+                mutable_parameters: [("iops".to_string(), "3000".to_string())].into(),
                 source: Some(ContentSource::Snapshot("snap-1".into())),
                 topology: [("zone".to_string(), "a".to_string())].into(),
                 publications: [(

@@ -97,11 +97,6 @@ pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolumeArgs,
             "required_bytes {required_bytes} exceeds limit_bytes {limit_bytes}"
         )));
     }
-    if !req.mutable_parameters.is_empty() {
-        return Err(CsiError::InvalidArgument(
-            "mutable_parameters are not supported (no MODIFY_VOLUME capability)".into(),
-        ));
-    }
     let source = match &req.volume_content_source {
         None => None,
         Some(source) => Some(content_source(source)?),
@@ -124,9 +119,28 @@ pub fn create_volume(req: &csi::CreateVolumeRequest) -> Result<CreateVolumeArgs,
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        mutable_parameters: req
+            .mutable_parameters
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         source,
         requirements,
     })
+}
+
+/// `mutable_parameters` need MODIFY_VOLUME (`--modify-volume`): without it they are
+/// INVALID_ARGUMENT, as the spec asks of a plugin that does not support them.
+pub fn mutable_parameters_served(
+    args: &CreateVolumeArgs,
+    features: Features,
+) -> Result<(), CsiError> {
+    if args.mutable_parameters.is_empty() || features.modify_volume {
+        return Ok(());
+    }
+    Err(CsiError::InvalidArgument(
+        "mutable_parameters are not supported (no MODIFY_VOLUME capability)".into(),
+    ))
 }
 
 fn content_source(source: &csi::VolumeContentSource) -> Result<ContentSource, CsiError> {
@@ -267,13 +281,36 @@ mod tests {
             ..request()
         }));
         assert!(invalid(csi::CreateVolumeRequest {
-            mutable_parameters: [("k".to_string(), "v".to_string())].into(),
-            ..request()
-        }));
-        assert!(invalid(csi::CreateVolumeRequest {
             volume_content_source: Some(csi::VolumeContentSource { r#type: None }),
             ..request()
         }));
+    }
+
+    #[test]
+    fn mutable_parameters_need_modify_volume() {
+        let args = create_volume(&csi::CreateVolumeRequest {
+            mutable_parameters: [("iops".to_string(), "3000".to_string())].into(),
+            ..request()
+        })
+        .expect("valid request");
+        assert_eq!(
+            args.mutable_parameters,
+            std::collections::BTreeMap::from([("iops".to_string(), "3000".to_string())])
+        );
+        let modifying = Features {
+            modify_volume: true,
+            ..Features::default()
+        };
+        assert_eq!(mutable_parameters_served(&args, modifying), Ok(()));
+        assert!(matches!(
+            mutable_parameters_served(&args, Features::default()),
+            Err(CsiError::InvalidArgument(_))
+        ));
+        let plain = create_volume(&request()).expect("valid request");
+        assert_eq!(
+            mutable_parameters_served(&plain, Features::default()),
+            Ok(())
+        );
     }
 
     #[test]
@@ -285,6 +322,7 @@ mod tests {
             snapshots: false,
             clone: false,
             get_capacity: true,
+            modify_volume: false,
         };
         for source in [None, Some(&snapshot), Some(&volume)] {
             assert_eq!(source_served(source, all), Ok(()));
@@ -300,6 +338,7 @@ mod tests {
             snapshots: false,
             clone: true,
             get_capacity: true,
+            modify_volume: false,
         };
         assert_eq!(source_served(Some(&volume), clone_only), Ok(()));
     }

@@ -858,6 +858,7 @@ async fn without_snapshots_and_clones_their_rpcs_and_sources_are_refused() {
         snapshots: false,
         clone: false,
         get_capacity: true,
+        modify_volume: false,
     };
     let running = start(&config);
     let mut controller = ControllerClient::new(channel(&config.endpoint).await);

@@ -79,6 +79,7 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
 
     let node = node::node_deployment(&args.node_deployment, &driver, &clients.client).await?;
     let mut settings = settings::settings(&args, &info, node)?;
+    settings::check_attributes_classes_served(&mut settings, &args, &clients.client).await;
     // The capacity client exists exactly with --enable-capacity.
     if let Some(client) = clients.capacity.as_ref() {
         let capacity = capacity::capacity_settings(

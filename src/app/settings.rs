@@ -2,6 +2,10 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
+use kube::Client;
+use tracing::{info, warn};
+
 use super::error::AppError;
 use crate::config::{Args, ConsistencyDefault, Gate};
 use crate::controller::{NodeDeployment, Settings, TopologyFlags};
@@ -27,6 +31,7 @@ pub(super) fn settings(
         clone: info.supports_clone(),
         snapshot: info.supports_snapshot(),
         publish_unpublish: info.supports_publish_unpublish(),
+        modify_volume: info.supports_modify_volume(),
     };
     let provision = &args.provision;
     let controller = &args.controller;
@@ -46,6 +51,7 @@ pub(super) fn settings(
             controller_publish_readonly: provision.controller_publish_readonly,
             prevent_volume_mode_conversion: provision.prevent_volume_mode_conversion,
             cross_namespace_data_sources: gates.enabled(Gate::CrossNamespaceVolumeDataSource),
+            volume_attributes_classes: gates.enabled(Gate::VolumeAttributesClass),
             identity,
         },
         caps,
@@ -78,6 +84,43 @@ pub(super) fn settings(
         node,
         capacity: None,
     })
+}
+
+/// Upstream's start-up check: the VolumeAttributesClass gate, on and not named on the command
+/// line, is switched off when the API server does not serve the kind in storage.k8s.io/v1.
+/// A discovery error leaves it on (claims naming a class then fail at the class's GET).
+pub(super) async fn check_attributes_classes_served(
+    settings: &mut Settings,
+    args: &Args,
+    client: &Client,
+) {
+    let explicit = args
+        .feature_gates()
+        .is_explicit(Gate::VolumeAttributesClass);
+    if !settings.config.volume_attributes_classes || explicit {
+        return;
+    }
+    match client.list_api_group_resources(STORAGE_V1).await {
+        Ok(resources) if !serves_attributes_classes(&resources) => {
+            info!(
+                "Disabling VolumeAttributesClass feature gate because the VolumeAttributesClass v1 API is not available"
+            );
+            settings.config.volume_attributes_classes = false;
+        }
+        Ok(_) => {}
+        Err(error) => {
+            warn!(%error, "discovery of {STORAGE_V1} failed; the VolumeAttributesClass gate stays on");
+        }
+    }
+}
+
+const STORAGE_V1: &str = "storage.k8s.io/v1";
+
+fn serves_attributes_classes(resources: &APIResourceList) -> bool {
+    resources
+        .resources
+        .iter()
+        .any(|resource| resource.kind == "VolumeAttributesClass")
 }
 
 fn hostname() -> String {

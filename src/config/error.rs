@@ -33,13 +33,6 @@ pub enum ConfigError {
     /// meant).
     #[error("The NODE_NAME environment variable must be set when using --enable-node-deployment.")]
     NodeNameMissing,
-    #[error(
-        "--feature-gates={gate}=true is not supported yet ({missing}); remove it or set {gate}=false"
-    )]
-    GateNotBuilt {
-        gate: &'static str,
-        missing: &'static str,
-    },
 }
 
 pub(super) fn positive_count(flag: &'static str, value: u64) -> Result<(), ConfigError> {

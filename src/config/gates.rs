@@ -1,9 +1,8 @@
-//! `--feature-gates`: the provisioner's gates, their defaults and stages, and which of them
-//! the sidecar refuses because their behaviour is not built.
+//! `--feature-gates`: the provisioner's gates, their defaults and stages. Every gate's
+//! behaviour is built.
 
 use std::collections::BTreeMap;
 
-use super::error::ConfigError;
 use super::go::parse_go_bool;
 
 /// One occurrence of `--feature-gates`.
@@ -52,7 +51,7 @@ impl Gate {
         }
     }
 
-    fn default_enabled(self) -> bool {
+    pub(super) fn default_enabled(self) -> bool {
         matches!(self, Gate::Topology | Gate::VolumeAttributesClass)
     }
 
@@ -62,18 +61,6 @@ impl Gate {
             Gate::CrossNamespaceVolumeDataSource | Gate::ReleaseLeaderElectionOnExit => {
                 Stage::Alpha
             }
-        }
-    }
-
-    /// What is missing when the gate's behaviour is not built; `None` when it is.
-    /// ReleaseLeaderElectionOnExit is built: the Lease is released on exit regardless. Topology
-    /// is built and acts only with a driver that reports VOLUME_ACCESSIBILITY_CONSTRAINTS.
-    pub fn not_built(self) -> Option<&'static str> {
-        match self {
-            Gate::VolumeAttributesClass => Some("VolumeAttributesClass support is not built"),
-            Gate::Topology
-            | Gate::CrossNamespaceVolumeDataSource
-            | Gate::ReleaseLeaderElectionOnExit => None,
         }
     }
 }
@@ -130,24 +117,6 @@ impl FeatureGates {
             GateKey::AllBeta => self.all_beta = Some(value),
             GateKey::Generic(_) => {}
         }
-    }
-
-    /// Gates the command line turns on by name whose behaviour is not built: the sidecar
-    /// refuses them rather than run without what they promise. Every alpha gate is built, so
-    /// `AllAlpha=true` turns on nothing refused. The GA gates on by default are judged where
-    /// their behaviour would start: VolumeAttributesClass per claim (a claim naming a class is
-    /// not provisioned).
-    pub fn refused(&self) -> Vec<ConfigError> {
-        Gate::ALL
-            .iter()
-            .filter(|gate| self.enabled(**gate) && self.is_explicit(**gate))
-            .filter_map(|gate| {
-                Some(ConfigError::GateNotBuilt {
-                    gate: gate.name(),
-                    missing: gate.not_built()?,
-                })
-            })
-            .collect()
     }
 }
 

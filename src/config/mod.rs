@@ -170,13 +170,13 @@ impl Args {
         FeatureGates::resolve(&self.feature_gates)
     }
 
-    /// Flags given on the command line whose behaviour is not built, and gates the command
-    /// line turns on whose behaviour is not built: the sidecar refuses to start with one
-    /// message for each, rather than run without what they promise.
+    /// Flags given on the command line whose behaviour is not built: the sidecar refuses to
+    /// start with one message for each, rather than run without what they promise. Every
+    /// feature gate is built.
     pub fn refused(&self) -> Vec<ConfigError> {
-        let flags = refused_flags()
+        refused_flags()
             .filter(|(flag, _)| self.explicit.contains(*flag))
-            .map(|(flag, missing)| ConfigError::NotBuilt { flag, missing });
-        flags.chain(self.feature_gates().refused()).collect()
+            .map(|(flag, missing)| ConfigError::NotBuilt { flag, missing })
+            .collect()
     }
 }

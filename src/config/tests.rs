@@ -302,8 +302,6 @@ fn refused_flag_list() {
         ]),
         vec![
             "--enable-pprof is not supported yet (profiling endpoints are not built); remove the flag",
-            "--feature-gates=VolumeAttributesClass=true is not supported yet (VolumeAttributesClass \
-             support is not built); remove it or set VolumeAttributesClass=false",
         ]
     );
     assert_eq!(
@@ -328,26 +326,45 @@ fn refused_flag_list() {
 }
 
 #[test]
-fn gates_turned_on_without_their_behaviour_are_refused() {
+fn every_gate_is_built_so_none_is_refused() {
     let refused =
         |gates: &str| -> Vec<ConfigError> { ok(&[&format!("--feature-gates={gates}")]).refused() };
-    assert_eq!(
-        refused("VolumeAttributesClass=true"),
-        vec![ConfigError::GateNotBuilt {
-            gate: "VolumeAttributesClass",
-            missing: "VolumeAttributesClass support is not built"
-        }]
-    );
-    assert!(refused("Topology=true").is_empty());
-    // Every alpha gate is built: by name or through AllAlpha.
-    assert!(refused("CrossNamespaceVolumeDataSource=true").is_empty());
+    for gate in Gate::ALL {
+        for value in ["true", "false"] {
+            assert!(refused(&format!("{}={value}", gate.name())).is_empty());
+        }
+    }
     assert!(refused("AllAlpha=true").is_empty());
-    assert!(refused("ReleaseLeaderElectionOnExit=true").is_empty());
     // No provisioner gate is beta.
     assert!(refused("AllBeta=true").is_empty());
-    // Gates turned off, and defaults, are accepted.
-    assert!(refused("Topology=false,VolumeAttributesClass=false").is_empty());
     assert!(ok(&[]).refused().is_empty());
+}
+
+/// docs/flags.md has one row per gate whose default and stage are the code's, and no row
+/// says a gate is not built.
+#[test]
+fn docs_gate_table_matches_the_gates() {
+    let doc = include_str!("../../docs/flags.md");
+    for gate in Gate::ALL {
+        let prefix = format!("| `{}` |", gate.name());
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("docs/flags.md has no row for gate {}", gate.name()));
+        let cols: Vec<_> = row.split('|').map(str::trim).collect();
+        let default = cols.get(2).copied().unwrap_or_default();
+        assert!(
+            default.starts_with(&gate.default_enabled().to_string()),
+            "default of {}: {default}",
+            gate.name()
+        );
+        let ours = cols.get(3).copied().unwrap_or_default();
+        assert!(
+            !ours.contains("not built") && !ours.contains("refused"),
+            "{}: {ours}",
+            gate.name()
+        );
+    }
 }
 
 #[test]

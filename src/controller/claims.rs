@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::{self, Either};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -31,12 +31,14 @@ use super::sources::{self, SourceError};
 use crate::csi;
 use crate::csi_client::{CallError, ErrorClass};
 use crate::journal::{JournalError, Operation, Phase};
+use crate::kube_client::go_error_text;
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{
-    ClaimWork, CreateResponseError, DecisionError, ExistingPv, NodeVerdict, ProvisionError,
-    ProvisionPlan, RescheduleCause, TopologyError, TopologyInputs, accessibility_requirements,
-    build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
-    drain_claim_work, existing_pv, has_operation_in_flight, names_may_collide, needs_finalizer,
+    AttributesClassError, ClaimWork, CreateResponseError, DecisionError, ExistingPv, NodeVerdict,
+    ProvisionError, ProvisionPlan, RescheduleCause, TopologyError, TopologyInputs,
+    accessibility_requirements, build_create_volume_request, build_persistent_volume,
+    claim_class_name, claim_work, drain_claim_work, existing_pv, has_operation_in_flight,
+    ignored_attributes_class, mutable_parameters, names_may_collide, needs_finalizer,
     node_claim_work, node_verdict, plan_provision, pv_is_for_claim, reschedule_patch,
     selected_node, topology_missing,
 };
@@ -59,6 +61,12 @@ pub enum ClaimError {
     Source(#[from] SourceError),
     #[error(transparent)]
     Secret(#[from] SecretReadError),
+    /// The claim's VolumeAttributesClass could not be read (it may not exist yet); upstream's
+    /// text is the API error alone.
+    #[error("{0}")]
+    AttributesClassRead(String),
+    #[error(transparent)]
+    AttributesClass(#[from] AttributesClassError),
     #[error(transparent)]
     ClaimFinalizer(#[from] ClaimFinalizerError),
     #[error("failed to read PersistentVolume {name}: {source}")]
@@ -119,6 +127,9 @@ const PROVISIONING_SUCCEEDED: &str = "ProvisioningSucceeded";
 const TOPOLOGY_LIST_WAIT: Duration = Duration::from_secs(10);
 /// Ours: a topology-aware volume came back without topology (`provision::topology_missing`).
 const NO_ACCESSIBLE_TOPOLOGY: &str = "NoAccessibleTopology";
+/// Ours: the claim names a VolumeAttributesClass the gate makes us ignore, so its PV will not
+/// bind (A7, `provision::ignored_attributes_class`).
+const ATTRIBUTES_CLASS_IGNORED: &str = "VolumeAttributesClassIgnored";
 
 /// The claim reconciler of one sidecar process.
 pub struct ClaimReconciler;
@@ -339,7 +350,14 @@ async fn provision_claim(
     }
 
     let secrets = read_secret(&ctx.client, plan.secrets.provisioner.as_ref()).await?;
-    let planned = build_create_volume_request(&plan, secrets.clone(), requirements, content_source);
+    let mutable = attributes_class_parameters(ctx, &plan).await?;
+    let planned = build_create_volume_request(
+        &plan,
+        secrets.clone(),
+        requirements,
+        content_source,
+        mutable,
+    );
     let (_busy, recorded) = ctx.journal.record(operation(pvc, &plan, &planned)).await?;
     // A retry sends what was recorded first, with that record's secret: the driver may hold a
     // volume made from it, and a changed request would only be answered ALREADY_EXISTS.
@@ -412,6 +430,17 @@ async fn provision_claim(
         PROVISIONING_SUCCEEDED,
         &format!("Successfully provisioned volume {}", plan.volume_name),
     );
+    if let Some(class) = ignored_attributes_class(pvc, &ctx.config) {
+        ctx.events.publish(
+            &pvc.object_ref(&()),
+            EventType::Warning,
+            ATTRIBUTES_CLASS_IGNORED,
+            &format!(
+                "the claim names VolumeAttributesClass {class:?} but the provisioner's VolumeAttributesClass feature gate is off, so PersistentVolume {} has no class and kube-controller-manager will not bind the claim to it",
+                plan.volume_name
+            ),
+        );
+    }
     Ok(Outcome::Provisioned {
         volume: plan.volume_name,
     })
@@ -436,6 +465,28 @@ async fn data_source(
     let content_source = sources::content_source(ctx, pvc, class, source).await?;
     sources::protect(ctx, source).await?;
     Ok(Some(content_source))
+}
+
+/// The `mutable_parameters` of a new CreateVolume: the parameters of the VolumeAttributesClass
+/// the claim names, read live at every attempt as upstream (a class created after the claim is
+/// found at the next retry). A claim whose operation is already recorded gets none: the
+/// recorded request, with the mutable parameters it was recorded with, is what is sent
+/// (docs/journal.md, rule 2).
+async fn attributes_class_parameters(
+    ctx: &Context,
+    plan: &ProvisionPlan,
+) -> Result<HashMap<String, String>, ClaimError> {
+    let Some(name) = plan.attributes_class.as_deref() else {
+        return Ok(HashMap::new());
+    };
+    if ctx.journal.registry().contains(&plan.volume_name) {
+        return Ok(HashMap::new());
+    }
+    let class = Api::<VolumeAttributesClass>::all(ctx.client.clone())
+        .get(name)
+        .await
+        .map_err(|error| ClaimError::AttributesClassRead(go_error_text(&error)))?;
+    Ok(mutable_parameters(name, &class, &plan.driver_name)?)
 }
 
 /// The accessibility requirements of a new CreateVolume, `None` without topology. A claim
@@ -754,6 +805,7 @@ mod tests {
             secrets: strings(SECRETS),
             accessibility: None,
             content_source: None,
+            mutable_parameters: HashMap::new(),
         }
     }
 
@@ -1627,6 +1679,134 @@ mod tests {
         assert_eq!(
             scenario.finish().await,
             [provisioning(), failed("volume content source missing")]
+        );
+    }
+
+    const GOLD_PATH: &str = "/apis/storage.k8s.io/v1/volumeattributesclasses/gold";
+
+    fn gold_read(driver: &str) -> Step {
+        get(GOLD_PATH).answer(
+            200,
+            json!({
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "VolumeAttributesClass",
+                "metadata": { "name": "gold" },
+                "driverName": driver,
+                "parameters": { "iops": "3000" },
+            }),
+        )
+    }
+
+    fn tuned_create() -> CreateVolumeCall {
+        CreateVolumeCall {
+            mutable_parameters: strings(&[("iops", "3000")]),
+            ..expected_create()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claims_attributes_class_is_read_after_the_secret_and_sent_as_mutable_parameters() {
+        let tuned_pv = post("/api/v1/persistentvolumes")
+            .body(json!({ "spec": { "volumeAttributesClassName": "gold" } }))
+            .echo(201);
+        let scenario = cluster()
+            .start([
+                secret_read(),
+                gold_read(DRIVER),
+                record_written(),
+                create_volume(tuned_create(), created("vol-1", GIB)),
+                tuned_pv,
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().attributes_class("gold").build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_class_that_cannot_be_read_is_the_api_text_and_nothing_is_sent() {
+        let scenario = cluster()
+            .start([secret_read(), get(GOLD_PATH).refuse(404, "NotFound")])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().attributes_class("gold").build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(!in_flight(&scenario));
+        assert_eq!(
+            scenario.finish().await,
+            [provisioning(), failed("scripted NotFound")]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_drivers_class_is_refused_before_anything_is_recorded() {
+        let scenario = cluster()
+            .start([secret_read(), gold_read("other.csi.k8s.io")])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().attributes_class("gold").build()).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(!in_flight(&scenario));
+        assert_eq!(
+            scenario.finish().await,
+            [
+                provisioning(),
+                failed(&format!(
+                    "VAC gold referenced in PVC is for driver other.csi.k8s.io which does not match driver name {DRIVER}"
+                ))
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_recorded_operation_replays_its_mutable_parameters_without_reading_the_class() {
+        let mut recorded = recorded_operation();
+        recorded.request.mutable_parameters = strings(&[("iops", "3000")]);
+        // The class may be gone or changed by now: it is not read, the recorded request is sent.
+        let scenario = cluster()
+            .journaled(recorded)
+            .start([
+                secret_read(),
+                create_volume(tuned_create(), created("vol-1", GIB)),
+                pv_created(),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().attributes_class("gold").build()).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_the_gate_off_the_class_is_ignored_and_the_claim_told() {
+        let scenario = cluster()
+            .without_attributes_classes()
+            .start([
+                secret_read(),
+                record_written(),
+                create_volume(expected_create(), created("vol-1", GIB)),
+                pv_created(),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().attributes_class("gold").build()).await,
+            Action::await_change()
+        );
+        let ignored = format!(
+            "{CLAIM_EVENT} Warning VolumeAttributesClassIgnored: the claim names VolumeAttributesClass \"gold\" but the provisioner's VolumeAttributesClass feature gate is off, so PersistentVolume {} has no class and kube-controller-manager will not bind the claim to it",
+            claim_volume()
+        );
+        assert_eq!(
+            scenario.finish().await,
+            [provisioning(), succeeded(), ignored]
         );
     }
 

@@ -232,6 +232,7 @@ pub struct CreateVolumeCall {
     pub secrets: HashMap<String, String>,
     pub accessibility: Option<csi::TopologyRequirement>,
     pub content_source: Option<csi::VolumeContentSource>,
+    pub mutable_parameters: HashMap<String, String>,
 }
 
 impl From<&csi::CreateVolumeRequest> for CreateVolumeCall {
@@ -246,6 +247,7 @@ impl From<&csi::CreateVolumeRequest> for CreateVolumeCall {
             secrets: request.secrets.clone(),
             accessibility: request.accessibility_requirements.clone(),
             content_source: request.volume_content_source.clone(),
+            mutable_parameters: request.mutable_parameters.clone(),
         }
     }
 }
@@ -418,6 +420,8 @@ pub struct Cluster {
     attachments: Option<Vec<VolumeAttachment>>,
     /// `--node-deployment`.
     node: Option<NodeDeployment>,
+    /// The VolumeAttributesClass gate (on, as by default).
+    attributes_classes: bool,
 }
 
 impl Cluster {
@@ -437,6 +441,7 @@ impl Cluster {
             grants_unlisted: false,
             attachments: None,
             node: None,
+            attributes_classes: true,
         }
     }
 
@@ -532,6 +537,12 @@ impl Cluster {
         self
     }
 
+    /// `--feature-gates=VolumeAttributesClass=false`.
+    pub fn without_attributes_classes(mut self) -> Self {
+        self.attributes_classes = false;
+        self
+    }
+
     pub fn journal_timeout(mut self, timeout: Duration) -> Self {
         self.journal_timeout = timeout;
         self
@@ -556,6 +567,7 @@ impl Cluster {
             config: ProvisionerConfig {
                 volume_name_uuid_length: self.uuid_length,
                 cross_namespace_data_sources: self.grants.is_some(),
+                volume_attributes_classes: self.attributes_classes,
                 ..config()
             },
             caps: DriverCapabilities {

@@ -387,6 +387,7 @@ mod tests {
             secrets: strings(SECRETS),
             accessibility: None,
             content_source: None,
+            mutable_parameters: HashMap::new(),
         }
     }
 

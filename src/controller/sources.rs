@@ -15,6 +15,7 @@ use super::finalizers::{add_finalizer, remove_finalizer};
 use super::grants::GrantsNotListed;
 use crate::api::{ReferenceGrantSpec, VolumeSnapshot, VolumeSnapshotContent};
 use crate::csi;
+use crate::kube_client::go_error_text;
 use crate::provision::{
     DataSource, DataSourceError, SNAPSHOT_PROTECTION_FINALIZER, SourceKind, SourceProblem,
     check_clone_source, check_snapshot_source, clone_content_source, grant_namespace,
@@ -217,14 +218,5 @@ fn api_error_text(error: &kube::Error, kind: &str) -> String {
             "{text} (the {kind} CRD of snapshot.storage.k8s.io/v1 is not installed in the cluster)"
         ),
         _ => text,
-    }
-}
-
-/// An error's text as upstream's Go client prints it: an API error is its Status message alone
-/// (kube's text adds the reason and the whole Status).
-fn go_error_text(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) => status.message.clone(),
-        _ => error.to_string(),
     }
 }

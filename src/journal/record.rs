@@ -361,6 +361,8 @@ mod tests {
                 }),
                 parameters: [("type".to_string(), "ssd".to_string())].into(),
                 secrets: [("password".to_string(), "s3cr3t".to_string())].into(),
+                // A claim's VolumeAttributesClass: replayed as recorded, like the rest.
+                mutable_parameters: [("iops".to_string(), "3000".to_string())].into(),
                 ..Default::default()
             },
             provisioner_secret: Some(SecretRef {

@@ -35,6 +35,10 @@ pub enum CapabilityError {
         "CSI driver does not support clone operations: controller CLONE_VOLUME capability is not reported"
     )]
     NoClone,
+    #[error(
+        "CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported"
+    )]
+    NoModifyVolume,
     /// Upstream would send CreateVolume with no capability at all; the driver must reject that.
     #[error("claim has no access modes")]
     NoAccessModes,
@@ -56,17 +60,23 @@ pub enum SourceKind {
     Clone,
 }
 
-/// The provisioning capability checks, in upstream's order.
+/// The provisioning capability checks, in upstream's order. `attributes_class`: the claim
+/// names a VolumeAttributesClass and the gate is on.
 pub(super) fn check_provisioning_capabilities(
     caps: &DriverCapabilities,
     source: SourceKind,
+    attributes_class: bool,
 ) -> Result<(), CapabilityError> {
     check_create_delete_capabilities(caps)?;
     match source {
-        SourceKind::Snapshot if !caps.snapshot => Err(CapabilityError::NoSnapshot),
-        SourceKind::Clone if !caps.clone => Err(CapabilityError::NoClone),
-        _ => Ok(()),
+        SourceKind::Snapshot if !caps.snapshot => return Err(CapabilityError::NoSnapshot),
+        SourceKind::Clone if !caps.clone => return Err(CapabilityError::NoClone),
+        _ => {}
     }
+    if attributes_class && !caps.modify_volume {
+        return Err(CapabilityError::NoModifyVolume);
+    }
+    Ok(())
 }
 
 /// CONTROLLER_SERVICE and CREATE_DELETE_VOLUME, required for every CreateVolume and
@@ -317,7 +327,7 @@ mod tests {
     fn provisioning_needs_controller_service_then_create_delete_volume() {
         let mut caps = DriverCapabilities::default();
         let check = |caps: &DriverCapabilities, source| {
-            check_provisioning_capabilities(caps, source).map_err(|e| e.to_string())
+            check_provisioning_capabilities(caps, source, false).map_err(|e| e.to_string())
         };
         assert_eq!(
             check(&caps, SourceKind::Empty),
@@ -342,5 +352,32 @@ mod tests {
         caps.clone = true;
         assert_eq!(check(&caps, SourceKind::Snapshot), Ok(()));
         assert_eq!(check(&caps, SourceKind::Clone), Ok(()));
+    }
+
+    #[test]
+    fn an_attributes_class_needs_modify_volume_after_the_source_checks() {
+        let mut caps = DriverCapabilities {
+            controller_service: true,
+            create_delete_volume: true,
+            ..DriverCapabilities::default()
+        };
+        assert_eq!(
+            check_provisioning_capabilities(&caps, SourceKind::Clone, true),
+            Err(CapabilityError::NoClone)
+        );
+        assert_eq!(
+            check_provisioning_capabilities(&caps, SourceKind::Empty, true)
+                .map_err(|e| e.to_string()),
+            Err("CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported".to_owned())
+        );
+        assert_eq!(
+            check_provisioning_capabilities(&caps, SourceKind::Empty, false),
+            Ok(())
+        );
+        caps.modify_volume = true;
+        assert_eq!(
+            check_provisioning_capabilities(&caps, SourceKind::Empty, true),
+            Ok(())
+        );
     }
 }

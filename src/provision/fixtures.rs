@@ -34,6 +34,7 @@ pub fn caps() -> DriverCapabilities {
         clone: true,
         snapshot: true,
         publish_unpublish: false,
+        modify_volume: true,
     }
 }
 
@@ -48,6 +49,7 @@ pub fn config() -> ProvisionerConfig {
         controller_publish_readonly: false,
         prevent_volume_mode_conversion: true,
         cross_namespace_data_sources: false,
+        volume_attributes_classes: true,
         identity: IDENTITY.to_owned(),
     }
 }

@@ -11,7 +11,9 @@
 //!    A data source in another namespace needs the ReferenceGrants of the namespace that
 //!    [`grant_namespace`] names.
 //! 3. The executor GETs `plan.secrets.provisioner` (if any), turns it into a map with
-//!    [`secret_data`] and builds the request with [`build_create_volume_request`]. With a
+//!    [`secret_data`], GETs the VolumeAttributesClass `plan.attributes_class` names (if any)
+//!    and turns it into `mutable_parameters` with [`mutable_parameters`], and builds the
+//!    request with [`build_create_volume_request`]. With a
 //!    driver that supports topology, [`accessibility_requirements`] says where the volume may
 //!    and should be, from the executor's Node and CSINode caches ([`ClusterTopology`]).
 //! 4. After CreateVolume succeeds, [`build_persistent_volume`] gives the PV to create. When the
@@ -24,6 +26,7 @@
 //! before DeleteVolume [`check_detached`] (no VolumeAttachment names the PV).
 
 mod attachment;
+mod attributes_class;
 mod capabilities;
 pub mod capacity;
 mod claim;
@@ -53,6 +56,9 @@ pub(crate) mod fixtures;
 mod proptests;
 
 pub use attachment::{Attachment, AttachmentError, check_detached};
+pub use attributes_class::{
+    AttributesClassError, ignored_attributes_class, mutable_parameters, requested_attributes_class,
+};
 pub use capabilities::{
     CapabilityError, SourceKind, check_create_delete_capabilities, csi_access_mode, fs_type,
     volume_capabilities,

@@ -11,6 +11,7 @@ use crate::api::ReferenceGrantSpec;
 use crate::csi;
 use crate::csi::volume_capability::access_mode::Mode;
 
+use super::attributes_class::requested_attributes_class;
 use super::capabilities::{self, CapabilityError, SourceKind, check_provisioning_capabilities};
 use super::claim::claim_class_name;
 use super::data_source::{CLAIM_KIND, DataSource, SNAPSHOT_API_GROUP, SNAPSHOT_KIND};
@@ -55,10 +56,6 @@ pub enum ProvisionError {
         "the PVC source does not belong to the right APIGroup. Expected snapshot.storage.k8s.io, Got {api_group}"
     )]
     SnapshotApiGroup { api_group: String },
-    /// Needs MODIFY_VOLUME and the class's `mutable_parameters`, not implemented yet. Going
-    /// on without them would create a volume without the requested attributes.
-    #[error("VolumeAttributesClass {0:?} requested by the claim is not supported yet")]
-    VolumeAttributesClassNotSupported(String),
     #[error("claim Selector is not supported")]
     Selector,
     #[error("claim has no {0}")]
@@ -116,6 +113,10 @@ pub struct ProvisionPlan {
     /// decides the content source with [`super::snapshot_content_source`] or
     /// [`super::clone_content_source`].
     pub source: Option<DataSource>,
+    /// The VolumeAttributesClass whose parameters CreateVolume carries as
+    /// `mutable_parameters` (see [`super::mutable_parameters`]), and the PV's
+    /// `volumeAttributesClassName`; `None` without one or with the gate off.
+    pub attributes_class: Option<String>,
 }
 
 /// Validates the claim against its class and the driver, and decides every input of
@@ -134,17 +135,9 @@ pub fn plan_provision(
     let kind = source
         .as_ref()
         .map_or(SourceKind::Empty, |source| source.kind);
-    check_provisioning_capabilities(caps, kind)?;
+    let attributes_class = requested_attributes_class(pvc, config).map(str::to_owned);
+    check_provisioning_capabilities(caps, kind, attributes_class.is_some())?;
     let spec = pvc.spec.clone().unwrap_or_default();
-    if let Some(vac) = spec
-        .volume_attributes_class_name
-        .as_ref()
-        .filter(|vac| !vac.is_empty())
-    {
-        return Err(ProvisionError::VolumeAttributesClassNotSupported(
-            vac.clone(),
-        ));
-    }
     if spec.selector.is_some() {
         return Err(ProvisionError::Selector);
     }
@@ -228,18 +221,21 @@ pub fn plan_provision(
         access_modes,
         volume_mode: spec.volume_mode,
         source,
+        attributes_class,
     })
 }
 
 /// The CreateVolume request of a plan. `provisioner_secrets` is the data of the Secret named by
 /// `plan.secrets.provisioner` (see [`secret_data`](super::secret_data)), empty when there is
 /// none; `accessibility_requirements` comes from the topology decision, `None` when the driver
-/// has no topology; `volume_content_source` from the data source decision.
+/// has no topology; `volume_content_source` from the data source decision;
+/// `mutable_parameters` from the claim's VolumeAttributesClass (empty without one).
 pub fn build_create_volume_request(
     plan: &ProvisionPlan,
     provisioner_secrets: HashMap<String, String>,
     accessibility_requirements: Option<csi::TopologyRequirement>,
     volume_content_source: Option<csi::VolumeContentSource>,
+    mutable_parameters: HashMap<String, String>,
 ) -> csi::CreateVolumeRequest {
     csi::CreateVolumeRequest {
         name: plan.volume_name.clone(),
@@ -252,7 +248,7 @@ pub fn build_create_volume_request(
         secrets: provisioner_secrets,
         volume_content_source,
         accessibility_requirements,
-        mutable_parameters: HashMap::new(),
+        mutable_parameters,
     }
 }
 
@@ -393,7 +389,8 @@ mod tests {
                 .parameter("csi.storage.k8s.io/fstype", "xfs")
                 .mount_options(&["noatime"]),
         );
-        let request = build_create_volume_request(&plan, HashMap::new(), None, None);
+        let request =
+            build_create_volume_request(&plan, HashMap::new(), None, None, HashMap::new());
         assert_eq!(request.name, format!("pvc-{PVC_UID}"));
         assert_eq!(
             request.capacity_range,
@@ -474,7 +471,8 @@ mod tests {
         );
         assert!(plan.parameters.is_empty());
         let secrets = HashMap::from([("key".to_owned(), "value".to_owned())]);
-        let request = build_create_volume_request(&plan, secrets.clone(), None, None);
+        let request =
+            build_create_volume_request(&plan, secrets.clone(), None, None, HashMap::new());
         assert_eq!(request.secrets, secrets);
     }
 
@@ -487,8 +485,13 @@ mod tests {
             }],
             preferred: vec![],
         };
-        let request =
-            build_create_volume_request(&plan, HashMap::new(), Some(requirement.clone()), None);
+        let request = build_create_volume_request(
+            &plan,
+            HashMap::new(),
+            Some(requirement.clone()),
+            None,
+            HashMap::new(),
+        );
         assert_eq!(request.accessibility_requirements, Some(requirement));
     }
 
@@ -949,14 +952,60 @@ mod tests {
     }
 
     #[test]
-    fn volume_attributes_class_is_refused_until_supported() {
+    fn a_claim_naming_an_attributes_class_needs_modify_volume() {
+        let pvc = PvcBuilder::new().attributes_class("gold").build();
+        let class = ClassBuilder::new().build();
+        let without = DriverCapabilities {
+            modify_volume: false,
+            ..caps()
+        };
         assert_eq!(
-            err(
-                PvcBuilder::new().attributes_class("gold"),
-                ClassBuilder::new()
-            ),
-            "VolumeAttributesClass \"gold\" requested by the claim is not supported yet"
+            plan_provision(&pvc, &class, &config(), &without, &[])
+                .expect_err("no MODIFY_VOLUME")
+                .to_string(),
+            "CSI driver does not support VolumeAttributesClass: controller MODIFY_VOLUME capability is not reported"
         );
+        let plan = plan_provision(&pvc, &class, &config(), &caps(), &[]).expect("plan");
+        assert_eq!(plan.attributes_class.as_deref(), Some("gold"));
+        let mutable = HashMap::from([("iops".to_owned(), "3000".to_owned())]);
+        let request =
+            build_create_volume_request(&plan, HashMap::new(), None, None, mutable.clone());
+        assert_eq!(request.mutable_parameters, mutable);
+        assert_eq!(request.parameters, plan.parameters, "parameters unaffected");
+    }
+
+    #[test]
+    fn the_clone_check_comes_before_the_modify_volume_check() {
+        let pvc = PvcBuilder::new()
+            .attributes_class("gold")
+            .data_source(None, "PersistentVolumeClaim", "source")
+            .build();
+        let caps = DriverCapabilities {
+            clone: false,
+            modify_volume: false,
+            ..caps()
+        };
+        assert_eq!(
+            plan_provision(&pvc, &ClassBuilder::new().build(), &config(), &caps, &[]),
+            Err(ProvisionError::Capability(CapabilityError::NoClone))
+        );
+    }
+
+    #[test]
+    fn with_the_gate_off_an_attributes_class_is_ignored() {
+        let pvc = PvcBuilder::new().attributes_class("gold").build();
+        let config = ProvisionerConfig {
+            volume_attributes_classes: false,
+            ..config()
+        };
+        // Not even MODIFY_VOLUME is asked for, as upstream.
+        let caps = DriverCapabilities {
+            modify_volume: false,
+            ..caps()
+        };
+        let plan =
+            plan_provision(&pvc, &ClassBuilder::new().build(), &config, &caps, &[]).expect("plan");
+        assert_eq!(plan.attributes_class, None);
     }
 
     #[test]

@@ -329,6 +329,7 @@ fn provisioner_config() -> BoxedStrategy<ProvisionerConfig> {
         any::<bool>(),
         text(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -339,6 +340,7 @@ fn provisioner_config() -> BoxedStrategy<ProvisionerConfig> {
                 controller_publish_readonly,
                 identity,
                 cross_namespace_data_sources,
+                volume_attributes_classes,
             )| ProvisionerConfig {
                 driver_name: DRIVER.to_owned(),
                 volume_name_prefix,
@@ -348,6 +350,7 @@ fn provisioner_config() -> BoxedStrategy<ProvisionerConfig> {
                 controller_publish_readonly,
                 prevent_volume_mode_conversion: true,
                 cross_namespace_data_sources,
+                volume_attributes_classes,
                 identity,
             },
         )
@@ -364,6 +367,7 @@ fn driver_capabilities() -> impl Strategy<Value = DriverCapabilities> {
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -374,6 +378,7 @@ fn driver_capabilities() -> impl Strategy<Value = DriverCapabilities> {
                 clone,
                 snapshot,
                 publish_unpublish,
+                modify_volume,
             )| DriverCapabilities {
                 controller_service,
                 create_delete_volume,
@@ -382,6 +387,7 @@ fn driver_capabilities() -> impl Strategy<Value = DriverCapabilities> {
                 clone,
                 snapshot,
                 publish_unpublish,
+                modify_volume,
             },
         )
 }
@@ -576,6 +582,7 @@ fn check_persistent_volume(
 ) -> Result<(), TestCaseError> {
     prop_assert_eq!(pv.metadata.name.as_deref(), Some(plan.volume_name.as_str()));
     let spec = pv.spec.clone().unwrap_or_default();
+    prop_assert_eq!(&spec.volume_attributes_class_name, &plan.attributes_class);
     let storage = spec
         .capacity
         .as_ref()
@@ -773,10 +780,15 @@ proptest! {
         )?;
         prop_assert!(plan.required_bytes >= 0);
         prop_assert!(!plan.volume_capabilities.is_empty());
+        prop_assert_eq!(
+            plan.attributes_class.as_deref(),
+            requested_attributes_class(&pvc, &config)
+        );
+        prop_assert!(plan.attributes_class.is_none() || caps.modify_volume);
         let reserved = plan.parameters.keys().filter(|key| key.starts_with(RESERVED_PREFIX));
         prop_assert_eq!(reserved.count(), if config.extra_create_metadata { 3 } else { 0 });
 
-        let request = build_create_volume_request(&plan, HashMap::new(), None, None);
+        let request = build_create_volume_request(&plan, HashMap::new(), None, None, HashMap::new());
         prop_assert_eq!(&request.name, &plan.volume_name);
         prop_assert_eq!(
             request.capacity_range.map(|range| range.required_bytes),
@@ -1006,8 +1018,8 @@ proptest! {
             &provisioning_driver(),
             &[],
         ))?;
-        let request = build_create_volume_request(&plan, secrets.clone(), None, None);
-        let blank = build_create_volume_request(&plan, without_values(&secrets), None, None);
+        let request = build_create_volume_request(&plan, secrets.clone(), None, None, HashMap::new());
+        let blank = build_create_volume_request(&plan, without_values(&secrets), None, None, HashMap::new());
         for (logged, background) in [
             (format!("{request:?}"), format!("{blank:?}")),
             (format!("{request:#?}"), format!("{blank:#?}")),

@@ -20,6 +20,9 @@ pub struct DriverCapabilities {
     /// Controller capability PUBLISH_UNPUBLISH_VOLUME: volumes are attached to nodes, so a
     /// volume is deleted only once no VolumeAttachment names its PV.
     pub publish_unpublish: bool,
+    /// Controller capability MODIFY_VOLUME: needed by a claim that names a
+    /// VolumeAttributesClass (its parameters go to CreateVolume as `mutable_parameters`).
+    pub modify_volume: bool,
 }
 
 /// The command-line settings the decisions depend on.
@@ -41,6 +44,10 @@ pub struct ProvisionerConfig {
     pub prevent_volume_mode_conversion: bool,
     /// The CrossNamespaceVolumeDataSource gate: a `dataSourceRef` may name another namespace.
     pub cross_namespace_data_sources: bool,
+    /// The VolumeAttributesClass gate (switched off at start when the API server does not
+    /// serve the kind and the gate was not named on the command line): a claim's
+    /// `volumeAttributesClassName` is honoured; off, it is ignored, as upstream.
+    pub volume_attributes_classes: bool,
     /// Identity of this process, see [`provisioner_identity`].
     pub identity: String,
 }

@@ -159,6 +159,7 @@ pub fn build_persistent_volume(
             },
             persistent_volume_reclaim_policy: plan.reclaim_policy.clone(),
             storage_class_name: Some(plan.class_name.clone()),
+            volume_attributes_class_name: plan.attributes_class.clone(),
             volume_mode: plan.volume_mode.clone(),
             ..PersistentVolumeSpec::default()
         }),
@@ -323,6 +324,7 @@ mod tests {
         );
         assert_eq!(spec.volume_mode, None);
         assert_eq!(spec.node_affinity, None);
+        assert_eq!(spec.volume_attributes_class_name, None);
         let csi = spec.csi.unwrap_or_default();
         assert_eq!(csi.driver, DRIVER);
         assert_eq!(csi.volume_handle, "vol-1");
@@ -398,6 +400,17 @@ mod tests {
                 volume_id: "v".into()
             })
         );
+    }
+
+    #[test]
+    fn the_pv_names_the_claims_attributes_class() {
+        let plan = plan(
+            PvcBuilder::new().attributes_class("gold"),
+            ClassBuilder::new(),
+        );
+        let pv = build(&plan, &response("v", 0));
+        let spec = pv.spec.unwrap_or_default();
+        assert_eq!(spec.volume_attributes_class_name.as_deref(), Some("gold"));
     }
 
     #[test]

@@ -35,7 +35,8 @@ use kube::api::ListParams;
 use serde_json::{Value, json};
 
 use support::cluster::{
-    Cluster, claim, create_claim, create_class, driver_pvs, events_of, storage_class, wait_event,
+    Cluster, attributes_class_claim, claim, create_claim, create_class, driver_pvs, events_of,
+    storage_class, wait_event,
 };
 use support::mock_driver::{MockDriver, MockDriverOptions};
 use support::peers::{CsiEndpoint, Driver, Sidecar, SidecarOptions, TIMEOUT};
@@ -1474,6 +1475,49 @@ async fn node_mode(side: Side) -> Observed {
     observed
 }
 
+/// VolumeAttributesClasses that exist before their claims, with the reference driver reporting
+/// MODIFY_VOLUME: a claim naming our driver's class (its parameters become `mutable_parameters`,
+/// the PV names the class, kube-controller-manager binds it); a claim naming another driver's
+/// class (refused); a claim without a class.
+async fn attributes_classes(side: Side) -> Observed {
+    support::control_plane_with_scheduler();
+    let cluster = Cluster::new(&format!("diff-vac-{}", side.label())).await;
+    let driver = Driver::start(&["--modify-volume"]).await;
+    let class = cluster
+        .class("vac", &driver, "Delete", &[("type", "fast")])
+        .await;
+    let gold = cluster
+        .attributes_class(
+            "gold",
+            driver.name(),
+            &[("iops", "3000"), ("csi.storage.k8s.io/fstype", "xfs")],
+        )
+        .await;
+    let foreign = cluster
+        .attributes_class("foreign", "other.csi.example.com", &[("iops", "100")])
+        .await;
+    for (name, attributes_class) in [("tuned", &gold), ("foreign", &foreign)] {
+        create_claim(
+            &cluster.claims,
+            &attributes_class_claim(name, &class, attributes_class),
+        )
+        .await;
+    }
+    create_claim(&cluster.claims, &claim("plain", &class, "1Gi", None)).await;
+    let mut sidecar = start_sidecar(side, &driver, &[]);
+    wait_all_bound(&cluster, &["tuned", "plain"]).await;
+    wait_refused(&cluster, "foreign", "ProvisioningFailed").await;
+    sidecar.assert_running();
+    drop(sidecar);
+    let requests = driver.create_volume_requests();
+    let claims = ["tuned", "foreign", "plain"];
+    let observed = observe(&cluster, &driver, &claims, &NO_SOURCES, requests).await;
+    for name in [gold, foreign] {
+        cluster.delete_attributes_class(&name).await;
+    }
+    observed
+}
+
 // ------------------------------------------------------------------------------ tests
 
 #[tokio::test]
@@ -1523,6 +1567,13 @@ async fn clones_match_upstream() {
     let upstream = clones(Side::Upstream).await;
     let ours = clones(Side::Ours).await;
     compare("clones", &upstream, &ours);
+}
+
+#[tokio::test]
+async fn attributes_classes_match_upstream() {
+    let upstream = attributes_classes(Side::Upstream).await;
+    let ours = attributes_classes(Side::Ours).await;
+    compare("attributes-classes", &upstream, &ours);
 }
 
 #[tokio::test]

@@ -28,8 +28,9 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use support::cluster::{
-    claim, consistent_claim, create_claim, create_class, events_of, journal_operations,
-    lease_holder, pv_name, storage_class, summarize, wait_bound, wait_event,
+    attributes_class_claim, claim, consistent_claim, create_attributes_class, create_claim,
+    create_class, delete_attributes_class, events_of, journal_operations, lease_holder, pv_name,
+    storage_class, summarize, wait_bound, wait_event,
 };
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, describe};
 
@@ -508,8 +509,9 @@ async fn deployed_without(
 /// and update); deleting it deletes the PV and the backend volume. A second claim is deleted
 /// while its volume is in flight, and the orphan reaper deletes that volume. The sidecar leads
 /// with a Lease in its namespace and releases it on SIGTERM. The driver reports
-/// PUBLISH_UNPUBLISH_VOLUME, so the sidecar also watches VolumeAttachments. No request is
-/// forbidden, and every granted permission is used (except `NOT_EXERCISED`).
+/// PUBLISH_UNPUBLISH_VOLUME, so the sidecar also watches VolumeAttachments, and MODIFY_VOLUME:
+/// a claim naming a VolumeAttributesClass has it read. No request is forbidden, and every
+/// granted permission is used (except `NOT_EXERCISED`).
 #[tokio::test]
 async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     let started = Instant::now();
@@ -520,8 +522,13 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     // VolumeAttachments, Nodes and CSINodes too. The key is this test's own, so that the
     // Immediate claims' aggregation over Nodes sees only the Node made here.
     let zone_key = format!("{ns}.example/zone");
-    let driver =
-        Driver::start(&["--attach-required", "--topology", &format!("{zone_key}=z1")]).await;
+    let driver = Driver::start(&[
+        "--attach-required",
+        "--modify-volume",
+        "--topology",
+        &format!("{zone_key}=z1"),
+    ])
+    .await;
     let node = TopologyNode::create(&client, ns, &driver, &zone_key).await;
     let secret_name = "provisioner-secret";
     let class = format!("{ns}-class");
@@ -618,6 +625,15 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     .await;
 
     delete_claim_and_wait_pv_gone(&client, &claims, &data, &sidecar).await;
+    wait_driver_empty(&driver).await;
+
+    // A claim naming a VolumeAttributesClass: the class is read (get) at the attempt.
+    let gold = format!("{ns}-gold");
+    create_attributes_class(&client, &gold, driver.name(), &[("iops", "3000")]).await;
+    let tuned = create_claim(&claims, &attributes_class_claim("tuned", &class, &gold)).await;
+    wait_bound(&claims, "tuned").await;
+    delete_claim_and_wait_pv_gone(&client, &claims, &tuned, &sidecar).await;
+    delete_attributes_class(&client, &gold).await;
     wait_driver_empty(&driver).await;
 
     // An orphan: the driver creates the volume but answers DEADLINE_EXCEEDED, so the operation
@@ -754,7 +770,7 @@ impl TopologyNode {
 
 /// Granted by deploy/node/ (which keeps the base's rules for the central Deployment) and not
 /// sent by a node-mode sidecar, each with the reason.
-const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 26] = [
+const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 27] = [
     (
         "storage.k8s.io",
         "csistoragecapacities",
@@ -793,6 +809,12 @@ const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 26] = [
     ("", "secrets", "get", IN_THE_BASE_TEST),
     ("", "persistentvolumeclaims", "get", IN_THE_BASE_TEST),
     ("", "persistentvolumes", "get", IN_THE_BASE_TEST),
+    (
+        "storage.k8s.io",
+        "volumeattributesclasses",
+        "get",
+        IN_THE_BASE_TEST,
+    ),
     (SNAPSHOTS, "volumesnapshots", "list", NO_SNAPSHOT_CRDS),
     (SNAPSHOTS, "volumesnapshots", "patch", NO_SNAPSHOT_CRDS),
     (

@@ -10,11 +10,11 @@ mod support;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::storage::v1::VolumeAttributesClass;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use serde_json::json;
 
-use support::cluster::{Cluster, claim, create_claim, events_of, pv_name, summarize, wait_event};
+use support::cluster::{
+    Cluster, attributes_class_claim, create_claim, events_of, pv_name, summarize, wait_event,
+};
 use support::eventually;
 use support::peers::{Driver, Sidecar, TIMEOUT};
 
@@ -22,48 +22,10 @@ use support::peers::{Driver, Sidecar, TIMEOUT};
 const RETRY_MAX: &str = "--retry-interval-max=2s";
 
 /// The parameters every class of these tests carries.
-fn parameters() -> BTreeMap<String, String> {
-    BTreeMap::from([
-        ("iops".to_owned(), "3000".to_owned()),
-        ("throughput".to_owned(), "125".to_owned()),
-    ])
-}
+const PARAMETERS: [(&str, &str); 2] = [("iops", "3000"), ("throughput", "125")];
 
-/// A VolumeAttributesClass `<ns>-<suffix>` of `driver_name`, deleted when dropped.
-struct AttributesClass {
-    api: Api<VolumeAttributesClass>,
-    name: String,
-}
-
-impl AttributesClass {
-    fn name_in(cluster: &Cluster, suffix: &str) -> String {
-        format!("{}-{suffix}", cluster.ns())
-    }
-
-    async fn create(cluster: &Cluster, suffix: &str, driver_name: &str) -> AttributesClass {
-        let api: Api<VolumeAttributesClass> = Api::all(cluster.client.clone());
-        let name = Self::name_in(cluster, suffix);
-        let class = VolumeAttributesClass {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..ObjectMeta::default()
-            },
-            driver_name: driver_name.to_owned(),
-            parameters: Some(parameters()),
-        };
-        api.create(&PostParams::default(), &class)
-            .await
-            .unwrap_or_else(|e| panic!("creating VolumeAttributesClass {name}: {e}"));
-        AttributesClass { api, name }
-    }
-
-    /// Deletes the class; its protection finalizer keeps it until no claim or PV names it.
-    async fn delete(self) {
-        self.api
-            .delete(&self.name, &DeleteParams::default())
-            .await
-            .unwrap_or_else(|e| panic!("deleting VolumeAttributesClass {}: {e}", self.name));
-    }
+fn parameters() -> BTreeMap<&'static str, &'static str> {
+    PARAMETERS.into_iter().collect()
 }
 
 /// Creates a 1Gi claim of `class` naming the VolumeAttributesClass `attributes_class`.
@@ -73,11 +35,11 @@ async fn claim_with(
     class: &str,
     attributes_class: &str,
 ) -> PersistentVolumeClaim {
-    let mut pvc = claim(name, class, "1Gi", None);
-    if let Some(spec) = pvc.spec.as_mut() {
-        spec.volume_attributes_class_name = Some(attributes_class.to_owned());
-    }
-    create_claim(&cluster.claims, &pvc).await
+    create_claim(
+        &cluster.claims,
+        &attributes_class_claim(name, class, attributes_class),
+    )
+    .await
 }
 
 /// The CreateVolume requests the driver received for the volume `name`.
@@ -128,13 +90,15 @@ async fn a_class_created_after_its_claim_gives_create_volume_its_parameters() {
         .class("sc", &driver, "Delete", &[("type", "fast")])
         .await;
     let _sidecar = Sidecar::start(&driver, &[RETRY_MAX]);
-    let gold = AttributesClass::name_in(&cluster, "gold");
+    let gold = format!("{}-gold", cluster.ns());
     let pvc = claim_with(&cluster, "tuned", &class, &gold).await;
 
     let not_found = format!("volumeattributesclasses.storage.k8s.io \"{gold}\" not found");
     wait_failed(&cluster, &driver, "tuned", &not_found, 2).await;
 
-    let gold = AttributesClass::create(&cluster, "gold", driver.name()).await;
+    cluster
+        .attributes_class("gold", driver.name(), &PARAMETERS)
+        .await;
     let volume = pv_name(&pvc);
     let bound = eventually("the claim to be bound with its class", TIMEOUT, || async {
         let pvc = cluster
@@ -144,7 +108,7 @@ async fn a_class_created_after_its_claim_gives_create_volume_its_parameters() {
             .map_err(|e| e.to_string())?;
         let status = pvc.status.clone().unwrap_or_default();
         (status.phase.as_deref() == Some("Bound")
-            && status.current_volume_attributes_class_name.as_deref() == Some(gold.name.as_str()))
+            && status.current_volume_attributes_class_name.as_deref() == Some(gold.as_str()))
         .then_some(pvc)
         .ok_or(format!(
             "phase {:?}, current class {:?}",
@@ -161,7 +125,7 @@ async fn a_class_created_after_its_claim_gives_create_volume_its_parameters() {
         pv.spec
             .and_then(|spec| spec.volume_attributes_class_name)
             .as_deref(),
-        Some(gold.name.as_str())
+        Some(gold.as_str())
     );
     let creates = creates_of(&driver, &volume);
     assert!(!creates.is_empty());
@@ -184,7 +148,7 @@ async fn a_class_created_after_its_claim_gives_create_volume_its_parameters() {
 
     cluster.delete_claim("tuned").await;
     cluster.wait_pv_gone(&volume).await;
-    gold.delete().await;
+    cluster.delete_attributes_class(&gold).await;
 }
 
 /// A driver without MODIFY_VOLUME cannot take a claim's class: upstream's text, no CreateVolume.
@@ -193,9 +157,11 @@ async fn a_driver_without_modify_volume_gets_no_claim_with_a_class() {
     let cluster = Cluster::new("vac-nomodify").await;
     let driver = Driver::start(&[]).await;
     let class = cluster.class("sc", &driver, "Delete", &[]).await;
-    let gold = AttributesClass::create(&cluster, "gold", driver.name()).await;
+    let gold = cluster
+        .attributes_class("gold", driver.name(), &PARAMETERS)
+        .await;
     let _sidecar = Sidecar::start(&driver, &[RETRY_MAX]);
-    claim_with(&cluster, "tuned", &class, &gold.name).await;
+    claim_with(&cluster, "tuned", &class, &gold).await;
     wait_failed(
         &cluster,
         &driver,
@@ -205,7 +171,7 @@ async fn a_driver_without_modify_volume_gets_no_claim_with_a_class() {
     )
     .await;
     cluster.delete_claim("tuned").await;
-    gold.delete().await;
+    cluster.delete_attributes_class(&gold).await;
 }
 
 /// A class for another driver is refused with upstream's text, before CreateVolume.
@@ -215,17 +181,17 @@ async fn a_class_of_another_driver_is_refused() {
     let driver = Driver::start(&["--modify-volume"]).await;
     let class = cluster.class("sc", &driver, "Delete", &[]).await;
     let other = "other.csi.example.com";
-    let gold = AttributesClass::create(&cluster, "gold", other).await;
+    let gold = cluster.attributes_class("gold", other, &PARAMETERS).await;
     let _sidecar = Sidecar::start(&driver, &[RETRY_MAX]);
-    claim_with(&cluster, "tuned", &class, &gold.name).await;
+    claim_with(&cluster, "tuned", &class, &gold).await;
     let message = format!(
         "VAC {} referenced in PVC is for driver {other} which does not match driver name {}",
-        gold.name,
+        gold,
         driver.name()
     );
     wait_failed(&cluster, &driver, "tuned", &message, 1).await;
     cluster.delete_claim("tuned").await;
-    gold.delete().await;
+    cluster.delete_attributes_class(&gold).await;
 }
 
 /// With the gate off the class is ignored, as upstream: no MODIFY_VOLUME needed, no class read
@@ -241,7 +207,7 @@ async fn with_the_gate_off_the_class_is_ignored_and_the_claim_is_told_why() {
         &driver,
         &[RETRY_MAX, "--feature-gates=VolumeAttributesClass=false"],
     );
-    let gold = AttributesClass::name_in(&cluster, "gold");
+    let gold = format!("{}-gold", cluster.ns());
     let pvc = claim_with(&cluster, "tuned", &class, &gold).await;
     let volume = pv_name(&pvc);
     let message = format!(

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{
     Event, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Secret,
     VolumeResourceRequirements,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -149,6 +149,23 @@ impl Cluster {
         .await;
     }
 
+    /// Creates the (cluster-scoped) VolumeAttributesClass `<ns>-<suffix>` of `driver_name` and
+    /// returns its name.
+    pub async fn attributes_class(
+        &self,
+        suffix: &str,
+        driver_name: &str,
+        parameters: &[(&str, &str)],
+    ) -> String {
+        let name = format!("{}-{suffix}", self.ns());
+        create_attributes_class(&self.client, &name, driver_name, parameters).await;
+        name
+    }
+
+    pub async fn delete_attributes_class(&self, name: &str) {
+        delete_attributes_class(&self.client, name).await;
+    }
+
     pub async fn create_secret(&self, name: &str, data: &[(&str, &str)]) {
         let secret = Secret {
             metadata: ObjectMeta {
@@ -230,6 +247,54 @@ pub fn claim(
         }),
         ..PersistentVolumeClaim::default()
     }
+}
+
+/// Creates the (cluster-scoped) VolumeAttributesClass `name` of `driver_name`.
+pub async fn create_attributes_class(
+    client: &Client,
+    name: &str,
+    driver_name: &str,
+    parameters: &[(&str, &str)],
+) {
+    let class = VolumeAttributesClass {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        driver_name: driver_name.to_owned(),
+        parameters: Some(
+            parameters
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ),
+    };
+    Api::<VolumeAttributesClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .unwrap_or_else(|e| panic!("creating VolumeAttributesClass {name}: {e}"));
+}
+
+/// Deletes a VolumeAttributesClass; its protection finalizer keeps it until no claim or PV
+/// names it.
+pub async fn delete_attributes_class(client: &Client, name: &str) {
+    Api::<VolumeAttributesClass>::all(client.clone())
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting VolumeAttributesClass {name}: {e}"));
+}
+
+/// A 1Gi claim of `class` naming the VolumeAttributesClass `attributes_class`.
+pub fn attributes_class_claim(
+    name: &str,
+    class: &str,
+    attributes_class: &str,
+) -> PersistentVolumeClaim {
+    let mut pvc = claim(name, class, "1Gi", None);
+    if let Some(spec) = pvc.spec.as_mut() {
+        spec.volume_attributes_class_name = Some(attributes_class.to_owned());
+    }
+    pvc
 }
 
 /// A 1Gi claim with the provisioning-consistency annotation set to `value`.

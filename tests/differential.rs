@@ -14,6 +14,9 @@
 //! since Nodes are cluster-wide, and shared by its two runs, which never overlap: the first
 //! run's Nodes are gone before the second starts.
 //!
+//! VolumeAttributesClass: the reference driver with `--modify-volume`, so its `--request-log`
+//! shows each CreateVolume's `mutable_parameters`.
+//!
 //! Capacity tracking and node deployment: the CSIStorageCapacity objects each sidecar
 //! publishes (labels, owner, class, selector, capacity, maximum size) are compared too, in a
 //! central run over three zones and in a run of two node-mode sidecars, each with its own

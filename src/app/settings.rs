@@ -138,3 +138,36 @@ fn unix_millis() -> u128 {
 fn random_below_10000() -> u16 {
     (uuid::Uuid::new_v4().as_u128() % 10_000) as u16
 }
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResource;
+
+    use super::*;
+
+    fn listing(kinds: &[&str]) -> APIResourceList {
+        APIResourceList {
+            group_version: STORAGE_V1.to_owned(),
+            resources: kinds
+                .iter()
+                .map(|kind| APIResource {
+                    kind: (*kind).to_owned(),
+                    ..APIResource::default()
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_kind_decides_whether_attributes_classes_are_served() {
+        assert!(serves_attributes_classes(&listing(&[
+            "StorageClass",
+            "VolumeAttributesClass"
+        ])));
+        // Kubernetes before 1.34 serves the kind only in v1beta1 (or v1alpha1).
+        assert!(!serves_attributes_classes(&listing(&[
+            "StorageClass",
+            "CSIDriver"
+        ])));
+    }
+}

@@ -14,10 +14,6 @@ use tokio::net::TcpListener;
 
 use crate::config::{HttpArgs, LEADER_HEALTH_PATH};
 
-/// What prometheus-client's text encoder produces.
-pub const OPENMETRICS_CONTENT_TYPE: &str =
-    "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
 /// Renders the metrics exposition on each scrape.
 pub type MetricsEncoder = Arc<dyn Fn() -> String + Send + Sync>;
 
@@ -183,8 +179,11 @@ mod tests {
         (status, head.to_ascii_lowercase(), body.to_owned())
     }
 
+    /// The content type the sidecar serves its metrics with (`Metrics::CONTENT_TYPE`).
+    const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
     async fn start(plan: &ServerPlan, healthy: Arc<AtomicBool>) -> std::net::SocketAddr {
-        let metrics: MetricsEncoder = Arc::new(|| "# TYPE up gauge\nup 1\n# EOF\n".to_owned());
+        let metrics: MetricsEncoder = Arc::new(|| "# TYPE up gauge\nup 1\n".to_owned());
         let check: HealthCheck = Arc::new(move || {
             if healthy.load(Ordering::SeqCst) {
                 Ok(())
@@ -194,7 +193,7 @@ mod tests {
         });
         let listener = bind(&plan.address).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let app = router(plan, metrics, OPENMETRICS_CONTENT_TYPE, check);
+        let app = router(plan, metrics, PROMETHEUS_TEXT, check);
         tokio::spawn(serve(listener, app, std::future::pending()));
         addr
     }
@@ -212,10 +211,10 @@ mod tests {
         let (status, head, body) = get(addr, "/custom-metrics").await;
         assert_eq!(status, 200);
         assert!(
-            head.contains("content-type: application/openmetrics-text"),
+            head.contains("content-type: text/plain; version=0.0.4"),
             "{head}"
         );
-        assert_eq!(body, "# TYPE up gauge\nup 1\n# EOF\n");
+        assert_eq!(body, "# TYPE up gauge\nup 1\n");
 
         assert_eq!(get(addr, LEADER_HEALTH_PATH).await.0, 200);
         assert_eq!(get(addr, LEADER_HEALTH_PATH).await.2, "ok");

@@ -7,11 +7,23 @@ use csi_provisioner::{app, logging, memory};
 
 fn main() -> ExitCode {
     memory::return_large_blocks_to_the_os();
+    let args = Args::parse_flags();
+    if let Err(code) = check(&args) {
+        return code;
+    }
+    // Held past the runtime's end: dropping it writes the buffered info lines.
+    let _log = match logging::init(&args.log) {
+        Ok(guard) => guard,
+        Err(error) => {
+            eprintln!("csi-provisioner: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
-        Ok(runtime) => runtime.block_on(run()),
+        Ok(runtime) => runtime.block_on(app::run(args)),
         Err(error) => {
             eprintln!("csi-provisioner: cannot start the async runtime: {error}");
             ExitCode::FAILURE
@@ -19,30 +31,27 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run() -> ExitCode {
-    let args = Args::parse_flags();
+/// What ends the process before anything starts: `--version`, and flags that are not
+/// accepted (one line each on stderr, exit 1).
+fn check(args: &Args) -> Result<(), ExitCode> {
     // Before `--version`, as upstream.
     if let Err(error) = args
         .node_deployment
         .node_name(std::env::var("NODE_NAME").ok())
     {
         eprintln!("csi-provisioner: {error}");
-        return ExitCode::FAILURE;
+        return Err(ExitCode::FAILURE);
     }
     if args.version {
         println!(
             "{}",
             version_line(&std::env::args().next().unwrap_or_default())
         );
-        return ExitCode::SUCCESS;
-    }
-    if let Err(error) = logging::init(&args.log) {
-        eprintln!("csi-provisioner: {error}");
-        return ExitCode::FAILURE;
+        return Err(ExitCode::SUCCESS);
     }
     if let Err(error) = args.validate() {
         eprintln!("csi-provisioner: {error}");
-        return ExitCode::FAILURE;
+        return Err(ExitCode::FAILURE);
     }
     // A flag whose behaviour is not built is refused, never silently ignored.
     let refused = args.refused();
@@ -50,7 +59,7 @@ async fn run() -> ExitCode {
         for error in refused {
             eprintln!("csi-provisioner: {error}");
         }
-        return ExitCode::FAILURE;
+        return Err(ExitCode::FAILURE);
     }
-    app::run(args).await
+    Ok(())
 }

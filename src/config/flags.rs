@@ -56,8 +56,6 @@ const fn ours(name: &'static str, status: FlagStatus) -> FlagInfo {
     }
 }
 
-const SPLIT_LOGS: FlagStatus = FlagStatus::Refused("split log streams are not built");
-
 /// Every flag with its status; docs/flags.md must agree (checked by a test).
 pub const FLAGS: &[FlagInfo] = {
     use FlagStatus::*;
@@ -101,18 +99,18 @@ pub const FLAGS: &[FlagInfo] = {
         up("enable-pprof", Refused("profiling endpoints are not built")),
         up("retry-interval-start", Same),
         up("retry-interval-max", Same),
-        up("worker-threads", Same),
+        up("worker-threads", Different),
         up("cloning-protection-threads", Same),
         up("snapshot-orphan-sweep-interval", Same),
         up("feature-gates", Different),
         up("logging-format", Different),
-        up("log-flush-frequency", Ignored),
+        up("log-flush-frequency", Same),
         up("v", Different),
-        up("vmodule", Refused("per-module verbosity is not built")),
-        up("log-text-split-stream", SPLIT_LOGS),
-        up("log-text-info-buffer-size", SPLIT_LOGS),
-        up("log-json-split-stream", SPLIT_LOGS),
-        up("log-json-info-buffer-size", SPLIT_LOGS),
+        up("vmodule", Different),
+        up("log-text-split-stream", Different),
+        up("log-text-info-buffer-size", Different),
+        up("log-json-split-stream", Different),
+        up("log-json-info-buffer-size", Different),
         ours("max-concurrent-per-storage-class", Built),
         ours("provisioning-consistency-default", Built),
         ours("drain", Built),

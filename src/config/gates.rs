@@ -15,7 +15,7 @@ pub enum GateKey {
     Provisioner(Gate),
     AllAlpha,
     AllBeta,
-    /// A generic Kubernetes gate upstream also accepts; it has no effect here.
+    /// A generic Kubernetes gate upstream also accepts (see `GENERIC_GATES`).
     Generic(&'static str),
 }
 
@@ -66,7 +66,8 @@ impl Gate {
 }
 
 /// Generic gates of the Kubernetes component libraries that upstream's gate set knows too;
-/// accepted so existing manifests keep working, without effect.
+/// accepted so existing manifests keep working. Only LoggingAlphaOptions has an effect (see
+/// `FeatureGates::logging_alpha_options`).
 const GENERIC_GATES: &[&str] = &[
     "LoggingAlphaOptions",
     "LoggingBetaOptions",
@@ -79,6 +80,8 @@ pub struct FeatureGates {
     explicit: BTreeMap<Gate, bool>,
     all_alpha: Option<bool>,
     all_beta: Option<bool>,
+    /// The generic gates named on the command line, with their values.
+    generic: BTreeMap<&'static str, bool>,
 }
 
 impl FeatureGates {
@@ -115,8 +118,19 @@ impl FeatureGates {
             GateKey::AllAlpha => self.all_alpha = Some(value),
             // No provisioner gate is beta; kept so that `AllBeta=...` is accepted like upstream.
             GateKey::AllBeta => self.all_beta = Some(value),
-            GateKey::Generic(_) => {}
+            GateKey::Generic(name) => {
+                self.generic.insert(name, value);
+            }
         }
+    }
+
+    /// Whether the alpha logging options (split streams, info buffers) may be used: the
+    /// LoggingAlphaOptions gate, off by default and, being alpha, on with `AllAlpha=true`.
+    pub fn logging_alpha_options(&self) -> bool {
+        self.generic
+            .get("LoggingAlphaOptions")
+            .copied()
+            .unwrap_or(self.all_alpha.unwrap_or(false))
     }
 }
 

@@ -26,6 +26,8 @@ mod provision;
 mod topology;
 
 #[cfg(test)]
+mod same_evidence;
+#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeSet;
@@ -44,7 +46,7 @@ pub use gates::{FeatureGates, Gate, GateKey, GateList, parse_gate_list};
 pub use go::{parse_go_bool, parse_go_duration};
 pub use http::{HttpArgs, LEADER_HEALTH_PATH};
 pub use leader::{LabelList, LeaderArgs, parse_label_list};
-pub use logging::{LogArgs, LoggingFormat, parse_vmodule};
+pub use logging::{LogArgs, LoggingFormat, VModule, VModuleItem, parse_quantity, parse_vmodule};
 pub use node_deployment::NodeDeploymentArgs;
 pub use provision::ProvisionArgs;
 pub use topology::TopologyArgs;
@@ -162,6 +164,8 @@ impl Args {
         self.driver.validate()?;
         self.node_deployment.validate()?;
         self.client.validate()?;
+        self.log
+            .validate(self.feature_gates().logging_alpha_options())?;
         self.leader.validate()
     }
 

@@ -75,7 +75,9 @@ fn defaults_equal_upstream() {
     assert_eq!(a.log.logging_format, LoggingFormat::Text);
     assert_eq!(a.log.log_flush_frequency, secs(5));
     assert_eq!(a.log.verbosity, 0);
-    assert_eq!(a.log.vmodule, "");
+    assert!(a.log.vmodule_items().is_empty());
+    assert_eq!(a.log.log_text_info_buffer_size, 0);
+    assert_eq!(a.log.log_json_info_buffer_size, 0);
     assert!(!a.log.log_text_split_stream);
     assert!(!a.log.log_json_split_stream);
     assert_eq!(a.controller.max_concurrent_per_storage_class, 0);
@@ -207,18 +209,28 @@ fn every_flag_parses() {
     assert_eq!(a.log.logging_format, LoggingFormat::Json);
     assert_eq!(a.log.log_flush_frequency, secs(1));
     assert_eq!(a.log.verbosity, 5);
-    assert_eq!(a.log.vmodule, "foo=2,bar*=3");
+    assert_eq!(a.log.vmodule, vec![parse_vmodule("foo=2,bar*=3").unwrap()]);
     assert!(a.log.log_text_split_stream);
-    assert_eq!(a.log.log_text_info_buffer_size, "1Mi");
+    assert_eq!(a.log.log_text_info_buffer_size, 1024 * 1024);
     assert!(a.log.log_json_split_stream);
-    assert_eq!(a.log.log_json_info_buffer_size, "2Mi");
+    assert_eq!(a.log.log_json_info_buffer_size, 2 * 1024 * 1024);
     assert_eq!(a.controller.max_concurrent_per_storage_class, 4);
     assert_eq!(
         a.controller.provisioning_consistency_default,
         ConsistencyDefault::Enable
     );
     assert!(a.controller.drain);
-    assert_eq!(a.validate(), Ok(()));
+    // --vmodule is for the text format only (as upstream); everything else is valid.
+    assert!(matches!(
+        a.validate(),
+        Err(ConfigError::Invalid {
+            flag: "vmodule",
+            ..
+        })
+    ));
+    let mut text = a.clone();
+    text.log.logging_format = LoggingFormat::Text;
+    assert_eq!(text.validate(), Ok(()));
     // Every flag of the table was given above, except the one excluding --http-endpoint.
     let mut given: BTreeSet<_> = FLAGS.iter().map(|f| f.name.to_owned()).collect();
     given.remove("metrics-address");
@@ -275,18 +287,166 @@ fn docs_table_matches_flag_table() {
     }
 }
 
+/// component-base's checks: the alpha logging options need LoggingAlphaOptions (named or
+/// through AllAlpha), given at their defaults they need nothing, `--vmodule` is for the text
+/// format, the flush period must be positive; `--vmodule` occurrences add up.
+#[test]
+fn logging_flags_follow_component_base() {
+    let invalid = |flags: &[&str]| match ok(flags).validate() {
+        Err(ConfigError::Invalid { flag, reason }) => format!("--{flag}: {reason}"),
+        other => panic!("{flags:?}: {other:?}"),
+    };
+    assert_eq!(
+        invalid(&["--log-text-split-stream"]),
+        "--log-text-split-stream: options.text.splitStream: Forbidden: Feature \
+         LoggingAlphaOptions is disabled (enable it with --feature-gates=LoggingAlphaOptions=true)"
+    );
+    for (flag, option) in [
+        (
+            "--log-text-info-buffer-size=1Ki",
+            "options.text.infoBufferSize",
+        ),
+        ("--log-json-split-stream", "options.json.splitStream"),
+        (
+            "--log-json-info-buffer-size=1",
+            "options.json.infoBufferSize",
+        ),
+    ] {
+        assert!(invalid(&[flag]).contains(option), "{flag}");
+        assert!(
+            invalid(&[
+                flag,
+                "--feature-gates=AllAlpha=true,LoggingAlphaOptions=false"
+            ])
+            .contains(option),
+            "{flag}: the named gate wins over AllAlpha"
+        );
+        for gate in ["LoggingAlphaOptions=true", "AllAlpha=true"] {
+            let a = ok(&[flag, &format!("--feature-gates={gate}")]);
+            assert_eq!(a.validate(), Ok(()), "{flag} {gate}");
+        }
+    }
+    for defaults in [
+        "--log-text-split-stream=false",
+        "--log-json-split-stream=false",
+        "--log-text-info-buffer-size=0",
+        "--log-json-info-buffer-size=0Ki",
+    ] {
+        assert_eq!(ok(&[defaults]).validate(), Ok(()), "{defaults}");
+    }
+    assert_eq!(
+        invalid(&["--logging-format=json", "--vmodule=claim=0"]),
+        "--vmodule: Forbidden: Only supported for text log format"
+    );
+    assert_eq!(
+        ok(&["--log-flush-frequency=0s"]).validate(),
+        Err(ConfigError::OutOfRange {
+            flag: "log-flush-frequency",
+            value: "0s".into(),
+            expected: "greater than 0"
+        })
+    );
+    let a = ok(&["--vmodule=claim=5", "--vmodule=leader=2,", "-vmodule=x*=1"]);
+    let items: Vec<_> = a
+        .log
+        .vmodule_items()
+        .into_iter()
+        .map(|i| (i.pattern, i.level))
+        .collect();
+    assert_eq!(
+        items,
+        [("claim".into(), 5), ("leader".into(), 2), ("x*".into(), 1)]
+    );
+    assert!(err(&["--vmodule=claim"]).contains("does not have the pattern=N format"));
+    assert!(err(&["--log-text-info-buffer-size=1KB"]).contains("is not a quantity"));
+    // The flags of the format not chosen are not used.
+    let a = ok(&[
+        "--log-json-split-stream",
+        "--log-json-info-buffer-size=1Ki",
+        "--feature-gates=LoggingAlphaOptions=true",
+    ]);
+    assert!(!a.log.split_stream());
+    assert_eq!(a.log.info_buffer_size(), 0);
+    let a = ok(&[
+        "--logging-format=json",
+        "--log-json-split-stream",
+        "--log-json-info-buffer-size=3Gi",
+    ]);
+    assert!(a.log.split_stream());
+    assert_eq!(
+        a.log.info_buffer_size(),
+        2 * 1024 * 1024 * 1024,
+        "capped as upstream"
+    );
+}
+
+/// Every "same" row names tests of its behaviour (`same_evidence`), and they exist.
+#[test]
+fn every_same_row_names_existing_tests() {
+    let same: BTreeSet<_> = FLAGS
+        .iter()
+        .filter(|f| f.status == FlagStatus::Same)
+        .map(|f| f.name)
+        .collect();
+    let evidenced: BTreeSet<_> = same_evidence::SAME_EVIDENCE
+        .iter()
+        .map(|(f, _)| *f)
+        .collect();
+    assert_eq!(
+        same, evidenced,
+        "FLAGS rows with status same vs same_evidence.rs"
+    );
+    for (flag, tests) in same_evidence::SAME_EVIDENCE {
+        assert!(!tests.is_empty(), "--{flag} names no test");
+        for test in *tests {
+            if let Err(why) = test_exists(test) {
+                panic!("--{flag}: {test}: {why}");
+            }
+        }
+    }
+    // The check itself can fail.
+    assert!(test_exists("src/config/tests.rs::no_such_test").is_err());
+    assert!(
+        test_exists("src/config/tests.rs::test_exists").is_err(),
+        "not a test"
+    );
+    assert!(test_exists("src/nowhere.rs::x").is_err());
+}
+
+/// Whether `path::function` is a test function (not ignored) of this package.
+fn test_exists(name: &str) -> Result<(), String> {
+    let (path, function) = name.rsplit_once("::").ok_or("not path::function")?;
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    let source = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let lines: Vec<_> = source.lines().map(str::trim).collect();
+    let signature = |l: &&str| {
+        ["fn ", "async fn "]
+            .iter()
+            .any(|p| l.starts_with(&format!("{p}{function}(")))
+    };
+    let at = lines.iter().position(signature).ok_or("no such function")?;
+    let attributes: Vec<_> = lines[..at]
+        .iter()
+        .rev()
+        .take_while(|l| l.starts_with("#[") || l.starts_with("//"))
+        .collect();
+    if attributes.iter().any(|l| l.starts_with("#[ignore")) {
+        return Err("ignored".into());
+    }
+    if !attributes
+        .iter()
+        .any(|l| **l == "#[test]" || l.starts_with("#[tokio::test"))
+    {
+        return Err("not a #[test]".into());
+    }
+    Ok(())
+}
+
 #[test]
 fn refused_flag_list() {
     assert_eq!(
         refused_flags().map(|(flag, _)| flag).collect::<Vec<_>>(),
-        vec![
-            "enable-pprof",
-            "vmodule",
-            "log-text-split-stream",
-            "log-text-info-buffer-size",
-            "log-json-split-stream",
-            "log-json-info-buffer-size",
-        ]
+        vec!["enable-pprof"]
     );
     let messages = |flags: &[&str]| -> Vec<String> {
         ok(flags)

@@ -38,7 +38,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::Code;
 use tonic::transport::Channel;
-use tracing::{debug, info, warn};
+use tracing::{info, trace, warn};
 
 use crate::csi::controller_client::ControllerClient;
 use crate::csi::identity_client::IdentityClient;
@@ -387,8 +387,9 @@ impl CsiClient {
         .await
     }
 
-    /// The one place every call goes through: debug logs of request and response (secrets are
-    /// redacted by the messages' `Debug`), the `--timeout` bound (sent to the driver as
+    /// The one place every call goes through: trace logs of request and response, so only
+    /// `-v=5` and above show them, as upstream's `V(5)` (secrets are redacted by the messages'
+    /// `Debug`), the `--timeout` bound (sent to the driver as
     /// `grpc-timeout` too), and the `csi_sidecar_operations_seconds` sample.
     async fn call<Req, Resp, Fut>(
         &self,
@@ -401,7 +402,7 @@ impl CsiClient {
         Resp: fmt::Debug,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
-        debug!(method, ?request, "GRPC call");
+        trace!(method, ?request, "GRPC call");
         let timeout = self.options.call_timeout;
         let mut request = tonic::Request::new(request);
         request.set_timeout(timeout);
@@ -423,8 +424,8 @@ impl CsiClient {
             started.elapsed(),
         );
         match &result {
-            Ok(response) => debug!(method, ?response, "GRPC response"),
-            Err(error) => debug!(method, %error, "GRPC response"),
+            Ok(response) => trace!(method, ?response, "GRPC response"),
+            Err(error) => trace!(method, %error, "GRPC response"),
         }
         result
     }

@@ -13,12 +13,15 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status};
 
+use tracing_subscriber::fmt::MakeWriter;
+
 use super::*;
 use crate::csi::controller_server::{Controller, ControllerServer};
 use crate::csi::controller_service_capability::{self, rpc::Type as RpcType};
 use crate::csi::identity_server::{Identity, IdentityServer};
 use crate::csi::plugin_capability::{self, service::Type as ServiceType};
 use crate::csi::*;
+use crate::logging::Verbosity;
 
 const DRIVER: &str = "fake.csi.example.com";
 
@@ -602,20 +605,25 @@ async fn the_remaining_calls_and_the_controller_trait() {
 }
 
 thread_local! {
-    /// This thread's log capture, open while a test reads its own logs.
-    static CAPTURED_LOGS: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+    /// This thread's log capture and the `-v` it applies, open while a test reads its own logs.
+    static CAPTURED_LOGS: RefCell<Option<(Verbosity, Vec<u8>)>> = const { RefCell::new(None) };
 }
 
-/// Appends to the calling thread's capture when one is open, else discards.
-struct ThreadCapture;
+/// Appends a line to the calling thread's capture when one is open and its `-v` (the
+/// sidecar's own filter, `crate::logging::Verbosity`) writes it, else discards it.
+struct ThreadCapture {
+    written: bool,
+}
 
 impl Write for ThreadCapture {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        CAPTURED_LOGS.with_borrow_mut(|captured| {
-            if let Some(buffer) = captured {
-                buffer.extend_from_slice(bytes);
-            }
-        });
+        if self.written {
+            CAPTURED_LOGS.with_borrow_mut(|captured| {
+                if let Some((_, buffer)) = captured {
+                    buffer.extend_from_slice(bytes);
+                }
+            });
+        }
         Ok(bytes.len())
     }
 
@@ -624,37 +632,58 @@ impl Write for ThreadCapture {
     }
 }
 
-/// Opens a log capture on this thread, at TRACE for every target.
+struct CaptureWriter;
+
+impl<'a> MakeWriter<'a> for CaptureWriter {
+    type Writer = ThreadCapture;
+
+    fn make_writer(&'a self) -> ThreadCapture {
+        ThreadCapture { written: false }
+    }
+
+    fn make_writer_for(&'a self, meta: &tracing::Metadata<'_>) -> ThreadCapture {
+        let written = CAPTURED_LOGS.with_borrow(|captured| {
+            captured
+                .as_ref()
+                .is_some_and(|(verbosity, _)| verbosity.enables(meta))
+        });
+        ThreadCapture { written }
+    }
+}
+
+/// Opens a log capture on this thread that keeps what `-v=verbosity` writes.
 ///
-/// The subscriber is global rather than `set_default`: tracing caches per-callsite interest
-/// process-wide, and a callsite first hit by a parallel test while only a scoped subscriber
-/// existed elsewhere can be cached as disabled, silently losing this test's log lines.
-fn capture_logs_on_this_thread() {
+/// The subscriber is global, at TRACE for every target, rather than `set_default`: tracing
+/// caches per-callsite interest process-wide, and a callsite first hit by a parallel test
+/// while only a scoped subscriber existed elsewhere can be cached as disabled, silently
+/// losing this test's log lines. The `-v` filter is applied per line by the writer instead.
+fn capture_logs_on_this_thread(verbosity: i32) {
     static INSTALL: Once = Once::new();
     INSTALL.call_once(|| {
         let subscriber = tracing_subscriber::fmt()
             .with_max_level(tracing::Level::TRACE)
             .with_ansi(false)
-            .with_writer(|| ThreadCapture)
+            .with_writer(CaptureWriter)
             .finish();
         tracing::subscriber::set_global_default(subscriber)
             .expect("no other test installs a global subscriber");
     });
-    CAPTURED_LOGS.with_borrow_mut(|captured| *captured = Some(Vec::new()));
+    CAPTURED_LOGS.with_borrow_mut(|captured| {
+        *captured = Some((Verbosity::new(verbosity, &[]), Vec::new()));
+    });
 }
 
 fn captured_logs() -> String {
     let bytes = CAPTURED_LOGS
         .with_borrow_mut(Option::take)
+        .map(|(_, bytes)| bytes)
         .unwrap_or_default();
     String::from_utf8(bytes).expect("log output is UTF-8")
 }
 
-// Current-thread runtime: the client's log lines are written on this test's thread.
-#[tokio::test(flavor = "current_thread")]
-async fn requests_are_logged_without_secret_values() {
-    capture_logs_on_this_thread();
-
+/// Creates and deletes a volume with secrets, logging at `-v=verbosity`; returns the log.
+async fn log_of_calls_with_secrets(verbosity: i32) -> String {
+    capture_logs_on_this_thread(verbosity);
     let dir = tempfile::tempdir().unwrap();
     let path = socket_in(&dir);
     let driver = Arc::new(FakeDriver::new());
@@ -672,27 +701,53 @@ async fn requests_are_logged_without_secret_values() {
         })
         .await
         .unwrap();
-
     // The driver did get the secrets: only the logs must not show them.
     assert_eq!(
         *driver.received_secrets.lock().unwrap(),
         [secrets.clone(), secrets]
     );
-    let log = captured_logs();
-    for marker in [
-        "GRPC call",
-        "GRPC response",
-        "/csi.v1.Controller/CreateVolume",
-        "/csi.v1.Controller/DeleteVolume",
-        "pvc-secret-test",
-        "username",
-        "password",
-        crate::csi::STRIPPED,
-    ] {
-        assert!(log.contains(marker), "{marker:?} not logged:\n{log}");
+    captured_logs()
+}
+
+// Current-thread runtime: the client's log lines are written on this test's thread.
+#[tokio::test(flavor = "current_thread")]
+async fn requests_are_logged_without_secret_values() {
+    for verbosity in [5, 10] {
+        let log = log_of_calls_with_secrets(verbosity).await;
+        for marker in [
+            "GRPC call",
+            "GRPC response",
+            "/csi.v1.Controller/CreateVolume",
+            "/csi.v1.Controller/DeleteVolume",
+            "pvc-secret-test",
+            "username",
+            "password",
+            crate::csi::STRIPPED,
+        ] {
+            assert!(
+                log.contains(marker),
+                "-v={verbosity}: {marker:?} not logged:\n{log}"
+            );
+        }
+        for secret in ["admin-user-value", "hunter2-secret-value"] {
+            assert!(!log.contains(secret), "secret {secret:?} leaked:\n{log}");
+        }
     }
-    for secret in ["admin-user-value", "hunter2-secret-value"] {
-        assert!(!log.contains(secret), "secret {secret:?} leaked:\n{log}");
+}
+
+/// docs/flags.md places CSI request and response bodies at `-v=5`, as upstream's `V(5)`.
+#[tokio::test(flavor = "current_thread")]
+async fn request_bodies_are_not_logged_below_v5() {
+    for verbosity in 0..=4 {
+        let log = log_of_calls_with_secrets(verbosity).await;
+        for body in [
+            "GRPC",
+            "pvc-secret-test",
+            "username",
+            "hunter2-secret-value",
+        ] {
+            assert!(!log.contains(body), "-v={verbosity} logs {body:?}:\n{log}");
+        }
     }
 }
 

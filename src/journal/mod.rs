@@ -43,9 +43,8 @@ pub use scope::{DRIVER_LABEL, JournalScope, NODE_LABEL, node_key};
 
 #[derive(Debug, Error)]
 pub enum JournalError {
-    #[error(
-        "the ProvisioningJournal CRD is not installed (apply deploy/base/crd.yaml), or the sidecar may not list provisioningjournals in namespace {namespace}: {source}"
-    )]
+    /// The first list of the shards failed: the sidecar cannot start (see `load_message`).
+    #[error("{}", load_message(.namespace, .source))]
     Load {
         namespace: String,
         source: kube::Error,
@@ -64,6 +63,36 @@ pub enum JournalError {
     EveryNode(kube::Error),
     #[error("another node's journal holds a record this build cannot read: {0}")]
     Unreadable(RecordError),
+}
+
+/// One line saying why the shards could not be listed at start and what to do: a missing CRD
+/// (the API server answers 404 with a plain-text body, which kube reports as "Failed to parse
+/// error data" with the whole status) names the CRD and the command that installs it; missing
+/// RBAC names the grant; anything else gives the API server's message.
+pub fn load_message(namespace: &str, error: &kube::Error) -> String {
+    let crd = <ProvisioningJournal as kube::CustomResourceExt>::crd_name();
+    let one_line = |text: &str| text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match error {
+        kube::Error::Api(status) if status.code == 404 => format!(
+            "the CRD {crd} is not installed; install it with `kubectl apply -f deploy/base/crd.yaml` \
+             (the sidecar keeps its operations in flight there)"
+        ),
+        kube::Error::Api(status) if status.code == 403 => format!(
+            "the sidecar may not list provisioningjournals in namespace {namespace}: it needs get, \
+             list, watch, create and update on them there (deploy/base/role.yaml); the API server \
+             says: {}",
+            one_line(&status.message)
+        ),
+        kube::Error::Api(status) => format!(
+            "cannot list provisioningjournals in namespace {namespace}: HTTP {}: {}",
+            status.code,
+            one_line(&status.message)
+        ),
+        other => format!(
+            "cannot list provisioningjournals in namespace {namespace}: {}",
+            one_line(&other.to_string())
+        ),
+    }
 }
 
 pub struct Journal {
@@ -321,6 +350,56 @@ mod tests {
     use kube::CustomResourceExt;
 
     const SHIPPED_CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base/crd.yaml");
+
+    fn api_error(code: u16, message: &str, reason: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure(message, reason)
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn a_failed_first_list_is_one_line_saying_what_to_do() {
+        // What kube reports when the API server does not serve the resource at all.
+        let missing = api_error(404, "404 page not found", "Failed to parse error data");
+        assert_eq!(
+            JournalError::Load {
+                namespace: "csi".into(),
+                source: missing
+            }
+            .to_string(),
+            "the CRD provisioningjournals.provisioner.csi-rs.dev is not installed; install it with \
+             `kubectl apply -f deploy/base/crd.yaml` (the sidecar keeps its operations in flight \
+             there)"
+        );
+        let forbidden = api_error(
+            403,
+            "provisioningjournals.provisioner.csi-rs.dev is forbidden: User \"system:serviceaccount:csi:p\"\ncannot list resource",
+            "Forbidden",
+        );
+        assert_eq!(
+            load_message("csi", &forbidden),
+            "the sidecar may not list provisioningjournals in namespace csi: it needs get, list, \
+             watch, create and update on them there (deploy/base/role.yaml); the API server says: \
+             provisioningjournals.provisioner.csi-rs.dev is forbidden: User \
+             \"system:serviceaccount:csi:p\" cannot list resource"
+        );
+        assert_eq!(
+            load_message(
+                "csi",
+                &api_error(500, "etcdserver:\n timeout", "InternalError")
+            ),
+            "cannot list provisioningjournals in namespace csi: HTTP 500: etcdserver: timeout"
+        );
+        for error in [
+            load_message("csi", &api_error(404, "404 page not found", "x")),
+            load_message("csi", &forbidden),
+        ] {
+            assert!(!error.contains('\n'), "{error}");
+            assert!(!error.contains("Status {"), "{error}");
+        }
+    }
 
     /// deploy/base/crd.yaml is generated from the Rust type; regenerate it with
     /// `UPDATE_CRD=1 cargo test --lib journal`.

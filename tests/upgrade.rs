@@ -393,9 +393,10 @@ async fn with_only_upstreams_rbac_our_sidecar_exits_naming_what_is_missing() {
     let mut ours = deployment.start_pod("new-0").await;
     let status = ours.wait_exit(TIMEOUT).await;
     let log = ours.log();
-    assert!(
-        !status.success(),
-        "our sidecar ran with upstream's RBAC alone: {}",
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "our sidecar with upstream's RBAC alone ended with {}",
         describe(status)
     );
     let ns = cluster.ns();

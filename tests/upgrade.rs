@@ -151,18 +151,19 @@ fn pod_args(container: &Container) -> Vec<String> {
         .collect()
 }
 
-/// A pod of the Deployment's current template named `pod`: the binary of the sidecar's image
-/// with the container's args, as the ServiceAccount (`kubeconfig`).
-async fn start_pod(
-    client: &Client,
+/// A pod named `pod` running `container` (of the Deployment's template): the binary of its image
+/// with its args and `extra`, as the ServiceAccount (`kubeconfig`).
+fn start_container(
+    container: &Container,
     ns: &str,
     driver: &Driver,
     kubeconfig: &Path,
     pod: &str,
+    extra: &[&str],
 ) -> Sidecar {
-    let container = sidecar_container(client, ns).await;
-    let mut args = pod_args(&container);
+    let mut args = pod_args(container);
     args.push(format!("--kubeconfig={}", kubeconfig.display()));
+    args.extend(extra.iter().map(|arg| (*arg).to_owned()));
     let options = SidecarOptions {
         args,
         metrics: true,
@@ -217,14 +218,25 @@ impl UpstreamDeployment {
 
     /// A pod of the Deployment's current template.
     async fn start_pod(&self, pod: &str) -> Sidecar {
-        start_pod(
-            &self.cluster.client,
+        let container = self.sidecar_container().await;
+        self.start_container(&container, pod, &[])
+    }
+
+    /// The sidecar container of the Deployment's current template.
+    async fn sidecar_container(&self) -> Container {
+        sidecar_container(&self.cluster.client, self.cluster.ns()).await
+    }
+
+    /// A pod running `container` with `extra` args.
+    fn start_container(&self, container: &Container, pod: &str, extra: &[&str]) -> Sidecar {
+        start_container(
+            container,
             self.cluster.ns(),
             &self.driver,
             &self.kubeconfig,
             pod,
+            extra,
         )
-        .await
     }
 
     async fn perform(&self, step: &str) {
@@ -261,7 +273,8 @@ fn assert_not_refused(sidecar: &Sidecar) {
 /// and the extra RBAC are applied while upstream runs, then the image is switched: the rollout
 /// starts a pod of the new template (ours, a standby while upstream leads) and SIGTERMs the old
 /// one. A claim asking for provisioning consistency (a claim patch: the extra RBAC) comes while
-/// the Lease changes hands. Every claim ends Bound to the one volume made for it, the driver
+/// the Lease changes hands, and an old pod restarting mid-rollout stays a standby beside our
+/// leader. Every claim ends Bound to the one volume made for it, the driver
 /// holds exactly the PVs' volumes, the journal empties, nothing is refused, and deleting the
 /// claims deletes every PV and volume, upstream's included.
 #[tokio::test]
@@ -288,6 +301,7 @@ async fn an_upgrade_from_upstream_with_claims_in_flight_loses_nothing() {
     let last = deployment.volume_of("last").await;
     driver.wait_create_received(&last).await;
 
+    let old_container = deployment.sidecar_container().await;
     deployment.perform(STEPS[2]).await;
     let mut ours = deployment.start_pod("new-0").await;
     assert!(
@@ -309,6 +323,9 @@ async fn an_upgrade_from_upstream_with_claims_in_flight_loses_nothing() {
         (holder == "new-0").then_some(()).ok_or(holder)
     })
     .await;
+    // An old pod's container restarting mid-rollout (a liveness probe, an OOM kill): upstream
+    // as a standby beside our leader, with client-go's leader-election log (-v=4).
+    let mut restarted = deployment.start_container(&old_container, "old-1", &["-v=4"]);
     for name in &names {
         let claim = wait_bound(&cluster.claims, name).await;
         assert_bound_to_its_own_volume(&claim);
@@ -352,6 +369,10 @@ async fn an_upgrade_from_upstream_with_claims_in_flight_loses_nothing() {
     })
     .await;
 
+    upstream_stays_standby(&mut restarted).await;
+    restarted.signal(Signal::SIGTERM);
+    restarted.wait_exit(TIMEOUT).await;
+
     ours.signal(Signal::SIGTERM);
     let status = ours.wait_exit(TIMEOUT).await;
     assert!(
@@ -360,6 +381,33 @@ async fn an_upgrade_from_upstream_with_claims_in_flight_loses_nothing() {
         describe(status)
     );
     assert_not_refused(&ours);
+}
+
+/// Upstream's standby reads the Lease our leader renews as held, for longer than the lease
+/// duration (15 s; client-go tries every 5 to 10 s and logs each refusal at -v=4), and never
+/// takes it: the two sidecars agree on who leads while the rollout mixes them.
+async fn upstream_stays_standby(upstream: &mut Sidecar) {
+    support::eventually(
+        "upstream's standby to see our Lease held past a lease duration",
+        TIMEOUT,
+        || async {
+            let log = upstream.log();
+            assert!(
+                !log.to_lowercase().contains("successfully acquired lease"),
+                "upstream took the Lease from our leader:\n{log}"
+            );
+            let refused = log
+                .lines()
+                .filter(|line| line.contains("has not yet expired"))
+                .filter(|line| line.contains(r#"holder="new-0""#))
+                .count();
+            (refused >= 5).then_some(()).ok_or(format!(
+                "{refused} attempts refused, the Lease held by new-0"
+            ))
+        },
+    )
+    .await;
+    upstream.assert_running();
 }
 
 /// The claim is bound to the PV named after it, and that PV to the claim (by UID).

@@ -9,21 +9,15 @@ mod support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use csi_provisioner::journal::Phase;
-use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+    ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret,
 };
 use k8s_openapi::api::storage::v1::{CSINode, CSIStorageCapacity, StorageClass};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, Patch,
-    PatchParams, PostParams,
-};
-use kube::{Client, ResourceExt};
+use kube::Client;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -32,6 +26,9 @@ use support::cluster::{
     create_class, delete_attributes_class, events_of, journal_operations, lease_holder, pv_name,
     storage_class, summarize, wait_bound, wait_event,
 };
+use support::manifests::{
+    Permission, adapt, apply, granted, kind, permission, render, service_account_kubeconfig,
+};
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, describe};
 
 const DEPLOY_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
@@ -39,11 +36,12 @@ const DEPLOY_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
 const NODE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/node");
 const SERVICE_ACCOUNT: &str = "csi-provisioner";
 /// Files of deploy/ holding RBAC rules; each rule must say why it exists.
-const RULE_FILES: [&str; 4] = [
+const RULE_FILES: [&str; 5] = [
     "base/clusterrole.yaml",
     "base/role.yaml",
     "node/clusterrole.yaml",
     "node/role.yaml",
+    "upgrade/rbac.yaml",
 ];
 /// Kinds the tests create for real; the rest of deploy/ is only validated (dry run).
 const APPLIED_KINDS: [&str; 7] = [
@@ -109,105 +107,6 @@ const NO_SNAPSHOT_CRDS: &str = "restores (controller/sources.rs) and the snapsho
 const LISTED_ONLY: &str = "controller/cache.rs lists only where the API server does not stream \
      initial lists; this one does (tests/initial_list.rs runs one that does not)";
 
-/// (API group, resource, verb) as RBAC sees a request.
-type Permission = (String, String, String);
-
-fn permission(group: &str, resource: &str, verb: &str) -> Permission {
-    (group.to_owned(), resource.to_owned(), verb.to_owned())
-}
-
-// ---------------------------------------------------------------------------------------------
-// deploy/: render, adapt to a test namespace, apply.
-
-/// kubectl from the control-plane build (the same directory the testbed uses).
-fn kubectl() -> PathBuf {
-    if let Some(dir) = std::env::var_os(csi_testbed::BIN_DIR_ENV) {
-        return PathBuf::from(dir).join("kubectl");
-    }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/build-control-plane.sh");
-    let output = Command::new("bash")
-        .arg(script)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("running hack/build-control-plane.sh");
-    assert!(
-        output.status.success(),
-        "hack/build-control-plane.sh failed"
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let dir = stdout
-        .lines()
-        .last()
-        .expect("the build script names its directory");
-    PathBuf::from(dir.trim()).join("kubectl")
-}
-
-/// Every object `kubectl kustomize` renders of `dir` (deploy/ or an overlay in it).
-fn render(dir: &str) -> Vec<Value> {
-    let output = Command::new(kubectl())
-        .args(["kustomize", dir])
-        .output()
-        .expect("running kubectl kustomize");
-    assert!(
-        output.status.success(),
-        "kubectl kustomize {dir} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
-    serde_saphyr::from_multiple::<Value>(&text).expect("kustomize prints YAML documents")
-}
-
-fn kind(object: &Value) -> &str {
-    object["kind"].as_str().unwrap_or_default()
-}
-
-/// Moves the rendered objects into namespace `ns`, so tests can run side by side: namespaced
-/// objects get `ns`, cluster-scoped ones a `<ns>-` name prefix (and the references to them
-/// follow), ServiceAccount subjects point into `ns`. The Namespace object becomes `ns` itself
-/// (its labels are applied to the test namespace); the CRD is shared as it is (its name is fixed
-/// by its group and plural).
-fn adapt(objects: &[Value], ns: &str) -> Vec<Value> {
-    let cluster_scoped = [
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "StorageClass",
-        "CSIDriver",
-    ];
-    objects
-        .iter()
-        .cloned()
-        .map(|mut object| {
-            let prefixed =
-                |name: &Value| Value::from(format!("{ns}-{}", name.as_str().unwrap_or_default()));
-            match kind(&object) {
-                "CustomResourceDefinition" => return object,
-                "Namespace" => {
-                    object["metadata"]["name"] = Value::from(ns);
-                    return object;
-                }
-                _ => {}
-            }
-            if cluster_scoped.contains(&kind(&object)) {
-                object["metadata"]["name"] = prefixed(&object["metadata"]["name"]);
-            } else {
-                object["metadata"]["namespace"] = Value::from(ns);
-            }
-            if object["roleRef"]["kind"] == "ClusterRole" {
-                object["roleRef"]["name"] = prefixed(&object["roleRef"]["name"]);
-            }
-            if let Some(subjects) = object.get_mut("subjects").and_then(Value::as_array_mut) {
-                for subject in subjects
-                    .iter_mut()
-                    .filter(|s| s["kind"] == "ServiceAccount")
-                {
-                    subject["namespace"] = Value::from(ns);
-                }
-            }
-            object
-        })
-        .collect()
-}
-
 /// Removes `verb` on `resource` from every rule (the negative test's broken RBAC).
 fn without_verb(objects: &[Value], resource: &str, verb: &str) -> Vec<Value> {
     let mut objects = objects.to_vec();
@@ -224,150 +123,6 @@ fn without_verb(objects: &[Value], resource: &str, verb: &str) -> Vec<Value> {
         }
     }
     objects
-}
-
-/// Every (group, resource, verb) the roles grant.
-fn granted(objects: &[Value]) -> BTreeSet<Permission> {
-    let strings = |value: &Value| -> Vec<String> {
-        value
-            .as_array()
-            .map(|items| {
-                items
-                    .iter()
-                    .filter_map(|item| item.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let mut permissions = BTreeSet::new();
-    for object in objects
-        .iter()
-        .filter(|o| ["ClusterRole", "Role"].contains(&kind(o)))
-    {
-        for rule in object["rules"].as_array().into_iter().flatten() {
-            for group in strings(&rule["apiGroups"]) {
-                for resource in strings(&rule["resources"]) {
-                    for verb in strings(&rule["verbs"]) {
-                        permissions.insert((group.clone(), resource.clone(), verb));
-                    }
-                }
-            }
-        }
-    }
-    permissions
-}
-
-/// Server-side applies every object with strict field validation: the namespace labels, the CRD
-/// and the RBAC objects for real (waiting until the CRD serves), the rest (Deployment,
-/// StorageClass) as a dry run, so the API server checks the whole of deploy/ against its schemas
-/// without running anything. The Deployment's pod is also dry-run created, so Pod Security
-/// admission judges it under the namespace's `restricted` enforcement.
-async fn apply(client: &Client, objects: &[Value]) {
-    for object in objects {
-        let dynamic: DynamicObject =
-            serde_json::from_value(object.clone()).expect("a rendered object is a k8s object");
-        let types = dynamic
-            .types
-            .clone()
-            .expect("rendered objects carry apiVersion and kind");
-        let gvk = GroupVersionKind::try_from(&types).expect("a valid apiVersion");
-        let resource = ApiResource::from_gvk(&gvk);
-        let api: Api<DynamicObject> = match dynamic.namespace() {
-            Some(ns) => Api::namespaced_with(client.clone(), &ns, &resource),
-            None => Api::all_with(client.clone(), &resource),
-        };
-        // Forced: tests/support installs the same CRD at start-up under another manager.
-        let mut params = PatchParams::apply("rbac-test").force().validation_strict();
-        params.dry_run = !APPLIED_KINDS.contains(&types.kind.as_str());
-        if let Err(e) = api
-            .patch(&dynamic.name_any(), &params, &Patch::Apply(&dynamic))
-            .await
-        {
-            panic!("applying {} {}: {e}", types.kind, dynamic.name_any());
-        }
-        match types.kind.as_str() {
-            "CustomResourceDefinition" => wait_established(client, &dynamic.name_any()).await,
-            "Deployment" | "DaemonSet" => dry_run_pod(client, object).await,
-            _ => {}
-        }
-    }
-}
-
-/// A pod of the Deployment's or DaemonSet's template, created as a dry run (admission runs,
-/// nothing is stored).
-async fn dry_run_pod(client: &Client, deployment: &Value) {
-    let namespace = deployment["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or_default();
-    let pod: Pod = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "pod-security-check", "namespace": namespace},
-        "spec": deployment["spec"]["template"]["spec"],
-    }))
-    .expect("the workload's template is a pod spec");
-    let dry_run = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
-    if let Err(e) = Api::<Pod>::namespaced(client.clone(), namespace)
-        .create(&dry_run, &pod)
-        .await
-    {
-        panic!("a pod of deploy/ is not admitted: {e}");
-    }
-}
-
-async fn wait_established(client: &Client, name: &str) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    support::eventually("the CRD to be established", TIMEOUT, || async {
-        let crd = crds.get(name).await.map_err(|e| e.to_string())?;
-        let conditions = crd.status.and_then(|s| s.conditions).unwrap_or_default();
-        conditions
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-            .ok_or(format!("{conditions:?}"))
-    })
-    .await;
-}
-
-/// A kubeconfig for the apiserver that authenticates as the ServiceAccount with a bearer token
-/// from the TokenRequest API (what the kubelet mounts into a pod, minus the refresh).
-async fn service_account_kubeconfig(client: &Client, ns: &str, dir: &Path) -> PathBuf {
-    let token = Api::<ServiceAccount>::namespaced(client.clone(), ns)
-        .create_token_request(
-            SERVICE_ACCOUNT,
-            &PostParams::default(),
-            &TokenRequest::default(),
-        )
-        .await
-        .expect("TokenRequest for the ServiceAccount")
-        .status
-        .expect("a TokenRequest answer has a status")
-        .token;
-    let control_plane = support::control_plane();
-    let admin = kube::config::Kubeconfig::read_from(control_plane.kubeconfig_path())
-        .expect("reading the admin kubeconfig");
-    let ca = admin.clusters[0]
-        .cluster
-        .as_ref()
-        .and_then(|cluster| cluster.certificate_authority.clone())
-        .expect("the admin kubeconfig names the serving CA");
-    let kubeconfig = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "test", "cluster": {
-            "server": control_plane.apiserver_url(),
-            "certificate-authority": ca,
-        }}],
-        "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": SERVICE_ACCOUNT}}],
-        "current-context": "test",
-    });
-    let path = dir.join("service-account.kubeconfig");
-    std::fs::write(&path, kubeconfig.to_string()).expect("writing the kubeconfig");
-    path
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -465,8 +220,8 @@ async fn deployed_from(
 ) -> (Client, support::TestNamespace, Vec<Value>, PathBuf) {
     let (client, ns) = support::test_namespace(prefix).await;
     let objects = broken(adapt(&render(kustomization), ns.name()));
-    apply(&client, &objects).await;
-    let kubeconfig = service_account_kubeconfig(&client, ns.name(), dir).await;
+    apply(&client, &objects, &APPLIED_KINDS, "rbac-test").await;
+    let kubeconfig = service_account_kubeconfig(&client, ns.name(), SERVICE_ACCOUNT, dir).await;
     (client, ns, objects, kubeconfig)
 }
 

@@ -111,6 +111,13 @@ pub fn upstream_provisioner() -> Result<PathBuf, ScriptError> {
     run_build_script("build-upstream-provisioner.sh").map(|dir| dir.join("csi-provisioner"))
 }
 
+/// The source tree of the upstream release [`upstream_provisioner`] builds (from the Go module
+/// cache, downloaded by `hack/upstream-source.sh` if missing): the upgrade test reads upstream's
+/// own RBAC example from it.
+pub fn upstream_source() -> Result<PathBuf, ScriptError> {
+    run_build_script("upstream-source.sh")
+}
+
 /// The Kubernetes end-to-end mock CSI driver (`csi-mock-driver`), a second driver for the
 /// integration tests, built by `hack/build-mock-driver.sh` from the Go module proxy and cached
 /// outside the work tree (about a minute on a cold Go build cache, seconds once the control plane

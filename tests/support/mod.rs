@@ -12,6 +12,7 @@
 pub mod cluster;
 #[path = "csi_wire.rs"]
 pub mod csi_wire;
+pub mod manifests;
 pub mod mock_driver;
 pub mod peers;
 pub mod snapshots;

@@ -31,6 +31,7 @@ mod consistency;
 mod data_source;
 mod deletion;
 mod finalizers;
+mod migration;
 mod names;
 mod naming;
 mod node;
@@ -77,6 +78,7 @@ pub use deletion::{
     pv_is_for_claim, should_delete,
 };
 pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
+pub use migration::{InTreePlugin, MigrationError};
 pub use names::{
     ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_CLASS, ANN_BETA_STORAGE_PROVISIONER,
     ANN_CONTROLLER_MODIFY_SECRET_NAME, ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE,

@@ -23,8 +23,11 @@ use std::time::Duration;
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimStatus, PersistentVolumeSpec, PersistentVolumeStatus, VolumeNodeAffinity,
+    AWSElasticBlockStoreVolumeSource, AzureDiskVolumeSource, AzureFilePersistentVolumeSource,
+    CSIPersistentVolumeSource, CinderPersistentVolumeSource, GCEPersistentDiskVolumeSource,
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimStatus, PersistentVolumeSpec, PersistentVolumeStatus,
+    PortworxVolumeSource, VolumeNodeAffinity, VsphereVirtualDiskVolumeSource,
 };
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -117,6 +120,23 @@ struct CachedVolumeSpec {
     /// Node mode decides by it which node deletes the PV (`provision::volume_on_node`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     node_affinity: Option<VolumeNodeAffinity>,
+    // The in-tree sources of the seven migrated plugins (`provision::has_deletable_source`,
+    // `pv_holds_volume`); absent, and free, on CSI PVs. Not flattened into a struct of their
+    // own: serde's flatten buffers every other field of every PV while parsing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gce_persistent_disk: Option<GCEPersistentDiskVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    aws_elastic_block_store: Option<AWSElasticBlockStoreVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    azure_disk: Option<AzureDiskVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    azure_file: Option<AzureFilePersistentVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cinder: Option<CinderPersistentVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    vsphere_volume: Option<VsphereVirtualDiskVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    portworx_volume: Option<PortworxVolumeSource>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -174,6 +194,13 @@ impl CachedVolume {
                 persistent_volume_reclaim_policy: spec.persistent_volume_reclaim_policy,
                 storage_class_name: spec.storage_class_name,
                 node_affinity: spec.node_affinity,
+                gce_persistent_disk: spec.gce_persistent_disk,
+                aws_elastic_block_store: spec.aws_elastic_block_store,
+                azure_disk: spec.azure_disk,
+                azure_file: spec.azure_file,
+                cinder: spec.cinder,
+                vsphere_volume: spec.vsphere_volume,
+                portworx_volume: spec.portworx_volume,
                 ..PersistentVolumeSpec::default()
             }),
             status: status.map(|status| PersistentVolumeStatus {

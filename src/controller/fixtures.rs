@@ -418,6 +418,8 @@ pub struct Cluster {
     attachments: Option<Vec<VolumeAttachment>>,
     /// `--node-deployment`.
     node: Option<NodeDeployment>,
+    /// The driver's name, when not `DRIVER` (a migration target).
+    driver: Option<&'static str>,
 }
 
 impl Cluster {
@@ -437,7 +439,14 @@ impl Cluster {
             grants_unlisted: false,
             attachments: None,
             node: None,
+            driver: None,
         }
+    }
+
+    /// The driver is named `name` (e.g. a migration target).
+    pub fn driver(mut self, name: &'static str) -> Self {
+        self.driver = Some(name);
+        self
     }
 
     /// `--node-deployment` on `node`, whose driver reports `segment` (and so topology when
@@ -554,6 +563,7 @@ impl Cluster {
         let (client, driver, finish) = scripted(std::iter::once(list).chain(steps));
         let settings = Settings {
             config: ProvisionerConfig {
+                driver_name: self.driver.unwrap_or(DRIVER).to_owned(),
                 volume_name_uuid_length: self.uuid_length,
                 cross_namespace_data_sources: self.grants.is_some(),
                 ..config()

@@ -244,6 +244,15 @@ impl InTreePlugin {
     }
 }
 
+/// Whether two PVs hold the same in-tree volume (the same plugin's source naming one volume).
+pub fn same_in_tree_volume(a: &PersistentVolume, b: &PersistentVolume) -> bool {
+    PLUGINS.into_iter().any(|plugin| {
+        plugin.has_source(a)
+            && plugin.has_source(b)
+            && volume_identity(plugin, a) == volume_identity(plugin, b)
+    })
+}
+
 /// What names the backend volume in a PV's in-tree source.
 fn volume_identity(plugin: InTreePlugin, pv: &PersistentVolume) -> Option<String> {
     let spec = pv.spec.as_ref()?;

@@ -181,20 +181,22 @@ fn csi_pv(
     serde_json::from_value(pv).expect("pv")
 }
 
+/// Plugin, handle, attributes, affinity; expected source field and value, labels, affinity.
+type BackTranslation = (
+    InTreePlugin,
+    &'static str,
+    Value,
+    Vec<(&'static str, &'static [&'static str])>,
+    &'static str,
+    Value,
+    Value,
+    Value,
+);
+
 #[test]
 fn csi_pvs_go_back_to_their_in_tree_sources() {
     use InTreePlugin::*;
-    // (plugin, handle, attributes, affinity, expected source field and value, expected labels, expected affinity)
-    let cases: Vec<(
-        InTreePlugin,
-        &str,
-        Value,
-        Vec<(&str, &[&str])>,
-        &str,
-        Value,
-        Value,
-        Value,
-    )> = vec![
+    let cases: Vec<BackTranslation> = vec![
         (
             GcePd,
             "projects/p/zones/us-central1-a/disks/pvc-1",

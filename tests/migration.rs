@@ -18,7 +18,7 @@ use serde_json::json;
 
 use support::cluster::{Cluster, create_class, storage_class, wait_bound, wait_event};
 use support::eventually;
-use support::peers::{Driver, Sidecar, TIMEOUT};
+use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse_metrics};
 
 const GCE_DRIVER: &str = "pd.csi.storage.gke.io";
 const GCE_IN_TREE: &str = "kubernetes.io/gce-pd";
@@ -94,9 +94,12 @@ async fn a_gce_pd_claim_is_provisioned_and_deleted_through_the_csi_driver() {
         ],
     )
     .await;
-    let sidecar = Sidecar::start(
+    let mut sidecar = Sidecar::start_with(
         &driver,
-        &["--retry-interval-start=200ms", "--retry-interval-max=2s"],
+        SidecarOptions {
+            metrics: true,
+            ..SidecarOptions::args(&["--retry-interval-start=200ms", "--retry-interval-max=2s"])
+        },
     );
 
     // First a migrated PV the sidecar cannot translate: it must be reported once and left
@@ -214,6 +217,24 @@ async fn a_gce_pd_claim_is_provisioned_and_deleted_through_the_csi_driver() {
         }
     })
     .await;
+
+    // The driver calls made for the in-tree volume are labelled migrated, the others not.
+    let samples = parse_metrics(&sidecar.wait_metrics().await);
+    let count = |method: &str, migrated: &str| {
+        metric_sum(
+            &samples,
+            "csi_sidecar_operations_seconds_count",
+            &[
+                ("driver_name", GCE_DRIVER),
+                ("method_name", method),
+                ("grpc_status_code", "OK"),
+                ("migrated", migrated),
+            ],
+        )
+    };
+    assert_eq!(count("/csi.v1.Controller/CreateVolume", "true"), 1.0);
+    assert_eq!(count("/csi.v1.Controller/DeleteVolume", "true"), 1.0);
+    assert!(count("/csi.v1.Identity/GetPluginCapabilities", "false") >= 1.0);
 
     // Meanwhile the untranslatable PV was left alone: reported once, never deleted, and it
     // never got our finalizer.

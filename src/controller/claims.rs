@@ -29,7 +29,7 @@ use super::events::EventType;
 use super::ownership;
 use super::sources::{self, SourceError};
 use crate::csi;
-use crate::csi_client::{CallError, ErrorClass};
+use crate::csi_client::{CallError, ErrorClass, migrated_calls};
 use crate::journal::{JournalError, Operation, Phase};
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{
@@ -174,7 +174,9 @@ impl ClaimReconciler {
     ) -> Result<Action, std::convert::Infallible> {
         let uid = pvc.uid().unwrap_or_default();
         let started = Instant::now();
-        match provision_claim(&pvc, &ctx, work).await {
+        let migrated = matches!(&work, Work::Provision(class)
+            if migrated_plugin(class, &ctx.config.driver_name).is_some());
+        match migrated_calls(migrated, provision_claim(&pvc, &ctx, work)).await {
             Ok(outcome) => {
                 ctx.claim_backoff().forget(&uid);
                 if let Outcome::Provisioned { volume } = &outcome {

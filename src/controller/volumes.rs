@@ -21,7 +21,7 @@ use super::cache::CachedVolume;
 use super::context::Context;
 use super::events::EventType;
 use super::finalizers::{add_finalizer, remove_finalizer};
-use crate::csi_client::CallError;
+use crate::csi_client::{CallError, migrated_calls};
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{
     AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
@@ -90,7 +90,8 @@ impl VolumeReconciler {
     ) -> Result<Action, std::convert::Infallible> {
         let name = pv.name_any();
         let started = Instant::now();
-        match reconcile_volume(&pv, &ctx).await {
+        let migrated = is_migrated(&pv, &ctx.config.driver_name);
+        match migrated_calls(migrated, reconcile_volume(&pv, &ctx)).await {
             Ok(deleted) => {
                 ctx.volume_backoff().forget(&name);
                 if deleted {

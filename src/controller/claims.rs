@@ -308,6 +308,7 @@ async fn provision_claim(
         }
         Work::Refuse(error) => return Err(error.into()),
         Work::BecomeOwner(class) => {
+            let class = as_driver_reads(class, ctx).map_err(ClaimError::ClassTranslation)?;
             return Ok(ownership::compete(pvc, &class, ctx)
                 .await
                 .map_or(Outcome::Nothing, Outcome::RetryIn));
@@ -324,10 +325,7 @@ async fn provision_claim(
     // driver reads it (parameters, allowedTopologies), and its PV translated back.
     let migration = migrated_plugin(&class, &ctx.config.driver_name);
     let in_tree_provisioner = class.provisioner.clone();
-    let class = match migration.map(|plugin| plugin.translate_class(&class)) {
-        None => Ok(class),
-        Some(translated) => translated.map(Arc::new),
-    };
+    let class = as_driver_reads(class, ctx);
     let plan = match &class {
         Ok(class) => {
             plan_provision(pvc, class, &ctx.config, &ctx.caps, &grants).map_err(Into::into)
@@ -467,6 +465,18 @@ async fn provision_claim(
     Ok(Outcome::Provisioned {
         volume: plan.volume_name,
     })
+}
+
+/// The class as the driver reads it: translated when it is an in-tree class migrated to the
+/// driver, else as it is.
+fn as_driver_reads(
+    class: Arc<StorageClass>,
+    ctx: &Context,
+) -> Result<Arc<StorageClass>, MigrationError> {
+    match migrated_plugin(&class, &ctx.config.driver_name) {
+        Some(plugin) => plugin.translate_class(&class).map(Arc::new),
+        None => Ok(class),
+    }
 }
 
 /// The content source of a new CreateVolume, with the source protected by its finalizer;

@@ -84,7 +84,7 @@ fn untranslatable_pv(name: &str, namespace: &str) -> PersistentVolume {
 #[tokio::test]
 async fn a_gce_pd_claim_is_provisioned_and_deleted_through_the_csi_driver() {
     let cluster = Cluster::new("migration").await;
-    let driver = Driver::start_as(
+    let mut driver = Driver::start_as(
         GCE_DRIVER,
         &[
             "--topology",
@@ -262,4 +262,41 @@ async fn a_gce_pd_claim_is_provisioned_and_deleted_through_the_csi_driver() {
         .await
         .expect("deleting the untranslatable PV");
     cluster.wait_pv_gone(&broken_name).await;
+
+    // Upstream's quirk A17, fixed: the driver now answers ids that are no GCE handle, so the
+    // PV of a new claim cannot be translated back; each volume created is deleted again (under
+    // its journal record) and nothing is left once the claim is gone.
+    driver
+        .restart_with(&["--topology", &format!("topology.gke.io/zone={ZONE}")])
+        .await;
+    let unusable = cluster.claim("unusable", &class_name).await;
+    let unusable_volume = format!("pvc-{}", unusable.metadata.uid.clone().expect("uid"));
+    wait_event(
+        &cluster.client,
+        cluster.ns(),
+        "unusable",
+        "ProvisioningFailed",
+        |message| message.contains("to in-tree") && message.contains("the volume was deleted"),
+    )
+    .await;
+    assert!(
+        driver
+            .volume_requests("DeleteVolume")
+            .iter()
+            .any(|request| request.volume_id.starts_with("vol-")),
+        "no DeleteVolume of the untranslatable volume"
+    );
+    assert!(!cluster.pv_exists(&unusable_volume).await);
+    cluster.delete_claim("unusable").await;
+    cluster.wait_claim_gone("unusable").await;
+    eventually("no backend volume to be left", TIMEOUT, || async {
+        let volumes = driver.volumes();
+        if volumes.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{volumes:?}"))
+        }
+    })
+    .await;
+    assert!(!cluster.pv_exists(&unusable_volume).await);
 }

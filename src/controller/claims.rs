@@ -439,12 +439,14 @@ async fn provision_claim(
         .as_ref()
         .map(|volume| volume.volume_id.clone())
         .unwrap_or_default();
-    let pv = match migration.map(|plugin| plugin.to_in_tree(pv.clone())) {
+    let pv = match migration {
         None => pv,
-        Some(Ok(in_tree)) => in_tree,
-        Some(Err(error)) => {
-            return Err(clean_up_untranslatable(ctx, &plan, &request, &handle, error).await);
-        }
+        Some(plugin) => match plugin.to_in_tree(pv) {
+            Ok(in_tree) => in_tree,
+            Err(error) => {
+                return Err(clean_up_untranslatable(ctx, &plan, &request, &handle, error).await);
+            }
+        },
     };
     // The volume takes space from here on, whether or not its PV is saved at this attempt.
     ctx.refresh_capacity(|| RefreshCause::Provisioned {

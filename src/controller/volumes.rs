@@ -102,7 +102,11 @@ impl VolumeReconciler {
                 Ok(Action::await_change())
             }
             Err(error) => {
-                ctx.metrics.delete_failed(&volume_class(&pv));
+                // An untranslatable PV that is not due for deletion was only refused our
+                // finalizer: no deletion failed.
+                if should_delete(&pv) || !matches!(error, VolumeError::Untranslatable(_)) {
+                    ctx.metrics.delete_failed(&volume_class(&pv));
+                }
                 let message = error.to_string();
                 if matches!(
                     error,

@@ -6,8 +6,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::prometheus_text;
+use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -31,12 +31,26 @@ const DEFAULT_BUCKETS: [f64; 11] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 
-/// Labels of `csi_sidecar_operations_seconds`, in upstream's order.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+/// Labels of `csi_sidecar_operations_seconds`, in upstream's order; `migrated` ("true" or
+/// "false") only for a driver that is a CSI migration target, as upstream's.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct CsiOperationLabels {
     driver_name: String,
     method_name: &'static str,
     grpc_status_code: &'static str,
+    migrated: Option<bool>,
+}
+
+impl EncodeLabelSet for CsiOperationLabels {
+    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
+        ("driver_name", self.driver_name.as_str()).encode(encoder.encode_label())?;
+        ("method_name", self.method_name).encode(encoder.encode_label())?;
+        ("grpc_status_code", self.grpc_status_code).encode(encoder.encode_label())?;
+        match self.migrated {
+            Some(migrated) => ("migrated", migrated).encode(encoder.encode_label()),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Labels of the PVC provisioning metrics.
@@ -252,12 +266,14 @@ impl Metrics {
 
     /// Records one CSI call. `method_name` is the full gRPC path
     /// (`/csi.v1.Controller/CreateVolume`), `grpc_status_code` Go's spelling of the code
-    /// (`OK`, `DeadlineExceeded`, as the caller spells it) or [`NON_GRPC_STATUS`].
+    /// (`OK`, `DeadlineExceeded`, as the caller spells it) or [`NON_GRPC_STATUS`];
+    /// `migrated` is `None` unless the driver is a CSI migration target.
     pub fn observe_csi_operation(
         &self,
         driver_name: &str,
         method_name: &'static str,
         grpc_status_code: &'static str,
+        migrated: Option<bool>,
         elapsed: Duration,
     ) {
         self.csi_operations
@@ -265,6 +281,7 @@ impl Metrics {
                 driver_name: driver_name.to_string(),
                 method_name,
                 grpc_status_code,
+                migrated,
             })
             .observe(elapsed.as_secs_f64());
     }
@@ -352,13 +369,22 @@ mod tests {
             UNKNOWN_DRIVER,
             "/csi.v1.Identity/Probe",
             "OK",
+            None,
             Duration::from_millis(20),
         );
         metrics.observe_csi_operation(
             "hostpath.csi.k8s.io",
             "/csi.v1.Controller/CreateVolume",
             NON_GRPC_STATUS,
+            None,
             Duration::from_secs(3),
+        );
+        metrics.observe_csi_operation(
+            "pd.csi.storage.gke.io",
+            "/csi.v1.Controller/DeleteVolume",
+            "OK",
+            Some(true),
+            Duration::from_millis(20),
         );
         metrics.provision_succeeded("fast", "", Duration::from_millis(300));
         metrics.provision_failed("fast", "VolumeSnapshot");
@@ -409,6 +435,9 @@ mod tests {
             "controller_persistentvolumeclaim_provision_failed_total{class=\"fast\",\
              source=\"VolumeSnapshot\"} 1",
             "controller_persistentvolume_delete_total{class=\"fast\"} 1",
+            "csi_sidecar_operations_seconds_count{driver_name=\"pd.csi.storage.gke.io\",\
+             method_name=\"/csi.v1.Controller/DeleteVolume\",grpc_status_code=\"OK\",\
+             migrated=\"true\"} 1",
             "controller_persistentvolume_delete_failed_total{class=\"slow\"} 1",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
@@ -418,7 +447,7 @@ mod tests {
     #[test]
     fn histogram_buckets_are_upstreams() {
         let metrics = Metrics::new();
-        metrics.observe_csi_operation("d", "/m", "OK", Duration::from_millis(1));
+        metrics.observe_csi_operation("d", "/m", "OK", None, Duration::from_millis(1));
         metrics.provision_succeeded("c", "", Duration::from_millis(1));
         let text = metrics.encode();
         let bounds = |prefix: &str| -> Vec<String> {

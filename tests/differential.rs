@@ -22,6 +22,9 @@
 //! central run over three zones and in a run of two node-mode sidecars, each with its own
 //! driver instance, where the CreateVolume requests and the PVs of the claims kube-scheduler put
 //! on each node are compared as well.
+//!
+//! In-tree migration: a `kubernetes.io/gce-pd` claim provisioned through a driver named
+//! `pd.csi.storage.gke.io` (the translated CreateVolume, the in-tree PV), then deleted.
 
 mod support;
 
@@ -1522,6 +1525,96 @@ async fn attributes_classes(side: Side) -> Observed {
 }
 
 // ------------------------------------------------------------------------------ tests
+
+/// In-tree migration: the reference driver named `pd.csi.storage.gke.io` (ids in the GCE
+/// format), a `kubernetes.io/gce-pd` class with `zone` and `fstype`. The PV is an in-tree one
+/// (no CSI driver to find it by): it is read by the claim's volume name, once
+/// kube-controller-manager has marked it migrated. The driver name is fixed, so this is the
+/// one scenario using it.
+async fn migration(side: Side) -> Observed {
+    const GCE_DRIVER: &str = "pd.csi.storage.gke.io";
+    let cluster = Cluster::new(&format!("diff-migration-{}", side.label())).await;
+    let driver = Driver::start_as(
+        GCE_DRIVER,
+        &[
+            "--topology",
+            "topology.gke.io/zone=us-central1-a",
+            "--volume-id-prefix",
+            "projects/UNSPECIFIED/zones/us-central1-a/disks/",
+        ],
+    )
+    .await;
+    let name = format!("{}-gce", cluster.ns());
+    let class = class_with(
+        &name,
+        &driver,
+        "Delete",
+        &[
+            ("zone", "us-central1-a"),
+            ("fstype", "ext4"),
+            ("type", "pd-ssd"),
+        ],
+        |c| "kubernetes.io/gce-pd".clone_into(&mut c.provisioner),
+    );
+    create_class(&cluster.client, &class).await;
+    let claims = ["data"];
+    cluster.claim("data", &name).await;
+    let mut sidecar = start_sidecar(side, &driver, &[]);
+    wait_all_bound(&cluster, &claims).await;
+    let volume = cluster
+        .get_claim("data")
+        .await
+        .and_then(|pvc| pvc.spec?.volume_name)
+        .expect("a bound claim names its PV");
+    let pv = support::eventually("the PV to be marked migrated", TIMEOUT, || async {
+        let pv = cluster.pv(&volume).await;
+        let migrated = pv
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("pv.kubernetes.io/migrated-to"))
+            .is_some();
+        if migrated {
+            Ok(pv)
+        } else {
+            Err("not yet".to_owned())
+        }
+    })
+    .await;
+    let mut observed = observe(
+        &cluster,
+        &driver,
+        &claims,
+        &NO_SOURCES,
+        driver.create_volume_requests(),
+    )
+    .await;
+    let mut normaliser = Normaliser::new(cluster.ns(), driver.name());
+    if let Some(pvc) = cluster.get_claim("data").await {
+        normaliser.claim(&pvc);
+    }
+    observed
+        .pvs
+        .insert("data".to_owned(), normaliser.apply(&pv_json(&pv)));
+    cluster.delete_claim("data").await;
+    let _ = Api::<StorageClass>::all(cluster.client.clone())
+        .delete(&name, &Default::default())
+        .await;
+    // The second run must not find this run's PV (same driver name): each sidecar deletes
+    // its own, with the GCE handle translated from the in-tree PV.
+    cluster.wait_pv_gone(&volume).await;
+    assert!(driver.volumes().is_empty(), "{:?}", driver.volumes());
+    sidecar.assert_running();
+    drop(sidecar);
+    observed
+}
+
+#[tokio::test]
+async fn in_tree_migration_matches_upstream() {
+    let upstream = migration(Side::Upstream).await;
+    let ours = migration(Side::Ours).await;
+    compare("migration", &upstream, &ours);
+}
 
 #[tokio::test]
 async fn immediate_claims_without_topology_match_upstream() {

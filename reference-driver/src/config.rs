@@ -92,6 +92,12 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub request_log: Option<PathBuf>,
 
+    /// New volumes get the id PREFIX followed by their name, instead of `vol-` and a random
+    /// UUID (e.g. `projects/UNSPECIFIED/zones/us-central1-a/disks/` to serve ids in the GCE PD
+    /// driver's format, for the provisioner's in-tree migration tests).
+    #[arg(long, value_name = "PREFIX")]
+    pub volume_id_prefix: Option<String>,
+
     /// Serve no snapshots: CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS and GET_SNAPSHOT are not
     /// advertised, the snapshot RPCs are UNIMPLEMENTED and a CreateVolume from a snapshot is
     /// INVALID_ARGUMENT.
@@ -137,6 +143,8 @@ pub struct DriverConfig {
     pub attach_required: bool,
     /// `--request-log`.
     pub request_log: Option<PathBuf>,
+    /// `--volume-id-prefix`.
+    pub volume_id_prefix: Option<String>,
     /// `--no-snapshots` and `--no-clone` turn these off.
     pub features: Features,
 }
@@ -159,6 +167,7 @@ impl DriverConfig {
             control_file,
             attach_required: false,
             request_log: None,
+            volume_id_prefix: None,
             features: Features::default(),
         }
     }
@@ -216,6 +225,7 @@ impl TryFrom<Cli> for DriverConfig {
             control_file,
             attach_required: cli.attach_required,
             request_log: cli.request_log,
+            volume_id_prefix: cli.volume_id_prefix,
             features: Features {
                 snapshots: !cli.no_snapshots,
                 clone: !cli.no_clone,

@@ -110,6 +110,8 @@ struct Inner {
     faults: FaultInjector,
     features: Features,
     controller_capabilities: Vec<ControllerRpc>,
+    /// `--volume-id-prefix`.
+    volume_id_prefix: Option<String>,
 }
 
 impl Driver {
@@ -138,6 +140,7 @@ impl Driver {
                     config.features,
                     config.attach_required,
                 ),
+                volume_id_prefix: config.volume_id_prefix.clone(),
             }),
             request_log: None,
         })
@@ -253,7 +256,10 @@ impl Driver {
             .inflight
             .acquire(guard::volume_name(&args.name))?;
         self.pause(create_volume_call(req)).await;
-        let new_id = format!("vol-{}", Uuid::new_v4());
+        let new_id = match &self.inner.volume_id_prefix {
+            Some(prefix) => format!("{prefix}{}", args.name),
+            None => format!("vol-{}", Uuid::new_v4()),
+        };
         let volume = self.mutate(|state| {
             if let Some(existing) = state.volume_by_name(&args.name) {
                 held.add(guard::volume_id(&existing.id))?;

@@ -23,8 +23,11 @@ use std::time::Duration;
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt, future};
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PersistentVolumeClaimStatus, PersistentVolumeSpec, PersistentVolumeStatus, VolumeNodeAffinity,
+    AWSElasticBlockStoreVolumeSource, AzureDiskVolumeSource, AzureFilePersistentVolumeSource,
+    CSIPersistentVolumeSource, CinderPersistentVolumeSource, GCEPersistentDiskVolumeSource,
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimStatus, PersistentVolumeSpec, PersistentVolumeStatus,
+    PortworxVolumeSource, VolumeNodeAffinity, VsphereVirtualDiskVolumeSource,
 };
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttachment};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -117,6 +120,23 @@ struct CachedVolumeSpec {
     /// Node mode decides by it which node deletes the PV (`provision::volume_on_node`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     node_affinity: Option<VolumeNodeAffinity>,
+    // The in-tree sources of the seven migrated plugins (`provision::has_deletable_source`,
+    // `pv_holds_volume`); absent, and free, on CSI PVs. Not flattened into a struct of their
+    // own: serde's flatten buffers every other field of every PV while parsing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gce_persistent_disk: Option<GCEPersistentDiskVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    aws_elastic_block_store: Option<AWSElasticBlockStoreVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    azure_disk: Option<AzureDiskVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    azure_file: Option<AzureFilePersistentVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cinder: Option<CinderPersistentVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    vsphere_volume: Option<VsphereVirtualDiskVolumeSource>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    portworx_volume: Option<PortworxVolumeSource>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -174,6 +194,13 @@ impl CachedVolume {
                 persistent_volume_reclaim_policy: spec.persistent_volume_reclaim_policy,
                 storage_class_name: spec.storage_class_name,
                 node_affinity: spec.node_affinity,
+                gce_persistent_disk: spec.gce_persistent_disk,
+                aws_elastic_block_store: spec.aws_elastic_block_store,
+                azure_disk: spec.azure_disk,
+                azure_file: spec.azure_file,
+                cinder: spec.cinder,
+                vsphere_volume: spec.vsphere_volume,
+                portworx_volume: spec.portworx_volume,
                 ..PersistentVolumeSpec::default()
             }),
             status: status.map(|status| PersistentVolumeStatus {
@@ -603,7 +630,8 @@ mod tests {
     use crate::provision::fixtures::{PvBuilder, PvcBuilder};
     use crate::provision::{
         ANN_MIGRATED_TO, ANN_STORAGE_PROVISIONER, PROVISIONING_FINALIZER, claim_class_name,
-        is_provisioner_for_volume, pv_finalizer_action, should_delete,
+        has_deletable_source, is_provisioner_for_volume, pv_finalizer_action, should_delete,
+        volume_finalizer_action,
     };
     use serde_json::json;
 
@@ -751,6 +779,21 @@ mod tests {
         }
     }
 
+    /// A PV without a CSI source, with the in-tree source `source` sets, migrated to "d".
+    fn in_tree(
+        source: impl FnOnce(&mut k8s_openapi::api::core::v1::PersistentVolumeSpec),
+    ) -> PersistentVolume {
+        PvBuilder::new()
+            .no_csi()
+            .annotation(ANN_MIGRATED_TO, "d")
+            .map(|pv| {
+                if let Some(spec) = pv.spec.as_mut() {
+                    source(spec);
+                }
+            })
+            .build()
+    }
+
     #[test]
     fn a_cached_volume_keeps_every_field_the_volume_triage_reads() {
         let volumes = [
@@ -776,13 +819,42 @@ mod tests {
             PvBuilder::new().no_policy().build(),
             PvBuilder::new().no_finalizer().build(),
             PvBuilder::new().class("fast").no_claim_ref().build(),
+            in_tree(|spec| spec.gce_persistent_disk = Some(Default::default())),
+            in_tree(|spec| spec.aws_elastic_block_store = Some(Default::default())),
+            in_tree(|spec| spec.azure_disk = Some(Default::default())),
+            in_tree(|spec| spec.azure_file = Some(Default::default())),
+            in_tree(|spec| spec.cinder = Some(Default::default())),
+            in_tree(|spec| spec.vsphere_volume = Some(Default::default())),
+            in_tree(|spec| spec.portworx_volume = Some(Default::default())),
+            in_tree(|spec| spec.nfs = Some(Default::default())),
         ];
         for pv in volumes {
             let cached = cached_volume(&pv).to_volume().unwrap();
-            for driver in [crate::provision::fixtures::DRIVER, "d", "other"] {
+            for driver in [
+                crate::provision::fixtures::DRIVER,
+                "d",
+                "other",
+                "pd.csi.storage.gke.io",
+                "ebs.csi.aws.com",
+                "disk.csi.azure.com",
+                "file.csi.azure.com",
+                "cinder.csi.openstack.org",
+                "csi.vsphere.vmware.com",
+                "pxd.portworx.com",
+            ] {
                 assert_eq!(
                     is_provisioner_for_volume(&cached, driver),
                     is_provisioner_for_volume(&pv, driver),
+                    "{pv:?}"
+                );
+                assert_eq!(
+                    volume_finalizer_action(&cached, driver),
+                    volume_finalizer_action(&pv, driver),
+                    "{pv:?}"
+                );
+                assert_eq!(
+                    has_deletable_source(&cached, driver),
+                    has_deletable_source(&pv, driver),
                     "{pv:?}"
                 );
             }

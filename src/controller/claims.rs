@@ -29,18 +29,18 @@ use super::events::EventType;
 use super::ownership;
 use super::sources::{self, SourceError};
 use crate::csi;
-use crate::csi_client::{CallError, ErrorClass};
+use crate::csi_client::{CallError, ErrorClass, migrated_calls};
 use crate::journal::{JournalError, Operation, Phase};
 use crate::kube_client::go_error_text;
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{
-    AttributesClassError, ClaimWork, CreateResponseError, DecisionError, ExistingPv, NodeVerdict,
-    ProvisionError, ProvisionPlan, RescheduleCause, TopologyError, TopologyInputs,
-    accessibility_requirements, build_create_volume_request, build_persistent_volume,
-    claim_class_name, claim_work, drain_claim_work, existing_pv, has_operation_in_flight,
-    ignored_attributes_class, mutable_parameters, names_may_collide, needs_finalizer,
-    node_claim_work, node_verdict, plan_provision, pv_is_for_claim, reschedule_patch,
-    selected_node, topology_missing,
+    AttributesClassError, ClaimWork, CreateResponseError, DecisionError, ExistingPv,
+    MigrationError, NodeVerdict, ProvisionError, ProvisionPlan, RescheduleCause, TopologyError,
+    TopologyInputs, accessibility_requirements, build_create_volume_request,
+    build_persistent_volume, claim_class_name, claim_work, drain_claim_work, existing_pv,
+    has_operation_in_flight, ignored_attributes_class, migrated_plugin, mutable_parameters,
+    names_may_collide, needs_finalizer, node_claim_work, node_verdict, plan_provision,
+    pv_is_for_claim, reschedule_patch, selected_node, topology_missing,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -51,6 +51,26 @@ pub enum ClaimError {
     Decision(#[from] DecisionError),
     #[error(transparent)]
     Plan(#[from] ProvisionError),
+    /// Upstream's text.
+    #[error("failed to translate storage class: {0}")]
+    ClassTranslation(MigrationError),
+    /// The volume was created but its PV cannot be given the in-tree source; the volume was
+    /// deleted again (upstream's quirk A17 keeps it and retries forever).
+    #[error(
+        "failed to translate the CSI PV of volume {volume} to in-tree: {error}; the volume was deleted"
+    )]
+    BackTranslation {
+        volume: String,
+        error: MigrationError,
+    },
+    #[error(
+        "failed to translate the CSI PV of volume {volume} to in-tree: {error}; deleting the volume failed, it is retried: {cleanup}"
+    )]
+    BackTranslationCleanup {
+        volume: String,
+        error: MigrationError,
+        cleanup: CallError,
+    },
     #[error(transparent)]
     Topology(#[from] TopologyError),
     #[error(
@@ -165,7 +185,9 @@ impl ClaimReconciler {
     ) -> Result<Action, std::convert::Infallible> {
         let uid = pvc.uid().unwrap_or_default();
         let started = Instant::now();
-        match provision_claim(&pvc, &ctx, work).await {
+        let migrated = matches!(&work, Work::Provision(class)
+            if migrated_plugin(class, &ctx.config.driver_name).is_some());
+        match migrated_calls(migrated, provision_claim(&pvc, &ctx, work)).await {
             Ok(outcome) => {
                 ctx.claim_backoff().forget(&uid);
                 if let Outcome::Provisioned { volume } = &outcome {
@@ -297,6 +319,7 @@ async fn provision_claim(
         }
         Work::Refuse(error) => return Err(error.into()),
         Work::BecomeOwner(class) => {
+            let class = as_driver_reads(class, ctx).map_err(ClaimError::ClassTranslation)?;
             return Ok(ownership::compete(pvc, &class, ctx)
                 .await
                 .map_or(Outcome::Nothing, Outcome::RetryIn));
@@ -309,7 +332,17 @@ async fn provision_claim(
         return Ok(Outcome::RetryIn(left));
     }
     let grants = sources::reference_grants(ctx, pvc).await?;
-    let plan = plan_provision(pvc, &class, &ctx.config, &ctx.caps, &grants);
+    // A claim of an in-tree class migrated to our driver is provisioned with the class as the
+    // driver reads it (parameters, allowedTopologies), and its PV translated back.
+    let migration = migrated_plugin(&class, &ctx.config.driver_name);
+    let in_tree_provisioner = class.provisioner.clone();
+    let class = as_driver_reads(class, ctx);
+    let plan = match &class {
+        Ok(class) => {
+            plan_provision(pvc, class, &ctx.config, &ctx.caps, &grants).map_err(Into::into)
+        }
+        Err(error) => Err(ClaimError::ClassTranslation(error.clone())),
+    };
     if let Ok(plan) = &plan
         && ctx
             .volumes
@@ -330,7 +363,12 @@ async fn provision_claim(
             claim_key(pvc)
         ),
     );
-    let plan = plan?;
+    let mut plan = plan?;
+    let class = class.map_err(ClaimError::ClassTranslation)?;
+    if migration.is_some() {
+        // The PV names the class's own provisioner, as upstream's library writes it.
+        plan.provisioned_by = in_tree_provisioner;
+    }
     let content_source = data_source(ctx, pvc, &class, &plan).await?;
     let requirements = match topology_requirements(ctx, pvc, &class, &plan).await {
         Ok(requirements) => requirements,
@@ -414,12 +452,26 @@ async fn provision_claim(
         Ok(pv) => pv,
         Err(error) => return Err(clean_up_unusable(ctx, &plan, &request, error).await),
     };
+    let handle = response
+        .volume
+        .as_ref()
+        .map(|volume| volume.volume_id.clone())
+        .unwrap_or_default();
+    let pv = match migration {
+        None => pv,
+        Some(plugin) => match plugin.to_in_tree(pv) {
+            Ok(in_tree) => in_tree,
+            Err(error) => {
+                return Err(clean_up_untranslatable(ctx, &plan, &request, &handle, error).await);
+            }
+        },
+    };
     // The volume takes space from here on, whether or not its PV is saved at this attempt.
     ctx.refresh_capacity(|| RefreshCause::Provisioned {
         class: plan.class_name.clone(),
         affinity: pv.spec.as_ref().and_then(|spec| spec.node_affinity.clone()),
     });
-    save_volume(ctx, &plan, pv, &request).await?;
+    save_volume(ctx, &plan, pv, &handle, &request).await?;
     ctx.journal.complete(&plan.volume_name);
     if let Some(source) = &plan.source {
         sources::release_snapshot(ctx, source).await;
@@ -444,6 +496,18 @@ async fn provision_claim(
     Ok(Outcome::Provisioned {
         volume: plan.volume_name,
     })
+}
+
+/// The class as the driver reads it: translated when it is an in-tree class migrated to the
+/// driver, else as it is.
+fn as_driver_reads(
+    class: Arc<StorageClass>,
+    ctx: &Context,
+) -> Result<Arc<StorageClass>, MigrationError> {
+    match migrated_plugin(&class, &ctx.config.driver_name) {
+        Some(plugin) => plugin.translate_class(&class).map(Arc::new),
+        None => Ok(class),
+    }
 }
 
 /// The content source of a new CreateVolume, with the source protected by its finalizer;
@@ -621,21 +685,43 @@ async fn clean_up_unusable(
     }
 }
 
+/// A migrated claim's volume whose PV cannot be translated to the in-tree source is deleted
+/// again, under its journal record: the record goes only once DeleteVolume has succeeded, so
+/// a failed or interrupted deletion is repeated by the next attempt (which replays the
+/// recorded CreateVolume and fails the same way) or, if the claim is gone, by the reaper.
+async fn clean_up_untranslatable(
+    ctx: &Context,
+    plan: &ProvisionPlan,
+    request: &csi::CreateVolumeRequest,
+    handle: &str,
+    error: MigrationError,
+) -> ClaimError {
+    let volume = plan.volume_name.clone();
+    match delete_volume(ctx, &plan.class_name, handle, request.secrets.clone()).await {
+        Ok(()) => {
+            ctx.journal.complete(&plan.volume_name);
+            ClaimError::BackTranslation { volume, error }
+        }
+        Err(cleanup) => ClaimError::BackTranslationCleanup {
+            volume,
+            error,
+            cleanup,
+        },
+    }
+}
+
 /// Creates the PV. AlreadyExists is success only when the existing PV holds this very volume;
-/// otherwise the volume just created is nobody's and is deleted (upstream #1469 leaks it).
+/// otherwise the volume just created (`handle`) is nobody's and is deleted (upstream #1469
+/// leaks it).
 async fn save_volume(
     ctx: &Context,
     plan: &ProvisionPlan,
     pv: PersistentVolume,
+    handle: &str,
     request: &csi::CreateVolumeRequest,
 ) -> Result<(), ClaimError> {
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let handle = pv
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.csi.as_ref())
-        .map(|csi| csi.volume_handle.clone())
-        .unwrap_or_default();
+    let handle = handle.to_owned();
     let name = plan.volume_name.clone();
     match api.create(&PostParams::default(), &pv).await {
         Ok(_) => Ok(()),
@@ -756,7 +842,7 @@ mod tests {
     use crate::journal::OperationRecord;
     use crate::provision::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvBuilder, PvcBuilder};
     use crate::provision::{
-        ANN_PROVISIONING_CONSISTENCY, ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER,
+        ANN_MIGRATED_TO, ANN_PROVISIONING_CONSISTENCY, ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER,
         CLONE_PROTECTION_FINALIZER, PROVISIONING_FINALIZER, SNAPSHOT_PROTECTION_FINALIZER,
     };
 
@@ -874,6 +960,133 @@ mod tests {
         );
         assert!(!in_flight(&scenario));
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    const GCE: &str = "pd.csi.storage.gke.io";
+
+    /// A claim of in-tree class `standard` (`kubernetes.io/gce-pd`), as kube-controller-manager
+    /// annotates it for the driver `pd.csi.storage.gke.io`.
+    fn migrated() -> (Cluster, PersistentVolumeClaim) {
+        let class = ClassBuilder::new()
+            .provisioner("kubernetes.io/gce-pd")
+            .parameter("fstype", "ext4")
+            .parameter("type", "pd-ssd")
+            .build();
+        let pvc = PvcBuilder::new()
+            .annotation(ANN_STORAGE_PROVISIONER, GCE)
+            .annotation(ANN_MIGRATED_TO, GCE)
+            .resource_version("7")
+            .build();
+        (Cluster::new().driver(GCE).class(class), pvc)
+    }
+
+    fn migrated_create() -> CreateVolumeCall {
+        CreateVolumeCall {
+            parameters: strings(&[("type", "pd-ssd")]),
+            secrets: HashMap::new(),
+            ..expected_create()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_migrated_claim_is_provisioned_with_the_translated_class_and_an_in_tree_pv() {
+        let (cluster, pvc) = migrated();
+        let handle = format!("projects/p/zones/us-central1-a/disks/{}", claim_volume());
+        let scenario = cluster
+            .start([
+                record_written(),
+                create_volume(migrated_create(), created(&handle, GIB)),
+                post("/api/v1/persistentvolumes")
+                    .body(json!({
+                        "metadata": {
+                            "name": claim_volume(),
+                            "annotations": { "pv.kubernetes.io/provisioned-by": "kubernetes.io/gce-pd" },
+                        },
+                        "spec": {
+                            "gcePersistentDisk": { "pdName": claim_volume(), "fsType": "ext4" },
+                            "claimRef": { "namespace": "apps", "name": "data", "uid": PVC_UID },
+                        },
+                    }))
+                    .echo(201),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_migrated_volume_whose_pv_cannot_be_translated_is_deleted_under_its_record() {
+        let (cluster, pvc) = migrated();
+        let scenario = cluster
+            .start([
+                record_written(),
+                create_volume(migrated_create(), created("vol-1", GIB)),
+                delete_volume("vol-1", &[], Err(Status::unavailable("driver restarting"))),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, pvc.clone()).await,
+            Action::requeue(RETRY_START)
+        );
+        // The failed deletion keeps the record: the volume is not forgotten.
+        assert!(in_flight(&scenario));
+        let mut events = scenario.finish().await;
+        assert_eq!(events.remove(0), provisioning());
+        assert!(
+            events[0].contains("deleting the volume failed, it is retried"),
+            "{events:?}"
+        );
+
+        let (cluster, pvc) = migrated();
+        let scenario = cluster
+            .start([
+                record_written(),
+                create_volume(migrated_create(), created("vol-1", GIB)),
+                delete_volume("vol-1", &[], Ok(())),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, pvc).await,
+            Action::requeue(RETRY_START)
+        );
+        assert!(!in_flight(&scenario));
+        assert_eq!(
+            scenario.finish().await,
+            [
+                provisioning(),
+                failed(&format!(
+                    "failed to translate the CSI PV of volume {} to in-tree: failed to get id components.Got: 1, wanted 6 components or more. ; the volume was deleted",
+                    claim_volume()
+                ))
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_migrated_class_that_cannot_be_translated_is_reported_before_anything_is_sent() {
+        let (cluster, pvc) = migrated();
+        let class = ClassBuilder::new()
+            .provisioner("kubernetes.io/gce-pd")
+            .parameter("zone", "z")
+            .build();
+        let mut class = class;
+        class.allowed_topologies = Some(vec![Default::default()]);
+        let scenario = cluster.class(class).start([]).await;
+        assert_eq!(
+            reconcile(&scenario, pvc).await,
+            Action::requeue(RETRY_START)
+        );
+        assert_eq!(
+            scenario.finish().await,
+            [
+                provisioning(),
+                failed(
+                    "failed to translate storage class: cannot simultaneously set allowed topologies and zone/zones parameters"
+                )
+            ]
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -2,6 +2,7 @@
 //! the journal, the event recorder and the per-object retry state, built once from
 //! [`Settings`].
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -125,6 +126,9 @@ pub struct Context {
     claim_backoff: Mutex<Backoff<String>>,
     volume_backoff: Mutex<Backoff<String>>,
     infeasible: Mutex<InfeasibleSet>,
+    /// Migrated PVs whose in-tree source could not be translated, by name, with the
+    /// resourceVersion that failed: left alone until they change (never retried in a loop).
+    untranslatable: Mutex<HashMap<String, String>>,
     /// Node mode: this node's wait before each try to own an Immediate claim.
     races: Mutex<Races>,
 }
@@ -211,6 +215,7 @@ impl Context {
             claim_backoff: backoff(),
             volume_backoff: backoff(),
             infeasible: Mutex::new(InfeasibleSet::new(settings.retry_interval_max)),
+            untranslatable: Mutex::new(HashMap::new()),
             races: Mutex::new(Races::default()),
         }
     }
@@ -238,6 +243,10 @@ impl Context {
 
     pub(super) fn infeasible(&self) -> MutexGuard<'_, InfeasibleSet> {
         lock(&self.infeasible)
+    }
+
+    pub(super) fn untranslatable(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        lock(&self.untranslatable)
     }
 
     pub(super) fn races(&self) -> MutexGuard<'_, Races> {

@@ -422,6 +422,8 @@ pub struct Cluster {
     node: Option<NodeDeployment>,
     /// The VolumeAttributesClass gate (on, as by default).
     attributes_classes: bool,
+    /// The driver's name, when not `DRIVER` (a migration target).
+    driver: Option<&'static str>,
 }
 
 impl Cluster {
@@ -442,7 +444,14 @@ impl Cluster {
             attachments: None,
             node: None,
             attributes_classes: true,
+            driver: None,
         }
+    }
+
+    /// The driver is named `name` (e.g. a migration target).
+    pub fn driver(mut self, name: &'static str) -> Self {
+        self.driver = Some(name);
+        self
     }
 
     /// `--node-deployment` on `node`, whose driver reports `segment` (and so topology when
@@ -565,6 +574,7 @@ impl Cluster {
         let (client, driver, finish) = scripted(std::iter::once(list).chain(steps));
         let settings = Settings {
             config: ProvisionerConfig {
+                driver_name: self.driver.unwrap_or(DRIVER).to_owned(),
                 volume_name_uuid_length: self.uuid_length,
                 cross_namespace_data_sources: self.grants.is_some(),
                 volume_attributes_classes: self.attributes_classes,

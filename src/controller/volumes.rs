@@ -21,18 +21,22 @@ use super::cache::CachedVolume;
 use super::context::Context;
 use super::events::EventType;
 use super::finalizers::{add_finalizer, remove_finalizer};
-use crate::csi_client::CallError;
+use crate::csi_client::{CallError, migrated_calls};
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{
     AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
-    check_detached, deletion_secret_from_class, deletion_target, may_delete_pv_first,
-    pv_finalizer_action, should_delete, volume_has_work, volume_on_node,
+    check_detached, deletion_secret_from_class, deletion_target, has_deletable_source,
+    may_delete_pv_first, should_delete, volume_finalizer_action, volume_has_work, volume_on_node,
 };
 
 #[derive(Debug, Error)]
 pub enum VolumeError {
     #[error(transparent)]
     Target(#[from] DeletionError),
+    /// A migrated PV whose in-tree source cannot be translated: it gets no finalizer and is
+    /// not deleted; it is looked at again when it changes.
+    #[error("{0}; the PV is left alone until it changes")]
+    Untranslatable(DeletionError),
     #[error("failed to get secretreference for volume {volume}: {source}")]
     SecretReference {
         volume: String,
@@ -86,7 +90,8 @@ impl VolumeReconciler {
     ) -> Result<Action, std::convert::Infallible> {
         let name = pv.name_any();
         let started = Instant::now();
-        match reconcile_volume(&pv, &ctx).await {
+        let migrated = is_migrated(&pv, &ctx.config.driver_name);
+        match migrated_calls(migrated, reconcile_volume(&pv, &ctx)).await {
             Ok(deleted) => {
                 ctx.volume_backoff().forget(&name);
                 if deleted {
@@ -97,11 +102,16 @@ impl VolumeReconciler {
                 Ok(Action::await_change())
             }
             Err(error) => {
-                ctx.metrics.delete_failed(&volume_class(&pv));
+                // An untranslatable PV that is not due for deletion was only refused our
+                // finalizer: no deletion failed.
+                if should_delete(&pv) || !matches!(error, VolumeError::Untranslatable(_)) {
+                    ctx.metrics.delete_failed(&volume_class(&pv));
+                }
                 let message = error.to_string();
                 if matches!(
                     error,
                     VolumeError::Target(_)
+                        | VolumeError::Untranslatable(_)
                         | VolumeError::SecretReference { .. }
                         | VolumeError::SecretData(_)
                         | VolumeError::Attached(_)
@@ -113,6 +123,10 @@ impl VolumeReconciler {
                         VOLUME_FAILED_DELETE,
                         &message,
                     );
+                }
+                if matches!(error, VolumeError::Untranslatable(_)) {
+                    warn!(volume = name, error = %message, "migrated volume left alone");
+                    return Ok(Action::await_change());
                 }
                 let delay = ctx.volume_backoff().failure(name.clone());
                 warn!(volume = name, error = %message, retry_in = ?delay, "volume deletion failed");
@@ -128,6 +142,11 @@ fn triage(cached: &CachedVolume, ctx: &Context) -> Option<PersistentVolume> {
         .to_volume()
         .inspect_err(|error| error!(%error, "not reconciling"))
         .ok()?;
+    let name = pv.name_any();
+    let version = pv.resource_version();
+    if version.is_some() && ctx.untranslatable().get(&name) == version.as_ref() {
+        return None;
+    }
     // Node mode: another node's PV is left alone, silently (its own sidecar deletes it).
     let on_this_node = ctx
         .node_scope()
@@ -135,31 +154,45 @@ fn triage(cached: &CachedVolume, ctx: &Context) -> Option<PersistentVolume> {
     if on_this_node && volume_has_work(&pv, &ctx.config.driver_name) {
         Some(pv)
     } else {
-        ctx.volume_backoff().forget(&pv.name_any());
+        ctx.volume_backoff().forget(&name);
+        ctx.untranslatable().remove(&name);
         None
     }
 }
 
 /// Returns whether the backend volume and the PV were deleted by this call. Called only for
 /// a PV that [`volume_has_work`].
-async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, VolumeError> {
+async fn reconcile_volume(cached: &PersistentVolume, ctx: &Context) -> Result<bool, VolumeError> {
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    match pv_finalizer_action(pv) {
+    let driver = ctx.config.driver_name.as_str();
+    let whole;
+    let pv = if is_migrated(cached, driver) {
+        match read_migrated(&api, cached, ctx).await? {
+            Some(read) => {
+                whole = read;
+                &whole
+            }
+            None => return Ok(false),
+        }
+    } else {
+        cached
+    };
+    match volume_finalizer_action(pv, driver) {
         FinalizerAction::Add => add_finalizer(&api, pv, PV_FINALIZER).await,
         FinalizerAction::Remove => remove_finalizer(&api, pv, PV_FINALIZER).await,
         FinalizerAction::None => Ok(()),
     }
     .map_err(|source| finalizer_error(pv, source))?;
-    if !should_delete(pv) {
+    if !should_delete(pv) || !has_deletable_source(pv, driver) {
         return Ok(false);
     }
-    // A PV this sidecar cannot delete the volume of (not CSI, no volume handle, a driver
-    // without CREATE_DELETE_VOLUME) is reported before anything irrevocable happens to it.
-    deletion_target(pv, &ctx.caps)?;
+    // A PV this sidecar cannot delete the volume of (no volume handle, a driver without
+    // CREATE_DELETE_VOLUME) is reported before anything irrevocable happens to it.
+    deletion_target(pv, &ctx.caps, driver)?;
     let Some(stored) = commit_deletion(&api, pv).await? else {
         return Ok(false);
     };
-    let target = deletion_target(&stored, &ctx.caps)?;
+    let target = deletion_target(&stored, &ctx.caps, driver)?;
     let secrets = deletion_secrets(ctx, &stored, &target.secrets).await?;
     // Last, as upstream: the PV stays Terminating, held by our finalizer, until no
     // VolumeAttachment names it.
@@ -203,6 +236,42 @@ async fn reconcile_volume(pv: &PersistentVolume, ctx: &Context) -> Result<bool, 
         .await
         .map_err(|source| finalizer_error(&terminating, source))?;
     Ok(true)
+}
+
+/// Whether the PV is an in-tree one of the plugin migrated to this driver.
+fn is_migrated(pv: &PersistentVolume, driver: &str) -> bool {
+    pv.spec.as_ref().is_some_and(|spec| spec.csi.is_none()) && has_deletable_source(pv, driver)
+}
+
+/// A migrated PV as stored (its handle is translated from fields the cache does not keep:
+/// labels, claimRef), `None` if it is gone or replaced. One read per migrated PV with work;
+/// such PVs are few. A translation that fails is remembered for this version of the PV, so
+/// it is neither given our finalizer nor retried until it changes.
+async fn read_migrated(
+    api: &Api<PersistentVolume>,
+    cached: &PersistentVolume,
+    ctx: &Context,
+) -> Result<Option<PersistentVolume>, VolumeError> {
+    let name = cached.name_any();
+    let stored = api
+        .get_opt(&name)
+        .await
+        .map_err(|source| VolumeError::Api {
+            action: "read",
+            name: name.clone(),
+            source,
+        })?;
+    let Some(stored) = stored.filter(|stored| stored.uid() == cached.uid()) else {
+        return Ok(None);
+    };
+    match deletion_target(&stored, &ctx.caps, &ctx.config.driver_name) {
+        Err(error @ DeletionError::Migration(_)) => {
+            let version = cached.resource_version().unwrap_or_default();
+            ctx.untranslatable().insert(name, version);
+            Err(VolumeError::Untranslatable(error))
+        }
+        _ => Ok(Some(stored)),
+    }
 }
 
 /// Checks the cached decision to delete against the API server before DeleteVolume, and
@@ -278,7 +347,7 @@ async fn deletion_secrets(
         DeletionSecrets::Fetch(reference) => reference.clone(),
         DeletionSecrets::FromStorageClass { class_name } => {
             let class = ctx.classes.get(&ObjectRef::new(class_name));
-            match deletion_secret_from_class(pv, class.as_deref()) {
+            match deletion_secret_from_class(pv, class.as_deref(), &ctx.config.driver_name) {
                 Ok(Some(reference)) => reference,
                 Ok(None) => return Ok(HashMap::new()),
                 Err(source) => {
@@ -327,7 +396,9 @@ mod tests {
         patch, secret_read,
     };
     use crate::provision::fixtures::{DRIVER, PvBuilder};
-    use crate::provision::{ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE};
+    use crate::provision::{
+        ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE, ANN_MIGRATED_TO,
+    };
 
     const PV_PATH: &str = "/api/v1/persistentvolumes/pv-1";
     const PV_UID: &str = "pv-uid-1";
@@ -560,6 +631,115 @@ mod tests {
         ));
         assert!(VolumeReconciler::has_work(
             &cached(&with_identity("node-b")),
+            &ctx
+        ));
+        drop(ctx);
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    const GCE: &str = "pd.csi.storage.gke.io";
+
+    /// A GCE PD PV provisioned in-tree (or by a migrated claim), with zone label `zones`.
+    fn in_tree(zones: &str) -> PvBuilder {
+        PvBuilder::new()
+            .uid(PV_UID)
+            .resource_version("5")
+            .provisioned_by("kubernetes.io/gce-pd")
+            .no_csi()
+            .map(|pv| {
+                pv.metadata.labels =
+                    Some([("topology.kubernetes.io/zone".to_owned(), zones.to_owned())].into());
+                if let Some(spec) = pv.spec.as_mut() {
+                    spec.gce_persistent_disk = Some(Default::default());
+                    if let Some(source) = spec.gce_persistent_disk.as_mut() {
+                        "disk-1".clone_into(&mut source.pd_name);
+                    }
+                }
+            })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_migrated_pv_is_deleted_with_the_handle_translated_from_the_whole_pv() {
+        let released = || in_tree("us-central1-a").phase("Released");
+        let scenario = Cluster::new()
+            .driver(GCE)
+            .start([
+                get(PV_PATH).answer(200, released().build()),
+                delete(PV_PATH)
+                    .body(json!({ "preconditions": { "uid": PV_UID, "resourceVersion": "5" } }))
+                    .answer(200, released().deleting().build()),
+                delete_volume(
+                    "projects/UNSPECIFIED/zones/us-central1-a/disks/disk-1",
+                    &[],
+                    Ok(()),
+                ),
+                finalizer_removed(released().deleting()),
+            ])
+            .await;
+        // The cache keeps no labels: the zone comes from the PV as stored.
+        let mut cached_copy = released().build();
+        cached_copy.metadata.labels = None;
+        assert_eq!(
+            reconcile(&scenario, cached_copy).await,
+            Action::await_change()
+        );
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_migrated_pv_that_cannot_be_translated_gets_no_finalizer_and_no_retry() {
+        let bound = || in_tree("not__zones").no_finalizer();
+        let scenario = Cluster::new()
+            .driver(GCE)
+            .start([get(PV_PATH).answer(200, bound().build())])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, bound().build()).await,
+            Action::await_change()
+        );
+        // The same version is not looked at again, not even at a resync.
+        let ctx = scenario.ctx();
+        assert!(!VolumeReconciler::has_work(&cached(&bound().build()), &ctx));
+        assert!(VolumeReconciler::has_work(
+            &cached(&bound().resource_version("6").build()),
+            &ctx
+        ));
+        drop(ctx);
+        assert_eq!(
+            scenario.finish().await,
+            vec![
+                "PersistentVolume/pv-1 Warning VolumeFailedDelete: failed to get region from zones: zone in unexpected format, expected: {locale}-{region}-{zone}, got: not; the PV is left alone until it changes"
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_in_tree_pv_this_driver_cannot_name_only_loses_our_finalizer() {
+        // migrated-to names us, but the source is another plugin's: never deleted by us.
+        let ebs = || {
+            PvBuilder::new()
+                .uid(PV_UID)
+                .resource_version("5")
+                .annotation(ANN_MIGRATED_TO, GCE)
+                .no_csi()
+                .phase("Released")
+                .map(|pv| {
+                    if let Some(spec) = pv.spec.as_mut() {
+                        spec.aws_elastic_block_store = Some(Default::default());
+                    }
+                })
+        };
+        let scenario = Cluster::new()
+            .driver(GCE)
+            .start([finalizer_removed(ebs())])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, ebs().build()).await,
+            Action::await_change()
+        );
+        let ctx = scenario.ctx();
+        assert!(!VolumeReconciler::has_work(
+            &cached(&ebs().no_finalizer().build()),
             &ctx
         ));
         drop(ctx);

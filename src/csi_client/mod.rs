@@ -51,9 +51,25 @@ use crate::csi::{
     NodeGetInfoRequest, NodeGetInfoResponse, ProbeRequest, ProbeResponse,
 };
 use crate::metrics::{Metrics, UNKNOWN_DRIVER};
+use crate::provision::InTreePlugin;
 
 pub use address::parse_csi_address;
 pub use driver_info::{DriverInfo, validate_driver_name};
+
+tokio::task_local! {
+    /// Whether the calls of the current task are made for an in-tree volume (a migrated claim
+    /// or PV): the `migrated` label of their metric samples. Set by the reconcilers around one
+    /// claim's or PV's work, as upstream sets it in the call's context, so that every driver
+    /// call on the way (CreateVolume, a clean-up DeleteVolume) is labelled without each
+    /// carrying it.
+    static MIGRATED_CALLS: bool;
+}
+
+/// Runs `work` with its driver calls labelled `migrated="<migrated>"` (for a driver that is
+/// a migration target; other drivers' samples have no such label).
+pub async fn migrated_calls<F: Future>(migrated: bool, work: F) -> F::Output {
+    MIGRATED_CALLS.scope(migrated, work).await
+}
 pub use error::{
     CallError, Error, ErrorClass, classify, go_code_name, is_infeasible, status_code_label,
 };
@@ -417,10 +433,18 @@ impl CsiClient {
             Ok(_) => Code::Ok,
             Err(err) => err.code(),
         };
+        // Upstream labels every call of a migration target's driver `migrated`, "true" for
+        // the calls made for an in-tree volume (see `migrated_calls`).
+        let migrated = InTreePlugin::for_csi_driver(&self.driver_name).map(|_| {
+            MIGRATED_CALLS
+                .try_with(|migrated| *migrated)
+                .unwrap_or(false)
+        });
         self.metrics.observe_csi_operation(
             &self.driver_name,
             method,
             status_code_label(Some(code)),
+            migrated,
             started.elapsed(),
         );
         match &result {

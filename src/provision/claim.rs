@@ -7,6 +7,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use thiserror::Error;
 
+use super::migration::InTreePlugin;
 use super::names::{
     ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_CLASS, ANN_BETA_STORAGE_PROVISIONER, ANN_MIGRATED_TO,
     ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER,
@@ -35,9 +36,6 @@ pub enum SkipReason {
     NoProvisionerAnnotation,
     /// The claim waits for another provisioner.
     OtherProvisioner { provisioner: String },
-    /// The claim names an in-tree plugin and was migrated to this driver. Provisioning it needs
-    /// the in-tree → CSI translation of the class, which this sidecar does not implement.
-    MigratedInTree { provisioner: String },
     /// WaitForFirstConsumer class and the scheduler has not selected a node yet.
     WaitingForFirstConsumer,
     /// The claim's class belongs to another provisioner (upstream stops silently here too).
@@ -74,10 +72,6 @@ impl fmt::Display for SkipReason {
             Self::OtherProvisioner { provisioner } => {
                 write!(f, "claim waits for provisioner {provisioner:?}")
             }
-            Self::MigratedInTree { provisioner } => write!(
-                f,
-                "claim waits for in-tree provisioner {provisioner:?}; CSI migration is not supported"
-            ),
             Self::WaitingForFirstConsumer => {
                 f.write_str("claim waits for the scheduler to select a node")
             }
@@ -122,19 +116,13 @@ pub fn should_provision(
         });
     }
 
-    let meta = &pvc.metadata;
     let Some(provisioner) = storage_provisioner(pvc) else {
         return ProvisionDecision::Skip(SkipReason::NoProvisionerAnnotation);
     };
-    if provisioner != driver_name {
-        let provisioner = provisioner.to_owned();
-        return ProvisionDecision::Skip(
-            if annotation(meta, ANN_MIGRATED_TO) == Some(driver_name) {
-                SkipReason::MigratedInTree { provisioner }
-            } else {
-                SkipReason::OtherProvisioner { provisioner }
-            },
-        );
+    if !claim_is_for_driver(pvc, driver_name) {
+        return ProvisionDecision::Skip(SkipReason::OtherProvisioner {
+            provisioner: provisioner.to_owned(),
+        });
     }
 
     let Some(class) = class else {
@@ -149,13 +137,43 @@ pub fn should_provision(
         return ProvisionDecision::Skip(SkipReason::WaitingForFirstConsumer);
     }
 
-    if class.provisioner != driver_name {
+    if !class_is_for_driver(class, driver_name) {
         return ProvisionDecision::Skip(SkipReason::ClassOfOtherProvisioner {
             class: class.metadata.name.clone().unwrap_or_default(),
             provisioner: class.provisioner.clone(),
         });
     }
     ProvisionDecision::Provision
+}
+
+/// Whether the claim asks for this driver: its storage-provisioner annotation (GA, else beta)
+/// names the driver, or names the in-tree plugin migrated to the driver while
+/// `pv.kubernetes.io/migrated-to` names the driver (kube-controller-manager writes the CSI
+/// name in both annotations; upstream's library and sidecar together accept exactly these).
+pub fn claim_is_for_driver(pvc: &PersistentVolumeClaim, driver_name: &str) -> bool {
+    match storage_provisioner(pvc) {
+        Some(provisioner) if provisioner == driver_name => true,
+        Some(provisioner) => {
+            InTreePlugin::for_csi_driver(driver_name)
+                .is_some_and(|plugin| plugin.in_tree_name() == provisioner)
+                && annotation(&pvc.metadata, ANN_MIGRATED_TO) == Some(driver_name)
+        }
+        None => false,
+    }
+}
+
+/// Whether the class is provisioned by this driver: its provisioner is the driver, or the
+/// in-tree plugin migrated to it (such a class is translated first, see [`migrated_class`]).
+pub fn class_is_for_driver(class: &StorageClass, driver_name: &str) -> bool {
+    class.provisioner == driver_name || migrated_plugin(class, driver_name).is_some()
+}
+
+/// The in-tree plugin of a class whose provisioner is the in-tree plugin migrated to this
+/// driver: the claims of that class are migrated claims. Decided by the class alone, as
+/// upstream's, not by the claim's annotations.
+pub fn migrated_plugin(class: &StorageClass, driver_name: &str) -> Option<InTreePlugin> {
+    InTreePlugin::for_csi_driver(driver_name)
+        .filter(|plugin| plugin.in_tree_name() == class.provisioner)
 }
 
 /// The StorageClass a claim asks for: the legacy beta annotation wins over
@@ -251,20 +269,81 @@ mod tests {
         );
     }
 
+    const GCE: &str = "pd.csi.storage.gke.io";
+
+    fn in_tree_class() -> StorageClass {
+        ClassBuilder::new()
+            .provisioner("kubernetes.io/gce-pd")
+            .build()
+    }
+
     #[test]
-    fn claim_migrated_from_in_tree_is_skipped_as_unsupported() {
-        let pvc = PvcBuilder::new()
+    fn a_claim_of_an_in_tree_class_migrated_to_this_driver_is_provisioned() {
+        // kube-controller-manager writes the CSI name and migrated-to.
+        let written_by_kcm = PvcBuilder::new()
+            .annotation(ANN_STORAGE_PROVISIONER, GCE)
+            .annotation(ANN_MIGRATED_TO, GCE)
+            .build();
+        // An older controller-manager wrote the in-tree name; migrated-to says it is ours.
+        let in_tree_name = PvcBuilder::new()
+            .annotation(ANN_STORAGE_PROVISIONER, "kubernetes.io/gce-pd")
+            .annotation(ANN_MIGRATED_TO, GCE)
+            .build();
+        for pvc in [written_by_kcm, in_tree_name] {
+            assert_eq!(
+                should_provision(&pvc, Some(&in_tree_class()), GCE),
+                ProvisionDecision::Provision
+            );
+        }
+        assert_eq!(
+            migrated_plugin(&in_tree_class(), GCE),
+            Some(InTreePlugin::GcePd)
+        );
+        assert_eq!(
+            migrated_plugin(&ClassBuilder::new().provisioner(GCE).build(), GCE),
+            None
+        );
+    }
+
+    #[test]
+    fn in_tree_claims_and_classes_of_other_drivers_are_left_alone() {
+        // The in-tree name without migrated-to: not migrated (yet), the in-tree plugin's.
+        let not_migrated = PvcBuilder::new()
+            .annotation(ANN_STORAGE_PROVISIONER, "kubernetes.io/gce-pd")
+            .build();
+        assert!(matches!(
+            should_provision(&not_migrated, Some(&in_tree_class()), GCE),
+            ProvisionDecision::Skip(SkipReason::OtherProvisioner { .. })
+        ));
+        // Migrated to another driver.
+        let to_ebs = PvcBuilder::new()
+            .annotation(ANN_STORAGE_PROVISIONER, "kubernetes.io/aws-ebs")
+            .annotation(ANN_MIGRATED_TO, "ebs.csi.aws.com")
+            .build();
+        assert!(matches!(
+            should_provision(&to_ebs, Some(&in_tree_class()), GCE),
+            ProvisionDecision::Skip(SkipReason::OtherProvisioner { .. })
+        ));
+        // Our annotation, but the class is another migrated plugin's.
+        let ours = PvcBuilder::new()
+            .annotation(ANN_STORAGE_PROVISIONER, GCE)
+            .build();
+        let ebs_class = ClassBuilder::new()
+            .provisioner("kubernetes.io/aws-ebs")
+            .build();
+        assert!(matches!(
+            should_provision(&ours, Some(&ebs_class), GCE),
+            ProvisionDecision::Skip(SkipReason::ClassOfOtherProvisioner { .. })
+        ));
+        // A driver that is no migration target accepts no in-tree class.
+        let hostpath = PvcBuilder::new()
             .annotation(ANN_STORAGE_PROVISIONER, "kubernetes.io/gce-pd")
             .annotation(ANN_MIGRATED_TO, DRIVER)
             .build();
-        let decision = should_provision(&pvc, None, DRIVER);
-        let ProvisionDecision::Skip(reason) = decision else {
-            panic!("expected a skip, got {decision:?}");
-        };
-        assert_eq!(
-            reason.to_string(),
-            "claim waits for in-tree provisioner \"kubernetes.io/gce-pd\"; CSI migration is not supported"
-        );
+        assert!(matches!(
+            should_provision(&hostpath, Some(&in_tree_class()), DRIVER),
+            ProvisionDecision::Skip(SkipReason::OtherProvisioner { .. })
+        ));
     }
 
     #[test]

@@ -8,7 +8,8 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use thiserror::Error;
 
 use super::capabilities::{CapabilityError, check_create_delete_capabilities};
-use super::claim::annotation;
+use super::claim::{annotation, migrated_plugin};
+use super::migration::{InTreePlugin, MigrationError, same_in_tree_volume};
 use super::names::{
     ANN_BETA_STORAGE_CLASS, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
     ANN_MIGRATED_TO, ANN_PROVISIONED_BY, PV_FINALIZER,
@@ -26,9 +27,12 @@ const PHASE_RELEASED: &str = "Released";
 /// Why a PV's backend volume cannot be deleted.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DeletionError {
-    /// The PV has no `spec.csi` (in-tree volumes are not translated).
+    /// The PV has no `spec.csi`, and no in-tree source of the plugin migrated to this driver.
     #[error("invalid CSI PV")]
     NotCsi,
+    /// The in-tree source of a migrated PV, or its in-tree class, could not be translated.
+    #[error(transparent)]
+    Migration(#[from] MigrationError),
     #[error("PV has an empty spec.csi.volumeHandle")]
     EmptyVolumeHandle,
     #[error(transparent)]
@@ -63,20 +67,45 @@ pub enum DeletionSecrets {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeletionTarget {
     pub volume_handle: String,
+    /// The handle was translated from the PV's in-tree source (the `migrated` metric label).
+    pub migrated: bool,
     pub secrets: DeletionSecrets,
 }
 
-/// Whether this driver is responsible for the PV: by `provisioned-by` (or `migrated-to`)
-/// when present; otherwise (static PVs) by `spec.csi.driver`, or `migrated-to` for in-tree
-/// sources.
+/// Whether this driver is responsible for the PV: by `provisioned-by` (the driver, or the
+/// in-tree plugin migrated to it) or `migrated-to` when present; otherwise (static PVs) by
+/// `spec.csi.driver`, or `migrated-to` for in-tree sources.
 pub fn is_provisioner_for_volume(pv: &PersistentVolume, driver: &str) -> bool {
     let migrated_to_us = annotation(&pv.metadata, ANN_MIGRATED_TO) == Some(driver);
     if let Some(provisioner) = annotation(&pv.metadata, ANN_PROVISIONED_BY) {
-        return provisioner == driver || migrated_to_us;
+        let in_tree = InTreePlugin::for_csi_driver(driver).map(InTreePlugin::in_tree_name);
+        return provisioner == driver || Some(provisioner) == in_tree || migrated_to_us;
     }
     match pv.spec.as_ref().and_then(|spec| spec.csi.as_ref()) {
         Some(csi) => csi.driver == driver,
         None => migrated_to_us,
+    }
+}
+
+/// Whether this sidecar can name the PV's backend volume to the driver: a CSI source, or the
+/// in-tree source of the plugin migrated to the driver. Any other PV never gets our
+/// finalizer and is never deleted by us, whatever its annotations say (upstream adds the
+/// finalizer to it and then fails "invalid CSI PV" forever).
+pub fn has_deletable_source(pv: &PersistentVolume, driver: &str) -> bool {
+    pv.spec.as_ref().is_some_and(|spec| spec.csi.is_some())
+        || InTreePlugin::for_csi_driver(driver).is_some_and(|plugin| plugin.has_source(pv))
+}
+
+/// [`pv_finalizer_action`] for a PV of ours: one without a [`has_deletable_source`] loses our
+/// finalizer (a version that did not check put it there): it would hold the PV forever for a
+/// deletion that can never be made.
+pub fn volume_finalizer_action(pv: &PersistentVolume, driver: &str) -> FinalizerAction {
+    if has_deletable_source(pv, driver) {
+        pv_finalizer_action(pv)
+    } else if has_finalizer(pv) {
+        FinalizerAction::Remove
+    } else {
+        FinalizerAction::None
     }
 }
 
@@ -114,22 +143,29 @@ pub fn may_delete_pv_first(pv: &PersistentVolume) -> bool {
     pv.metadata.deletion_timestamp.is_none() && has_finalizer(pv)
 }
 
-/// The volume handle and the secret decision for DeleteVolume.
+/// The volume handle and the secret decision for DeleteVolume: the CSI source's handle, or
+/// the handle translated from the in-tree source of the plugin migrated to `driver`.
 pub fn deletion_target(
     pv: &PersistentVolume,
     caps: &DriverCapabilities,
+    driver: &str,
 ) -> Result<DeletionTarget, DeletionError> {
-    let csi = pv
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.csi.as_ref())
-        .ok_or(DeletionError::NotCsi)?;
+    let (volume_handle, migrated) = match pv.spec.as_ref().and_then(|spec| spec.csi.as_ref()) {
+        Some(csi) => (csi.volume_handle.clone(), false),
+        None => {
+            let plugin = InTreePlugin::for_csi_driver(driver)
+                .filter(|plugin| plugin.has_source(pv))
+                .ok_or(DeletionError::NotCsi)?;
+            (plugin.csi_handle(pv)?, true)
+        }
+    };
     check_create_delete_capabilities(caps)?;
-    if csi.volume_handle.is_empty() {
+    if volume_handle.is_empty() {
         return Err(DeletionError::EmptyVolumeHandle);
     }
     Ok(DeletionTarget {
-        volume_handle: csi.volume_handle.clone(),
+        volume_handle,
+        migrated,
         secrets: deletion_secrets(pv),
     })
 }
@@ -167,13 +203,23 @@ pub fn deletion_secrets(pv: &PersistentVolume) -> DeletionSecrets {
 /// The provisioner secret for a PV without deletion-secret annotations, from its class
 /// (`None` if the class is gone), resolved for a claim that only has the claimRef's name and
 /// namespace. A template that no longer resolves is an error, as upstream.
+///
+/// For a migrated PV (no CSI source) of an in-tree class migrated to `driver`, the class is
+/// translated first, as upstream (only Portworx's translation has secrets).
 pub fn deletion_secret_from_class(
     pv: &PersistentVolume,
     class: Option<&StorageClass>,
+    driver: &str,
 ) -> Result<Option<SecretRef>, DeletionError> {
     let Some(class) = class else {
         return Ok(None);
     };
+    let migrated = pv.spec.as_ref().is_some_and(|spec| spec.csi.is_none());
+    let translated = match migrated_plugin(class, driver) {
+        Some(plugin) if migrated => Some(plugin.translate_class(class)?),
+        _ => None,
+    };
+    let class = translated.as_ref().unwrap_or(class);
     let Some(claim_ref) = pv.spec.as_ref().and_then(|spec| spec.claim_ref.as_ref()) else {
         return Ok(None);
     };
@@ -227,13 +273,17 @@ pub fn existing_pv(
             .and_then(|spec| spec.claim_ref.as_ref())
             .and_then(|claim_ref| claim_ref.uid.clone())
     };
-    let (Some(existing_csi), Some(wanted_csi)) = (csi(existing), csi(wanted)) else {
-        return ExistingPv::Other;
+    let same_volume = match (csi(existing), csi(wanted)) {
+        (Some(existing_csi), Some(wanted_csi)) => {
+            existing_csi.driver == wanted_csi.driver
+                && existing_csi.volume_handle == wanted_csi.volume_handle
+                && may_be_here(existing, &existing_csi.driver, node)
+        }
+        // A migrated claim's PV holds the in-tree source translated from the volume.
+        (None, None) => same_in_tree_volume(existing, wanted),
+        _ => false,
     };
-    if existing_csi.driver != wanted_csi.driver
-        || existing_csi.volume_handle != wanted_csi.volume_handle
-        || !may_be_here(existing, &existing_csi.driver, node)
-    {
+    if !same_volume {
         return ExistingPv::Other;
     }
     if existing.metadata.deletion_timestamp.is_none()
@@ -256,11 +306,14 @@ pub fn pv_holds_volume(
     handle: &str,
     node: Option<&NodeScope<'_>>,
 ) -> bool {
-    pv.spec
-        .as_ref()
-        .and_then(|spec| spec.csi.as_ref())
-        .is_some_and(|csi| csi.driver == driver && csi.volume_handle == handle)
-        && may_be_here(pv, driver, node)
+    let in_tree_holds =
+        || InTreePlugin::for_csi_driver(driver).is_some_and(|plugin| plugin.may_hold(pv, handle));
+    match pv.spec.as_ref().and_then(|spec| spec.csi.as_ref()) {
+        Some(csi) => {
+            csi.driver == driver && csi.volume_handle == handle && may_be_here(pv, driver, node)
+        }
+        None => in_tree_holds(),
+    }
 }
 
 /// Central mode: every PV of the driver is this sidecar's. Node mode: all but those known to
@@ -274,8 +327,11 @@ fn may_be_here(pv: &PersistentVolume, driver: &str, node: Option<&NodeScope<'_>>
 /// A PV of that name from another driver or for another claim says nothing about it.
 pub fn pv_is_for_claim(pv: &PersistentVolume, driver: &str, claim_uid: &str) -> bool {
     let spec = pv.spec.as_ref();
-    spec.and_then(|spec| spec.csi.as_ref())
-        .is_some_and(|csi| csi.driver == driver)
+    let of_driver = match spec.and_then(|spec| spec.csi.as_ref()) {
+        Some(csi) => csi.driver == driver,
+        None => InTreePlugin::for_csi_driver(driver).is_some_and(|plugin| plugin.has_source(pv)),
+    };
+    of_driver
         && spec
             .and_then(|spec| spec.claim_ref.as_ref())
             .and_then(|claim| claim.uid.as_deref())
@@ -462,9 +518,10 @@ mod tests {
             .annotation(ANN_DELETION_SECRET_NAMESPACE, "ns")
             .build();
         assert_eq!(
-            deletion_target(&pv, &caps()),
+            deletion_target(&pv, &caps(), DRIVER),
             Ok(DeletionTarget {
                 volume_handle: "vol-1".into(),
+                migrated: false,
                 secrets: DeletionSecrets::Fetch(SecretRef {
                     name: "creds".into(),
                     namespace: "ns".into()
@@ -545,15 +602,15 @@ mod tests {
             )
             .build();
         assert_eq!(
-            deletion_secret_from_class(&pv, Some(&class)),
+            deletion_secret_from_class(&pv, Some(&class), DRIVER),
             Ok(Some(SecretRef {
                 name: "data-pv-1".into(),
                 namespace: "apps".into()
             }))
         );
-        assert_eq!(deletion_secret_from_class(&pv, None), Ok(None));
+        assert_eq!(deletion_secret_from_class(&pv, None, DRIVER), Ok(None));
         assert_eq!(
-            deletion_secret_from_class(&pv, Some(&ClassBuilder::new().build())),
+            deletion_secret_from_class(&pv, Some(&ClassBuilder::new().build()), DRIVER),
             Ok(None)
         );
     }
@@ -569,7 +626,7 @@ mod tests {
             .parameter("csi.storage.k8s.io/provisioner-secret-namespace", "ns")
             .build();
         assert_eq!(
-            deletion_secret_from_class(&pv, Some(&class)).map_err(|e| e.to_string()),
+            deletion_secret_from_class(&pv, Some(&class), DRIVER).map_err(|e| e.to_string()),
             Err("failed to get secretreference for volume pv-1: error resolving value \"${pvc.annotations['k']}\": invalid tokens: [\"pvc.annotations['k']\"]".to_owned())
         );
     }
@@ -577,7 +634,8 @@ mod tests {
     #[test]
     fn non_csi_volume_cannot_be_deleted() {
         assert_eq!(
-            deletion_target(&PvBuilder::new().no_csi().build(), &caps()).map_err(|e| e.to_string()),
+            deletion_target(&PvBuilder::new().no_csi().build(), &caps(), DRIVER)
+                .map_err(|e| e.to_string()),
             Err("invalid CSI PV".to_owned())
         );
     }
@@ -585,7 +643,7 @@ mod tests {
     #[test]
     fn empty_volume_handle_cannot_be_deleted() {
         assert_eq!(
-            deletion_target(&PvBuilder::new().handle("").build(), &caps())
+            deletion_target(&PvBuilder::new().handle("").build(), &caps(), DRIVER)
                 .map_err(|e| e.to_string()),
             Err("PV has an empty spec.csi.volumeHandle".to_owned())
         );
@@ -598,7 +656,7 @@ mod tests {
             ..caps()
         };
         assert_eq!(
-            deletion_target(&PvBuilder::new().build(), &caps).map_err(|e| e.to_string()),
+            deletion_target(&PvBuilder::new().build(), &caps, DRIVER).map_err(|e| e.to_string()),
             Err("CSI driver does not support dynamic provisioning: controller CREATE_DELETE_VOLUME capability is not reported".to_owned())
         );
     }
@@ -726,5 +784,97 @@ mod tests {
             DRIVER,
             PVC_UID
         ));
+    }
+
+    const GCE: &str = "pd.csi.storage.gke.io";
+
+    fn gce_pv(disk: &str) -> PvBuilder {
+        PvBuilder::new()
+            .provisioned_by("kubernetes.io/gce-pd")
+            .no_csi()
+            .map(|pv| {
+                if let Some(spec) = pv.spec.as_mut() {
+                    spec.gce_persistent_disk = Some(Default::default());
+                    if let Some(source) = spec.gce_persistent_disk.as_mut() {
+                        disk.clone_into(&mut source.pd_name);
+                    }
+                }
+            })
+    }
+
+    #[test]
+    fn a_pv_provisioned_by_the_in_tree_plugin_migrated_to_us_is_ours_and_deletable() {
+        let pv = gce_pv("d").build();
+        assert!(is_provisioner_for_volume(&pv, GCE));
+        assert!(has_deletable_source(&pv, GCE));
+        assert_eq!(
+            deletion_target(&pv, &caps(), GCE),
+            Ok(DeletionTarget {
+                volume_handle: "projects/UNSPECIFIED/zones/UNSPECIFIED/disks/d".to_owned(),
+                migrated: true,
+                secrets: deletion_secrets(&pv),
+            })
+        );
+        // Not for a driver that is no migration target.
+        assert!(!is_provisioner_for_volume(&pv, DRIVER));
+        assert!(!has_deletable_source(&pv, DRIVER));
+        assert_eq!(
+            deletion_target(&pv, &caps(), DRIVER),
+            Err(DeletionError::NotCsi)
+        );
+    }
+
+    #[test]
+    fn a_pv_without_a_source_we_can_name_never_gets_our_finalizer() {
+        let other_plugin = || {
+            PvBuilder::new()
+                .annotation(ANN_MIGRATED_TO, GCE)
+                .no_csi()
+                .map(|pv| {
+                    if let Some(spec) = pv.spec.as_mut() {
+                        spec.cinder = Some(Default::default());
+                    }
+                })
+        };
+        let bound = other_plugin().no_finalizer().build();
+        assert!(is_provisioner_for_volume(&bound, GCE));
+        assert_eq!(
+            pv_finalizer_action(&bound),
+            FinalizerAction::Add,
+            "upstream's rule"
+        );
+        assert_eq!(volume_finalizer_action(&bound, GCE), FinalizerAction::None);
+        assert_eq!(
+            volume_finalizer_action(&other_plugin().build(), GCE),
+            FinalizerAction::Remove
+        );
+        assert_eq!(
+            volume_finalizer_action(&gce_pv("d").no_finalizer().build(), GCE),
+            FinalizerAction::Add
+        );
+    }
+
+    #[test]
+    fn an_in_tree_pv_holds_the_volume_it_names_and_ends_its_operation() {
+        let pv = gce_pv("pvc-1").claim_uid(PVC_UID).build();
+        assert!(pv_holds_volume(
+            &pv,
+            GCE,
+            "projects/p/zones/z/disks/pvc-1",
+            None
+        ));
+        assert!(!pv_holds_volume(
+            &pv,
+            GCE,
+            "projects/p/zones/z/disks/pvc-2",
+            None
+        ));
+        assert!(pv_is_for_claim(&pv, GCE, PVC_UID));
+        assert!(!pv_is_for_claim(&pv, DRIVER, PVC_UID));
+        assert_eq!(existing_pv(&pv, &pv.clone(), None), ExistingPv::Ours);
+        assert_eq!(
+            existing_pv(&gce_pv("other").claim_uid(PVC_UID).build(), &pv, None),
+            ExistingPv::Other
+        );
     }
 }

@@ -368,6 +368,12 @@ impl PvBuilder {
         self
     }
 
+    /// Any change the other builders do not offer.
+    pub fn map(mut self, change: impl FnOnce(&mut PersistentVolume)) -> Self {
+        change(&mut self.0);
+        self
+    }
+
     pub fn no_csi(mut self) -> Self {
         self.spec().csi = None;
         self

@@ -627,9 +627,10 @@ fn check_persistent_volume(
         .clone()
         .map_or(DeletionSecrets::None, DeletionSecrets::Fetch);
     prop_assert_eq!(
-        deletion_target(pv, &provisioning_driver()),
+        deletion_target(pv, &provisioning_driver(), DRIVER),
         Ok(DeletionTarget {
             volume_handle: volume.volume_id.clone(),
+            migrated: false,
             secrets: expected_secrets,
         })
     );
@@ -989,13 +990,13 @@ proptest! {
         class in prop::option::of(class()),
     ) {
         let _ = volume_has_work(&pv, DRIVER);
-        if let Ok(target) = deletion_target(&pv, &caps) {
+        if let Ok(target) = deletion_target(&pv, &caps, DRIVER) {
             let csi = pv.spec.as_ref().and_then(|spec| spec.csi.as_ref());
             let handle = csi.map(|csi| csi.volume_handle.as_str());
             prop_assert!(!target.volume_handle.is_empty());
             prop_assert_eq!(Some(target.volume_handle.as_str()), handle);
         }
-        if let Ok(Some(secret)) = deletion_secret_from_class(&pv, class.as_ref()) {
+        if let Ok(Some(secret)) = deletion_secret_from_class(&pv, class.as_ref(), DRIVER) {
             prop_assert_eq!(dns1123_subdomain_problem(&secret.name), None);
         }
         let _ = existing_pv(&pv, &wanted, None);

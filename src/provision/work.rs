@@ -8,12 +8,13 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::claim::{
-    DecisionError, ProvisionDecision, SkipReason, claim_class_name, should_provision,
-    storage_provisioner,
+    DecisionError, ProvisionDecision, SkipReason, claim_class_name, claim_is_for_driver,
+    should_provision,
 };
 use super::consistency::{has_provisioning_finalizer, may_release_finalizer};
 use super::deletion::{
-    FinalizerAction, is_provisioner_for_volume, pv_finalizer_action, should_delete,
+    FinalizerAction, has_deletable_source, is_provisioner_for_volume, should_delete,
+    volume_finalizer_action,
 };
 use super::naming::volume_name;
 use super::settings::ProvisionerConfig;
@@ -50,7 +51,7 @@ pub fn claim_work<C: Deref<Target = StorageClass>>(
     consistency_by_default: bool,
     in_flight: impl FnOnce(&str) -> bool,
 ) -> ClaimWork<C> {
-    let ours = storage_provisioner(pvc) == Some(config.driver_name.as_str());
+    let ours = claim_is_for_driver(pvc, &config.driver_name);
     if ours && has_provisioning_finalizer(pvc) {
         let in_flight = has_operation_in_flight(pvc, config, in_flight);
         if may_release_finalizer(pvc, in_flight, consistency_by_default) {
@@ -76,7 +77,7 @@ pub fn drain_claim_work<C: Deref<Target = StorageClass>>(
     config: &ProvisionerConfig,
     in_flight: impl FnOnce(&str) -> bool,
 ) -> ClaimWork<C> {
-    if storage_provisioner(pvc) != Some(config.driver_name.as_str()) {
+    if !claim_is_for_driver(pvc, &config.driver_name) {
         return ClaimWork::Nothing(None);
     }
     if !has_operation_in_flight(pvc, config, in_flight) {
@@ -111,7 +112,7 @@ pub fn has_operation_in_flight(
 /// Whether this claim keeps a drain from completing: it is ours and carries our finalizer,
 /// which the provisioner taking over would never remove.
 pub fn holds_up_drain(pvc: &PersistentVolumeClaim, driver_name: &str) -> bool {
-    storage_provisioner(pvc) == Some(driver_name) && has_provisioning_finalizer(pvc)
+    claim_is_for_driver(pvc, driver_name) && has_provisioning_finalizer(pvc)
 }
 
 /// Provision, skip or refuse a live claim, from [`should_provision`].
@@ -134,9 +135,13 @@ fn provision_work<C: Deref<Target = StorageClass>>(
 
 /// Whether a PV needs a reconcile: a PV of ours whose finalizer is out of line with its
 /// reclaim policy, or that is due for deletion.
+///
+/// A PV without a [`has_deletable_source`] has work only to lose our finalizer: it is never
+/// deleted by us, so it cannot fail and retry forever.
 pub fn volume_has_work(pv: &PersistentVolume, driver_name: &str) -> bool {
     is_provisioner_for_volume(pv, driver_name)
-        && (pv_finalizer_action(pv) != FinalizerAction::None || should_delete(pv))
+        && (volume_finalizer_action(pv, driver_name) != FinalizerAction::None
+            || (should_delete(pv) && has_deletable_source(pv, driver_name)))
 }
 
 #[cfg(test)]

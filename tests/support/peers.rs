@@ -288,6 +288,13 @@ impl Driver {
         Self::start_named(name, extra, log_filter).await
     }
 
+    /// A driver named `name`, for the one test of its binary that needs that very name (a
+    /// CSI migration target: the in-tree migration tests). Tests sharing a binary must not use
+    /// the same name concurrently.
+    pub async fn start_as(name: &str, extra: &[&str]) -> Driver {
+        Self::start_named(name.to_owned(), extra, "info,csi_reference_driver=debug").await
+    }
+
     /// A second driver process of the same name with its own state, as the driver container
     /// of a second sidecar replica: each replica's calls arrive at its own driver.
     pub async fn twin(&self, extra: &[&str]) -> Driver {

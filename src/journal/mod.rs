@@ -49,12 +49,6 @@ pub enum JournalError {
         namespace: String,
         source: kube::Error,
     },
-    /// The CRD is there but the role is not: the usual state of a deployment that switched
-    /// from upstream's image without our RBAC (upstream's example grants nothing on the journal).
-    #[error(
-        "the sidecar may not list provisioningjournals in namespace {namespace}, where it keeps its journal: grant get, list, watch, create and update on them there (deploy/base/role.yaml; on top of upstream's RBAC example: deploy/upgrade/rbac.yaml, see docs/deploy.md \"Upgrade from upstream\"). The API server said: {message}"
-    )]
-    Forbidden { namespace: String, message: String },
     #[error(
         "the journal did not store the operation within {0:?}; CreateVolume is not sent until it does"
     )]
@@ -83,10 +77,13 @@ pub fn load_message(namespace: &str, error: &kube::Error) -> String {
             "the CRD {crd} is not installed; install it with `kubectl apply -f deploy/base/crd.yaml` \
              (the sidecar keeps its operations in flight there)"
         ),
+        // The CRD is there but the role is not: the usual state of a deployment that switched
+        // from upstream's image without our RBAC (upstream's example grants nothing on it).
         kube::Error::Api(status) if status.code == 403 => format!(
-            "the sidecar may not list provisioningjournals in namespace {namespace}: it needs get, \
-             list, watch, create and update on them there (deploy/base/role.yaml); the API server \
-             says: {}",
+            "the sidecar may not list provisioningjournals in namespace {namespace}, where it keeps \
+             its journal: grant get, list, watch, create and update on them there \
+             (deploy/base/role.yaml; on top of upstream's RBAC example: deploy/upgrade/rbac.yaml, \
+             see docs/deploy.md \"Upgrade from upstream\"); the API server says: {}",
             one_line(&status.message)
         ),
         kube::Error::Api(status) => format!(
@@ -132,7 +129,10 @@ impl Journal {
         let existing = api
             .list(&ListParams::default().labels(&selector))
             .await
-            .map_err(|source| load_error(namespace, source))?;
+            .map_err(|source| JournalError::Load {
+                namespace: namespace.to_owned(),
+                source,
+            })?;
         let holdings = Arc::new(Holdings::default());
         let writers = Arc::new(Writers::new(
             api.clone(),
@@ -347,44 +347,10 @@ impl Journal {
     }
 }
 
-/// Why the first list of the journal failed, for the exit message: a 403 names the missing
-/// grant and where it is, without the raw API status.
-fn load_error(namespace: &str, source: kube::Error) -> JournalError {
-    match source {
-        kube::Error::Api(status) if status.code == 403 => JournalError::Forbidden {
-            namespace: namespace.to_owned(),
-            message: status.message.clone(),
-        },
-        source => JournalError::Load {
-            namespace: namespace.to_owned(),
-            source,
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use kube::CustomResourceExt;
-
-    #[test]
-    fn a_forbidden_list_names_the_grant_and_the_file_without_the_raw_status() {
-        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
-            "status": "Failure",
-            "code": 403,
-            "reason": "Forbidden",
-            "message": "provisioningjournals.provisioner.csi-rs.dev is forbidden: User \"system:serviceaccount:ns:sa\" cannot list resource",
-        }))
-        .expect("a Status");
-        let message = load_error("ns", kube::Error::Api(Box::new(status))).to_string();
-        assert!(
-            message.starts_with("the sidecar may not list provisioningjournals in namespace ns"),
-            "{message}"
-        );
-        assert!(message.contains("deploy/upgrade/rbac.yaml"), "{message}");
-        assert!(message.contains("cannot list resource"), "{message}");
-        assert!(!message.contains("Status {"), "{message}");
-    }
 
     const SHIPPED_CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base/crd.yaml");
 
@@ -417,8 +383,10 @@ mod tests {
         );
         assert_eq!(
             load_message("csi", &forbidden),
-            "the sidecar may not list provisioningjournals in namespace csi: it needs get, list, \
-             watch, create and update on them there (deploy/base/role.yaml); the API server says: \
+            "the sidecar may not list provisioningjournals in namespace csi, where it keeps its \
+             journal: grant get, list, watch, create and update on them there \
+             (deploy/base/role.yaml; on top of upstream's RBAC example: deploy/upgrade/rbac.yaml, \
+             see docs/deploy.md \"Upgrade from upstream\"); the API server says: \
              provisioningjournals.provisioner.csi-rs.dev is forbidden: User \
              \"system:serviceaccount:csi:p\" cannot list resource"
         );

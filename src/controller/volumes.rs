@@ -6,11 +6,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::measured::Next;
 use either::Either as DeleteResponse;
 use futures::future::{self, Either};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams, Preconditions};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use thiserror::Error;
@@ -67,10 +67,10 @@ impl VolumeReconciler {
     pub fn reconcile(
         cached: Arc<CachedVolume>,
         ctx: Arc<Context>,
-    ) -> impl Future<Output = Result<Action, std::convert::Infallible>> + Send + 'static {
+    ) -> impl Future<Output = Result<Next, std::convert::Infallible>> + Send + 'static {
         match triage(&cached, &ctx) {
             Some(pv) => Either::Right(Box::pin(Self::act(pv, ctx))),
-            None => Either::Left(future::ready(Ok(Action::await_change()))),
+            None => Either::Left(future::ready(Ok(Next::Wait))),
         }
     }
 
@@ -83,7 +83,7 @@ impl VolumeReconciler {
     async fn act(
         pv: PersistentVolume,
         ctx: Arc<Context>,
-    ) -> Result<Action, std::convert::Infallible> {
+    ) -> Result<Next, std::convert::Infallible> {
         let name = pv.name_any();
         let started = Instant::now();
         match reconcile_volume(&pv, &ctx).await {
@@ -94,7 +94,7 @@ impl VolumeReconciler {
                         .delete_succeeded(&volume_class(&pv), started.elapsed());
                     info!(volume = name, "deleted");
                 }
-                Ok(Action::await_change())
+                Ok(Next::Wait)
             }
             Err(error) => {
                 ctx.metrics.delete_failed(&volume_class(&pv));
@@ -116,7 +116,7 @@ impl VolumeReconciler {
                 }
                 let delay = ctx.volume_backoff().failure(name.clone());
                 warn!(volume = name, error = %message, retry_in = ?delay, "volume deletion failed");
-                Ok(Action::requeue(delay))
+                Ok(Next::RetryIn(delay))
             }
         }
     }
@@ -362,7 +362,7 @@ mod tests {
             .answer(200, pv.no_finalizer().build())
     }
 
-    async fn reconcile(scenario: &Scenario, pv: PersistentVolume) -> Action {
+    async fn reconcile(scenario: &Scenario, pv: PersistentVolume) -> Next {
         let Ok(action) = bounded(VolumeReconciler::reconcile(
             Arc::new(cached(&pv)),
             scenario.ctx(),
@@ -381,10 +381,7 @@ mod tests {
                 finalizer_removed(released().deleting()),
             ])
             .await;
-        assert_eq!(
-            reconcile(&scenario, released().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, released().build()).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -406,7 +403,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, unprotected().build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
@@ -422,7 +419,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, released().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert_eq!(
             scenario.finish().await,
@@ -454,7 +451,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, released().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert_eq!(
             scenario.finish().await,
@@ -475,10 +472,7 @@ mod tests {
                 finalizer_removed(released().deleting()),
             ])
             .await;
-        assert_eq!(
-            reconcile(&scenario, released().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, released().build()).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -486,10 +480,7 @@ mod tests {
     async fn a_retained_pv_only_loses_the_finalizer() {
         let retained = || released().policy("Retain");
         let scenario = Cluster::new().start([finalizer_removed(retained())]).await;
-        assert_eq!(
-            reconcile(&scenario, retained().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, retained().build()).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -509,7 +500,7 @@ mod tests {
             &cached(&theirs),
             &scenario.ctx()
         ));
-        assert_eq!(reconcile(&scenario, theirs).await, Action::await_change());
+        assert_eq!(reconcile(&scenario, theirs).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -526,10 +517,7 @@ mod tests {
                 finalizer_removed(mine().deleting()),
             ])
             .await;
-        assert_eq!(
-            reconcile(&scenario, mine().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, mine().build()).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 

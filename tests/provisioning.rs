@@ -695,6 +695,58 @@ async fn backoff_bounds_the_attempts_of_a_persistent_error() {
     driver.clear_faults();
     wait_bound(&cluster.claims, "stuck").await;
     assert_eq!(driver.volume_count(), 1);
+
+    // The claim queue as client-go's would count it: every failed attempt a retry, every
+    // retry an add, nothing left waiting or running once the claim is bound.
+    let samples = support::eventually("the claim queue to empty", TIMEOUT, || async {
+        let samples = parse_metrics(&sidecar.metrics()?);
+        let claims = |series: &str| metric_sum(&samples, series, &[("name", "claims")]);
+        match (
+            claims("workqueue_depth"),
+            claims("workqueue_unfinished_work_seconds"),
+        ) {
+            (0.0, 0.0) => Ok(samples),
+            other => Err(format!("depth and unfinished work {other:?}")),
+        }
+    })
+    .await;
+    let claims = |series: &str| metric_sum(&samples, series, &[("name", "claims")]);
+    let failed_attempts = metric_sum(
+        &samples,
+        "csi_sidecar_operations_seconds_count",
+        &[
+            ("method_name", CREATE_VOLUME_METHOD),
+            ("grpc_status_code", "Internal"),
+        ],
+    );
+    let retries = claims("workqueue_retries_total");
+    assert!(
+        retries >= failed_attempts,
+        "{retries} retries for {failed_attempts} failed CreateVolume calls"
+    );
+    assert!(claims("workqueue_adds_total") > retries, "the first add");
+    assert_eq!(
+        claims("workqueue_work_duration_seconds_count"),
+        claims("workqueue_queue_duration_seconds_count"),
+        "each reconcile waited and ran once"
+    );
+    assert!(claims("workqueue_work_duration_seconds_count") > failed_attempts);
+    let volumes = |series: &str| metric_sum(&samples, series, &[("name", "volumes")]);
+    assert_eq!(volumes("workqueue_depth"), 0.0, "the volume queue exists");
+    for series in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_virtual_memory_max_bytes",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            metric_sum(&samples, series, &[]) > 0.0,
+            "{series} of the running sidecar"
+        );
+    }
     sidecar.assert_running();
 }
 

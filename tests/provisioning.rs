@@ -1011,3 +1011,71 @@ async fn bad_input_a_restore_in_a_cluster_without_the_volume_snapshot_crd() {
     assert_eq!(driver.volume_count(), 1, "only the plain claim's volume");
     sidecar.assert_running();
 }
+
+/// `--enable-pprof`: the profiling paths on the metrics server, 404 without the flag; the CPU
+/// profile is gzip'd `profile.proto` of the time asked for.
+#[tokio::test]
+async fn profiling_endpoints_are_served_only_with_enable_pprof() {
+    use std::io::Read;
+
+    use csi_provisioner::profiling::cpu::Profile;
+    use prost::Message;
+
+    let driver = Driver::start(&[]).await;
+    let options = |args: &[&str]| SidecarOptions {
+        metrics: true,
+        ..SidecarOptions::args(args)
+    };
+    let mut with = Sidecar::start_with(&driver, options(&["--enable-pprof"]));
+    let mut without = Sidecar::start_with(&driver, options(&[]));
+    with.wait_metrics().await;
+    without.wait_metrics().await;
+    let status = |sidecar: &Sidecar, path: &str| {
+        sidecar
+            .http_get(path, Duration::ZERO)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .0
+    };
+    for path in [
+        "/debug/pprof/",
+        "/debug/pprof/heap",
+        "/debug/pprof/cmdline",
+        "/debug/pprof/profile?seconds=1",
+    ] {
+        assert_eq!(status(&without, path), 404, "{path} without the flag");
+    }
+    for path in ["/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/cmdline"] {
+        assert_eq!(status(&with, path), 200, "{path} with the flag");
+    }
+    assert_eq!(status(&with, "/debug/pprof/goroutine"), 404, "Go's only");
+
+    let (code, gzipped) = with
+        .http_get("/debug/pprof/profile?seconds=1", Duration::from_secs(1))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&gzipped));
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(gzipped.as_slice())
+        .read_to_end(&mut bytes)
+        .expect("a gzip stream");
+    let profile = Profile::decode(bytes.as_slice()).expect("profile.proto");
+    let text = |i: i64| {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| profile.string_table.get(i))
+            .map_or("?", String::as_str)
+    };
+    let types: Vec<(&str, &str)> = profile
+        .sample_type
+        .iter()
+        .map(|t| (text(t.r#type), text(t.unit)))
+        .collect();
+    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+    assert_eq!(profile.period, 10_000_000, "100 Hz");
+    assert!(
+        (1_000_000_000..2_000_000_000).contains(&profile.duration_nanos),
+        "profiled for {} ns",
+        profile.duration_nanos
+    );
+    with.assert_running();
+    without.assert_running();
+}

@@ -34,20 +34,15 @@ fn refused(flags: &[&str]) -> Vec<String> {
 fn flags_whose_behaviour_is_not_built_are_refused() {
     // Given is refused whatever the value, Go's single-dash form included.
     assert_eq!(
-        refused(&["-enable-pprof=false"]),
+        refused(&["-log-text-split-stream=false"]),
         vec![
-            "--enable-pprof is not supported yet (profiling endpoints are not built); remove the flag"
+            "--log-text-split-stream is not supported yet (split log streams are not built); remove the flag"
         ]
     );
     // One line per flag, so every one to remove is named at once.
     assert_eq!(
-        refused(&[
-            "--enable-pprof",
-            "--vmodule=foo=2",
-            "--log-text-split-stream",
-        ]),
+        refused(&["--vmodule=foo=2", "--log-text-split-stream",]),
         vec![
-            "--enable-pprof is not supported yet (profiling endpoints are not built); remove the flag",
             "--vmodule is not supported yet (per-module verbosity is not built); remove the flag",
             "--log-text-split-stream is not supported yet (split log streams are not built); remove the flag",
         ]

@@ -98,7 +98,7 @@ pub const FLAGS: &[FlagInfo] = {
         up("http-endpoint", Same),
         up("metrics-address", Same),
         up("metrics-path", Same),
-        up("enable-pprof", Refused("profiling endpoints are not built")),
+        up("enable-pprof", Different),
         up("retry-interval-start", Same),
         up("retry-interval-max", Same),
         up("worker-threads", Same),

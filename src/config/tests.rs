@@ -280,7 +280,6 @@ fn refused_flag_list() {
     assert_eq!(
         refused_flags().map(|(flag, _)| flag).collect::<Vec<_>>(),
         vec![
-            "enable-pprof",
             "vmodule",
             "log-text-split-stream",
             "log-text-info-buffer-size",
@@ -297,19 +296,19 @@ fn refused_flag_list() {
     };
     assert_eq!(
         messages(&[
-            "--enable-pprof",
+            "--vmodule=foo=2",
             "--feature-gates=VolumeAttributesClass=true",
         ]),
         vec![
-            "--enable-pprof is not supported yet (profiling endpoints are not built); remove the flag",
+            "--vmodule is not supported yet (per-module verbosity is not built); remove the flag",
             "--feature-gates=VolumeAttributesClass=true is not supported yet (VolumeAttributesClass \
              support is not built); remove it or set VolumeAttributesClass=false",
         ]
     );
     assert_eq!(
-        messages(&["--enable-pprof=false"]),
+        messages(&["--log-text-split-stream=false"]),
         vec![
-            "--enable-pprof is not supported yet (profiling endpoints are not built); remove the flag"
+            "--log-text-split-stream is not supported yet (split log streams are not built); remove the flag"
         ],
         "given is refused, whatever the value"
     );
@@ -317,6 +316,7 @@ fn refused_flag_list() {
     assert!(
         messages(&[
             "--automaxprocs",
+            "--enable-pprof",
             "--enable-capacity",
             "--log-flush-frequency=1s",
             "--strict-topology",

@@ -6,7 +6,9 @@
 //! the timer and ignores SIGPROF again when dropped), one profile at a time; the handler is
 //! installed with SA_RESTART, so tokio's and std's system calls resume after a sample. Stacks
 //! are not unwound through libc, libgcc, pthread and the vDSO, where unwinding from a signal
-//! handler is not safe (pprof-rs' advice).
+//! handler is not safe (pprof-rs' advice). The static musl build walks frame pointers instead
+//! of unwind tables (musl's signal trampoline has none, so unwinding would stop there; see
+//! Cargo.toml and hack/build-static.sh).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -325,16 +327,23 @@ mod tests {
 
     #[test]
     fn a_real_profile_is_gzipped_protobuf() {
-        let busy = std::thread::spawn(|| {
-            let until = std::time::Instant::now() + Duration::from_millis(400);
-            let mut x = 0u64;
-            while std::time::Instant::now() < until {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        // Busy until the profile is taken (starting the profiler may take a while: it
+        // resolves one backtrace first).
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let busy = std::thread::spawn({
+            let stop = std::sync::Arc::clone(&stop);
+            move || {
+                let mut x = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+                }
+                x
             }
-            x
         });
-        let gzipped = profile(Duration::from_millis(300)).expect("profile");
+        let gzipped = profile(Duration::from_millis(300));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         busy.join().expect("busy thread");
+        let gzipped = gzipped.expect("profile");
         let mut bytes = Vec::new();
         GzDecoder::new(gzipped.as_slice())
             .read_to_end(&mut bytes)
@@ -342,5 +351,11 @@ mod tests {
         let profile = Profile::decode(bytes.as_slice()).expect("protobuf");
         assert_eq!(profile.period, 10_000_000);
         assert!(!profile.sample.is_empty(), "a busy thread was sampled");
+        // Stacks reach past the signal handler into the sampled code.
+        assert!(
+            profile.sample.iter().any(|s| s.location_id.len() > 3),
+            "{:?}",
+            profile.sample
+        );
     }
 }

@@ -17,6 +17,9 @@ if ! command -v musl-gcc >/dev/null 2>&1; then
   step "installing musl-tools"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends musl-tools
 fi
+# Frame pointers: --enable-pprof's CPU profiles walk them from the SIGPROF handler, because
+# musl's signal trampoline has no unwind information (Cargo.toml, src/profiling/cpu.rs).
+export CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="-C force-frame-pointers=yes"
 step "cargo build --release --locked --target $target (csi-provisioner, csi-reference-driver)"
 cargo build --release --locked --target "$target" --bin csi-provisioner --bin csi-reference-driver
 mkdir -p "$out"

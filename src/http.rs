@@ -1,7 +1,8 @@
 //! The diagnostics HTTP server on `--http-endpoint` (or the deprecated `--metrics-address`):
 //! metrics on `--metrics-path` and, with `--http-endpoint` and `--leader-election`,
-//! `/healthz/leader-election`. It starts before leader election, so every replica serves.
-//! There is no generic `/healthz` or `/readyz`, as upstream.
+//! `/healthz/leader-election`, and with `--enable-pprof` the profiling endpoints under
+//! `/debug/pprof/` (`crate::profiling`). It starts before leader election, so every replica
+//! serves. There is no generic `/healthz` or `/readyz`, as upstream.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use crate::config::{HttpArgs, LEADER_HEALTH_PATH};
+use crate::profiling;
 
 /// Renders the metrics exposition on each scrape.
 pub type MetricsEncoder = Arc<dyn Fn() -> String + Send + Sync>;
@@ -39,6 +41,8 @@ pub struct ServerPlan {
     pub metrics_path: String,
     /// Serve `/healthz/leader-election` (only with `--http-endpoint` and leader election).
     pub leader_health: bool,
+    /// Serve `/debug/pprof/` (`--enable-pprof`).
+    pub pprof: bool,
 }
 
 impl ServerPlan {
@@ -56,6 +60,7 @@ impl ServerPlan {
             address,
             metrics_path: args.metrics_path.clone(),
             leader_health,
+            pprof: args.enable_pprof,
         })
     }
 }
@@ -75,6 +80,9 @@ pub fn router(
             async move { ([(header::CONTENT_TYPE, content_type)], metrics()) }
         }),
     );
+    if plan.pprof {
+        router = router.merge(profiling::routes());
+    }
     if plan.leader_health {
         router = router.route(
             LEADER_HEALTH_PATH,
@@ -162,6 +170,16 @@ mod tests {
         assert_eq!(p.address, ":9090");
         assert!(!p.leader_health);
         assert_eq!(p.metrics_path, "/metrics");
+        assert!(!p.pprof);
+        let mut with_pprof = args("", ":9090");
+        with_pprof.enable_pprof = true;
+        assert!(
+            ServerPlan::from_args(&with_pprof, false)
+                .expect("plan")
+                .pprof
+        );
+        with_pprof.metrics_address.clear();
+        assert_eq!(ServerPlan::from_args(&with_pprof, false), None);
     }
 
     async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String, String) {
@@ -204,6 +222,7 @@ mod tests {
             address: "127.0.0.1:0".into(),
             metrics_path: "/custom-metrics".into(),
             leader_health: true,
+            pprof: false,
         };
         let healthy = Arc::new(AtomicBool::new(true));
         let addr = start(&plan, healthy.clone()).await;
@@ -229,6 +248,35 @@ mod tests {
         // No other paths, as upstream.
         assert_eq!(get(addr, "/metrics").await.0, 404);
         assert_eq!(get(addr, "/healthz").await.0, 404);
+        for path in ["/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/profile"] {
+            assert_eq!(
+                get(addr, path).await.0,
+                404,
+                "{path} without --enable-pprof"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn enable_pprof_serves_the_profiling_index_heap_and_cmdline() {
+        let plan = ServerPlan {
+            address: "127.0.0.1:0".into(),
+            metrics_path: "/metrics".into(),
+            leader_health: false,
+            pprof: true,
+        };
+        let addr = start(&plan, Arc::new(AtomicBool::new(true))).await;
+        let (status, head, body) = get(addr, "/debug/pprof/").await;
+        assert_eq!(status, 200);
+        assert!(head.contains("content-type: text/html"), "{head}");
+        assert!(body.contains("profile?seconds=30"), "{body}");
+        let (status, _, body) = get(addr, "/debug/pprof/heap").await;
+        assert_eq!(status, 200);
+        assert!(body.contains("# VmRSS: "), "{body}");
+        assert_eq!(get(addr, "/debug/pprof/cmdline").await.0, 200);
+        // Go-runtime profiles have no counterpart.
+        assert_eq!(get(addr, "/debug/pprof/goroutine").await.0, 404);
+        assert_eq!(get(addr, "/metrics").await.0, 200);
     }
 
     #[tokio::test]
@@ -237,6 +285,7 @@ mod tests {
             address: "127.0.0.1:0".into(),
             metrics_path: "/metrics".into(),
             leader_health: false,
+            pprof: false,
         };
         let addr = start(&plan, Arc::new(AtomicBool::new(false))).await;
         assert_eq!(get(addr, "/metrics").await.0, 200);

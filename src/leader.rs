@@ -13,10 +13,12 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
@@ -25,7 +27,9 @@ use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until, timeout, timeout_at};
 
 use crate::config::LeaderArgs;
+use crate::controller::events::{EventType, core_event};
 use crate::fence::LeaseFence;
+use crate::metrics::Metrics;
 
 /// Where a pod finds its namespace when POD_NAMESPACE is not set.
 pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
@@ -34,6 +38,12 @@ pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
 /// How long past the lease duration a leader may go without renewing before
 /// `/healthz/leader-election` fails (csi-lib-utils' default health-check timeout).
 pub const HEALTH_TOLERANCE: Duration = Duration::from_secs(20);
+
+/// Reason of the events on the Lease when this replica starts and stops leading (client-go's).
+pub const LEADER_ELECTION_REASON: &str = "LeaderElection";
+
+/// How long the "stopped leading" event may hold up the exit.
+const STOPPED_EVENT_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
@@ -87,6 +97,14 @@ pub struct LeaderConfig {
     pub retry_period: Duration,
     /// Put on the Lease whenever this replica writes it.
     pub labels: BTreeMap<String, String>,
+    /// Source component of the LeaderElection events (see [`event_component`]).
+    pub event_component: String,
+}
+
+/// csi-lib-utils' source component of the LeaderElection events: the driver name with `/`
+/// → `-` (nothing else sanitised, unlike the Lease name) and the raw hostname.
+pub fn event_component(driver_name: &str, hostname: &str) -> String {
+    format!("{}/{hostname}", driver_name.replace('/', "-"))
 }
 
 impl LeaderConfig {
@@ -107,6 +125,7 @@ impl LeaderConfig {
             renew_deadline: args.leader_election_renew_deadline,
             retry_period: args.leader_election_retry_period,
             labels: args.labels(),
+            event_component: event_component(driver_name, &host.to_string_lossy()),
         })
     }
 
@@ -329,10 +348,14 @@ pub struct Elector {
     seen_version: Option<String>,
     leading: watch::Sender<bool>,
     renewed: watch::Sender<Option<Instant>>,
+    metrics: Arc<Metrics>,
 }
 
 impl Elector {
-    pub fn new(client: Client, cfg: LeaderConfig) -> (Self, LeaderWatch) {
+    /// Creates the leader-election series of `metrics` (client-go creates them with its
+    /// elector).
+    pub fn new(client: Client, cfg: LeaderConfig, metrics: Arc<Metrics>) -> (Self, LeaderWatch) {
+        metrics.leader_election_started();
         let (leading, leading_rx) = watch::channel(false);
         let (renewed, renewed_rx) = watch::channel(None);
         let view = LeaderWatch {
@@ -350,6 +373,7 @@ impl Elector {
             seen_version: None,
             leading,
             renewed,
+            metrics,
         };
         (elector, view)
     }
@@ -386,7 +410,9 @@ impl Elector {
         }
         tracing::info!(%lease, identity = %self.cfg.identity, "became leader");
         self.renewed.send_replace(Some(acquired_at));
-        self.leading.send_replace(true);
+        self.set_leading(true);
+        // Not awaited: leading must not wait for an event.
+        tokio::spawn(self.leader_event("became leader"));
 
         loop {
             tokio::select! {
@@ -414,8 +440,7 @@ impl Elector {
                         tracing::warn!(%lease, error = %e, "lease renewal failed; retrying")
                     }
                     Err(_) => {
-                        self.leading.send_replace(false);
-                        self.renewed.send_replace(None);
+                        self.stop_leading().await;
                         tracing::error!(
                             %lease,
                             renew_deadline = ?self.cfg.renew_deadline,
@@ -434,8 +459,7 @@ impl Elector {
     }
 
     async fn step_down(&mut self, lease: &str) -> Outcome {
-        self.leading.send_replace(false);
-        self.renewed.send_replace(None);
+        self.stop_leading().await;
         match timeout(self.cfg.renew_deadline, self.release()).await {
             Ok(Ok(true)) => {
                 tracing::info!(%lease, "released leader lease");
@@ -447,6 +471,51 @@ impl Elector {
                 Outcome::NotReleased(e.to_string())
             }
             Err(_) => Outcome::NotReleased("release timed out".into()),
+        }
+    }
+
+    fn set_leading(&self, leading: bool) {
+        self.leading.send_replace(leading);
+        self.metrics.set_leading(leading);
+    }
+
+    /// Leading ends (the Lease lost, or a stop): the controllers are told first, then the
+    /// event is written, bounded so that a lost API server cannot hold up the exit.
+    async fn stop_leading(&mut self) {
+        self.set_leading(false);
+        self.renewed.send_replace(None);
+        let _ = timeout(STOPPED_EVENT_TIMEOUT, self.leader_event("stopped leading")).await;
+    }
+
+    /// client-go's LeaderElection event on the Lease as we last wrote it: "<identity>
+    /// <what>", in the Lease's namespace, from [`LeaderConfig::event_component`].
+    fn leader_event(&self, what: &str) -> impl Future<Output = ()> + Send + 'static {
+        let meta = self.written.as_ref().map(|lease| &lease.metadata);
+        let regarding = ObjectReference {
+            api_version: Some("coordination.k8s.io/v1".to_owned()),
+            kind: Some("Lease".to_owned()),
+            name: Some(self.cfg.lease_name.clone()),
+            namespace: Some(self.cfg.namespace.clone()),
+            uid: meta.and_then(|m| m.uid.clone()),
+            resource_version: meta.and_then(|m| m.resource_version.clone()),
+            ..ObjectReference::default()
+        };
+        let event = core_event(
+            &regarding,
+            EventType::Normal,
+            LEADER_ELECTION_REASON,
+            &format!("{} {what}", self.cfg.identity),
+            Timestamp::now(),
+            &EventSource {
+                component: Some(self.cfg.event_component.clone()),
+                host: None,
+            },
+        );
+        let api: Api<Event> = Api::namespaced(self.api.clone().into_client(), &self.cfg.namespace);
+        async move {
+            if let Err(error) = api.create(&PostParams::default(), &event).await {
+                tracing::warn!(%error, reason = LEADER_ELECTION_REASON, "failed to record event");
+            }
         }
     }
 
@@ -524,6 +593,10 @@ impl Elector {
                 Ok(false)
             }
             Decision::Take(record) => {
+                if self.is_holder() {
+                    // Our own Lease, renewed after a fresh read: client-go's slow path.
+                    self.metrics.leader_slowpath();
+                }
                 // `current` carries its resourceVersion: a concurrent writer makes this a 409.
                 apply_record(&mut current, &record, &self.cfg.labels);
                 match self.api.replace(&name, &pp, &current).await {
@@ -780,7 +853,46 @@ mod tests {
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
             labels: BTreeMap::from([("app".into(), "csi".into())]),
+            event_component: event_component("hostpath.csi.k8s.io", "Pod_A.local"),
         }
+    }
+
+    type Handle = mock::Handle<Request<Body>, Response<Body>>;
+    type Send = tower_test::mock::SendResponse<Response<Body>>;
+
+    /// The next Lease request; Events posted before it are answered and kept in `events`.
+    async fn next_lease_request(
+        handle: &mut Handle,
+        events: &mut Vec<serde_json::Value>,
+    ) -> (Request<Body>, Send) {
+        loop {
+            let (req, send) = handle.next_request().await.expect("a request");
+            if req.uri().path() == "/api/v1/namespaces/kube-system/events" {
+                assert_eq!(req.method(), Method::POST);
+                let event = body_json(req).await;
+                send.send_response(json_response(StatusCode::CREATED, &event));
+                events.push(event);
+            } else {
+                return (req, send);
+            }
+        }
+    }
+
+    /// The slow-path counter's value.
+    fn slowpath(metrics: &Metrics) -> String {
+        let text = metrics.encode();
+        text.lines()
+            .find_map(|l| l.strip_prefix("leader_election_slowpath_total{name=\"\"} "))
+            .unwrap_or_else(|| panic!("no slowpath series in\n{text}"))
+            .to_owned()
+    }
+
+    #[test]
+    fn event_component_keeps_the_raw_hostname() {
+        assert_eq!(
+            event_component("example.com/driver", "Node_1.example"),
+            "example.com-driver/Node_1.example"
+        );
     }
 
     fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
@@ -798,7 +910,7 @@ mod tests {
     const PATH: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases";
 
     /// Answers the GET with 404 and the POST with the created Lease (resourceVersion 1).
-    async fn acquire_by_create(handle: &mut mock::Handle<Request<Body>, Response<Body>>) {
+    async fn acquire_by_create(handle: &mut Handle) {
         let (req, send) = handle.next_request().await.expect("get");
         assert_eq!(req.method(), Method::GET);
         assert_eq!(req.uri().path(), format!("{PATH}/hostpath-csi-k8s-io"));
@@ -816,6 +928,7 @@ mod tests {
         assert_eq!(lease["spec"]["leaseTransitions"], 0);
         assert_eq!(lease["metadata"]["labels"]["app"], "csi");
         lease["metadata"]["resourceVersion"] = "1".into();
+        lease["metadata"]["uid"] = "lease-uid".into();
         send.send_response(json_response(StatusCode::CREATED, &lease));
     }
 
@@ -824,19 +937,31 @@ mod tests {
     async fn create_renew_release_against_a_mock_apiserver() {
         let (mock, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(mock, "default");
-        let (elector, view) = Elector::new(client, test_config());
+        let metrics = Arc::new(Metrics::new());
+        let (elector, view) = Elector::new(client, test_config(), Arc::clone(&metrics));
+        assert!(
+            metrics
+                .encode()
+                .contains("\nleader_election_master_status{name=\"\"} 0\n")
+        );
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let mut leading = view.leading();
         let run = tokio::spawn(elector.run(async {
             let _ = stop_rx.await;
         }));
+        let mut events = Vec::new();
 
         let apiserver = async {
             acquire_by_create(&mut handle).await;
             leading.wait_for(|l| *l).await.expect("became leader");
+            assert!(
+                metrics
+                    .encode()
+                    .contains("\nleader_election_master_status{name=\"\"} 1\n")
+            );
             let first_renew = view.last_renew().expect("renewal time while leading");
             // One retry period later: a PUT carrying the resourceVersion we returned.
-            let (req, send) = handle.next_request().await.expect("renew");
+            let (req, send) = next_lease_request(&mut handle, &mut events).await;
             assert_eq!(req.method(), Method::PUT);
             let mut lease = body_json(req).await;
             assert_eq!(lease["metadata"]["resourceVersion"], "1");
@@ -851,7 +976,7 @@ mod tests {
                 .expect("renewed");
             // Stop: the elector releases with the resourceVersion it wrote last.
             stop_tx.send(()).expect("elector running");
-            let (req, send) = handle.next_request().await.expect("release");
+            let (req, send) = next_lease_request(&mut handle, &mut events).await;
             assert_eq!(req.method(), Method::PUT);
             let mut lease = body_json(req).await;
             assert_eq!(lease["metadata"]["resourceVersion"], "2");
@@ -870,13 +995,101 @@ mod tests {
         assert_eq!(outcome, Outcome::Released);
         assert!(!view.is_leading());
         assert_eq!(view.last_renew(), None);
+        assert_eq!(slowpath(&metrics), "0", "every renewal took the fast path");
+        assert!(
+            metrics
+                .encode()
+                .contains("\nleader_election_master_status{name=\"\"} 0\n")
+        );
+
+        // client-go's LeaderElection events, on the Lease as last written.
+        let shown: Vec<(&str, &str)> = events
+            .iter()
+            .map(|e| {
+                (
+                    e["reason"].as_str().unwrap_or_default(),
+                    e["message"].as_str().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("LeaderElection", "pod-a became leader"),
+                ("LeaderElection", "pod-a stopped leading")
+            ]
+        );
+        for event in &events {
+            assert_eq!(event["type"], "Normal");
+            assert_eq!(event["metadata"]["namespace"], "kube-system");
+            let object = &event["involvedObject"];
+            assert_eq!(object["apiVersion"], "coordination.k8s.io/v1");
+            assert_eq!(object["kind"], "Lease");
+            assert_eq!(object["name"], "hostpath-csi-k8s-io");
+            assert_eq!(object["namespace"], "kube-system");
+            assert_eq!(object["uid"], "lease-uid");
+            assert_eq!(
+                event["source"],
+                serde_json::json!({"component": "hostpath.csi.k8s.io/Pod_A.local"})
+            );
+        }
+    }
+
+    /// The optimistic renewal fails (someone else wrote the Lease, still naming us): the
+    /// elector reads the Lease and renews it after all, which client-go counts as its slow path.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_optimistic_renewal_takes_the_slow_path() {
+        let (mock, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let metrics = Arc::new(Metrics::new());
+        let (elector, view) = Elector::new(
+            Client::new(mock, "default"),
+            test_config(),
+            Arc::clone(&metrics),
+        );
+        let mut leading = view.leading();
+        let _run = tokio::spawn(elector.run(std::future::pending()));
+        let mut events = Vec::new();
+        acquire_by_create(&mut handle).await;
+        leading.wait_for(|l| *l).await.expect("became leader");
+        assert_eq!(slowpath(&metrics), "0");
+
+        let (req, send) = next_lease_request(&mut handle, &mut events).await;
+        assert_eq!(req.method(), Method::PUT, "optimistic renewal");
+        let mut lease = body_json(req).await;
+        send.send_response(json_response(
+            StatusCode::CONFLICT,
+            &serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "Conflict", "code": 409, "message": "the object has been modified"}),
+        ));
+        let (req, send) = next_lease_request(&mut handle, &mut events).await;
+        assert_eq!(req.method(), Method::GET, "the slow path reads first");
+        lease["metadata"]["resourceVersion"] = "5".into();
+        send.send_response(json_response(StatusCode::OK, &lease));
+        let (req, send) = next_lease_request(&mut handle, &mut events).await;
+        assert_eq!(req.method(), Method::PUT);
+        let mut renewed = body_json(req).await;
+        assert_eq!(renewed["metadata"]["resourceVersion"], "5");
+        renewed["metadata"]["resourceVersion"] = "6".into();
+        send.send_response(json_response(StatusCode::OK, &renewed));
+        let renewed_at = view.last_renew();
+        view.renewed
+            .clone()
+            .wait_for(|t| *t > renewed_at)
+            .await
+            .expect("renewed");
+        assert_eq!(slowpath(&metrics), "1");
+        assert!(view.is_leading());
     }
 
     /// Every renewal fails: leadership is lost once the renew deadline has passed.
     #[tokio::test(start_paused = true)]
     async fn renewal_failures_past_the_deadline_lose_leadership() {
         let (mock, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let (elector, view) = Elector::new(Client::new(mock, "default"), test_config());
+        let (elector, view) = Elector::new(
+            Client::new(mock, "default"),
+            test_config(),
+            Arc::new(Metrics::new()),
+        );
         let mut leading = view.leading();
         let run = tokio::spawn(elector.run(std::future::pending()));
         acquire_by_create(&mut handle).await;
@@ -908,7 +1121,11 @@ mod tests {
     #[tokio::test]
     async fn foreign_lease_is_left_alone() {
         let (mock, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let (elector, view) = Elector::new(Client::new(mock, "default"), test_config());
+        let (elector, view) = Elector::new(
+            Client::new(mock, "default"),
+            test_config(),
+            Arc::new(Metrics::new()),
+        );
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let run = tokio::spawn(elector.run(async {
             let _ = stop_rx.await;

@@ -17,5 +17,6 @@ pub mod leader;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
+pub mod profiling;
 pub mod provision;
 pub mod shutdown;

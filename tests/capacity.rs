@@ -268,10 +268,17 @@ async fn objects_per_zone_follow_capacity_and_guide_the_scheduler() {
             "csistoragecapacities_obsolete",
         ]
         .map(|name| metric_sum(&samples, name, &[]));
-        if gauges == [2.0, 2.0, 0.0] {
+        // The capacity queue, as upstream's `csistoragecapacity`: each object's work added,
+        // taken and done.
+        let queue = |series: &str| metric_sum(&samples, series, &[("name", "csistoragecapacity")]);
+        let work = [
+            queue("workqueue_adds_total"),
+            queue("workqueue_work_duration_seconds_count"),
+        ];
+        if gauges == [2.0, 2.0, 0.0] && work[0] >= 2.0 && work[1] >= 2.0 {
             Ok(())
         } else {
-            Err(format!("{gauges:?}"))
+            Err(format!("gauges {gauges:?}, queue adds and work {work:?}"))
         }
     })
     .await;

@@ -15,8 +15,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use nix::sys::signal::Signal;
 
-use support::cluster::{Cluster, driver_pvs, lease_holder, pv_name, wait_bound};
-use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, describe};
+use support::cluster::{Cluster, driver_pvs, lease_holder, pv_name, wait_bound, wait_event};
+use support::peers::{
+    Driver, Sidecar, SidecarOptions, TIMEOUT, describe, metric_sum, parse_metrics,
+};
 
 /// Short lease timings so a failover takes seconds (flag validation: lease > renew > 1.2 × retry).
 const FAST_LEASE: [&str; 3] = [
@@ -63,7 +65,7 @@ async fn one_replica_leads_and_hands_over_on_sigterm() {
                 args: leader_args(ns),
                 hostname: Some(host.to_owned()),
                 env: Vec::new(),
-                ..SidecarOptions::default()
+                metrics: true,
             },
         )
     };
@@ -84,6 +86,14 @@ async fn one_replica_leads_and_hands_over_on_sigterm() {
         other => panic!("Lease {lease} held by {other:?}, not by a replica"),
     };
     eprintln!("{first} leads Lease {ns}/{lease}");
+    let became = leader_event(&cluster, &lease, &format!("{first} became leader")).await;
+    assert_eq!(
+        became.source.and_then(|s| s.component),
+        Some(format!("{}/{first}", driver.name().replace('/', "-"))),
+        "source: the driver name and the raw hostname"
+    );
+    wait_master_status(leader, 1.0).await;
+    wait_master_status(follower, 0.0).await;
 
     let class = cluster.class("class", &driver, "Delete", &[]).await;
     for name in cluster.claims_named("before", &class, 3).await {
@@ -134,6 +144,9 @@ async fn one_replica_leads_and_hands_over_on_sigterm() {
         "the old leader ended with {}",
         describe(status)
     );
+    leader_event(&cluster, &lease, &format!("{first} stopped leading")).await;
+    leader_event(&cluster, &lease, &format!("{follower_host} became leader")).await;
+    wait_master_status(follower, 1.0).await;
     assert_eq!(
         count_lines(&leader.log(), "released leader lease"),
         1,
@@ -309,6 +322,57 @@ async fn a_leader_paused_past_its_lease_sends_nothing_when_it_wakes_up() {
         "the paused leader sent CreateVolume after waking up, beside the new leader"
     );
     b.assert_running();
+}
+
+/// client-go's LeaderElection event with `message` on the Lease (Normal, the Lease's uid).
+async fn leader_event(
+    cluster: &Cluster,
+    lease: &str,
+    message: &str,
+) -> k8s_openapi::api::core::v1::Event {
+    let event = wait_event(
+        &cluster.client,
+        cluster.ns(),
+        lease,
+        "LeaderElection",
+        |m| m == message,
+    )
+    .await;
+    let uid = Api::<Lease>::namespaced(cluster.client.clone(), cluster.ns())
+        .get(lease)
+        .await
+        .expect("reading the Lease")
+        .metadata
+        .uid;
+    assert_eq!(event.type_.as_deref(), Some("Normal"));
+    assert_eq!(event.involved_object.kind.as_deref(), Some("Lease"));
+    assert_eq!(
+        event.involved_object.api_version.as_deref(),
+        Some("coordination.k8s.io/v1")
+    );
+    assert_eq!(event.involved_object.uid, uid, "the Lease's uid");
+    assert_eq!(event.metadata.namespace.as_deref(), Some(cluster.ns()));
+    event
+}
+
+/// Waits until `replica` reports `leader_election_master_status{name=""}` = `value`.
+async fn wait_master_status(replica: &mut Sidecar, value: f64) {
+    replica.wait_metrics().await;
+    support::eventually("leader_election_master_status", TIMEOUT, || async {
+        let samples = parse_metrics(&replica.metrics()?);
+        let series = |name: &str| metric_sum(&samples, name, &[("name", "")]);
+        match series("leader_election_master_status") {
+            v if v == value
+                && samples
+                    .iter()
+                    .any(|s| s.name == "leader_election_slowpath_total") =>
+            {
+                Ok(())
+            }
+            v => Err(format!("master status {v}")),
+        }
+    })
+    .await;
 }
 
 async fn wait_holder(cluster: &Cluster, driver: &Driver, host: &str) {

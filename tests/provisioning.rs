@@ -695,6 +695,58 @@ async fn backoff_bounds_the_attempts_of_a_persistent_error() {
     driver.clear_faults();
     wait_bound(&cluster.claims, "stuck").await;
     assert_eq!(driver.volume_count(), 1);
+
+    // The claim queue as client-go's would count it: every failed attempt a retry, every
+    // retry an add, nothing left waiting or running once the claim is bound.
+    let samples = support::eventually("the claim queue to empty", TIMEOUT, || async {
+        let samples = parse_metrics(&sidecar.metrics()?);
+        let claims = |series: &str| metric_sum(&samples, series, &[("name", "claims")]);
+        match (
+            claims("workqueue_depth"),
+            claims("workqueue_unfinished_work_seconds"),
+        ) {
+            (0.0, 0.0) => Ok(samples),
+            other => Err(format!("depth and unfinished work {other:?}")),
+        }
+    })
+    .await;
+    let claims = |series: &str| metric_sum(&samples, series, &[("name", "claims")]);
+    let failed_attempts = metric_sum(
+        &samples,
+        "csi_sidecar_operations_seconds_count",
+        &[
+            ("method_name", CREATE_VOLUME_METHOD),
+            ("grpc_status_code", "Internal"),
+        ],
+    );
+    let retries = claims("workqueue_retries_total");
+    assert!(
+        retries >= failed_attempts,
+        "{retries} retries for {failed_attempts} failed CreateVolume calls"
+    );
+    assert!(claims("workqueue_adds_total") > retries, "the first add");
+    assert_eq!(
+        claims("workqueue_work_duration_seconds_count"),
+        claims("workqueue_queue_duration_seconds_count"),
+        "each reconcile waited and ran once"
+    );
+    assert!(claims("workqueue_work_duration_seconds_count") > failed_attempts);
+    let volumes = |series: &str| metric_sum(&samples, series, &[("name", "volumes")]);
+    assert_eq!(volumes("workqueue_depth"), 0.0, "the volume queue exists");
+    for series in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_virtual_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+        "process_virtual_memory_max_bytes",
+        "process_start_time_seconds",
+    ] {
+        assert!(
+            metric_sum(&samples, series, &[]) > 0.0,
+            "{series} of the running sidecar"
+        );
+    }
     sidecar.assert_running();
 }
 
@@ -958,4 +1010,72 @@ async fn bad_input_a_restore_in_a_cluster_without_the_volume_snapshot_crd() {
     wait_bound(&cluster.claims, "plain").await;
     assert_eq!(driver.volume_count(), 1, "only the plain claim's volume");
     sidecar.assert_running();
+}
+
+/// `--enable-pprof`: the profiling paths on the metrics server, 404 without the flag; the CPU
+/// profile is gzip'd `profile.proto` of the time asked for.
+#[tokio::test]
+async fn profiling_endpoints_are_served_only_with_enable_pprof() {
+    use std::io::Read;
+
+    use csi_provisioner::profiling::cpu::Profile;
+    use prost::Message;
+
+    let driver = Driver::start(&[]).await;
+    let options = |args: &[&str]| SidecarOptions {
+        metrics: true,
+        ..SidecarOptions::args(args)
+    };
+    let mut with = Sidecar::start_with(&driver, options(&["--enable-pprof"]));
+    let mut without = Sidecar::start_with(&driver, options(&[]));
+    with.wait_metrics().await;
+    without.wait_metrics().await;
+    let status = |sidecar: &Sidecar, path: &str| {
+        sidecar
+            .http_get(path, Duration::ZERO)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .0
+    };
+    for path in [
+        "/debug/pprof/",
+        "/debug/pprof/heap",
+        "/debug/pprof/cmdline",
+        "/debug/pprof/profile?seconds=1",
+    ] {
+        assert_eq!(status(&without, path), 404, "{path} without the flag");
+    }
+    for path in ["/debug/pprof/", "/debug/pprof/heap", "/debug/pprof/cmdline"] {
+        assert_eq!(status(&with, path), 200, "{path} with the flag");
+    }
+    assert_eq!(status(&with, "/debug/pprof/goroutine"), 404, "Go's only");
+
+    let (code, gzipped) = with
+        .http_get("/debug/pprof/profile?seconds=1", Duration::from_secs(1))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&gzipped));
+    let mut bytes = Vec::new();
+    flate2::read::GzDecoder::new(gzipped.as_slice())
+        .read_to_end(&mut bytes)
+        .expect("a gzip stream");
+    let profile = Profile::decode(bytes.as_slice()).expect("profile.proto");
+    let text = |i: i64| {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| profile.string_table.get(i))
+            .map_or("?", String::as_str)
+    };
+    let types: Vec<(&str, &str)> = profile
+        .sample_type
+        .iter()
+        .map(|t| (text(t.r#type), text(t.unit)))
+        .collect();
+    assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
+    assert_eq!(profile.period, 10_000_000, "100 Hz");
+    assert!(
+        (1_000_000_000..2_000_000_000).contains(&profile.duration_nanos),
+        "profiled for {} ns",
+        profile.duration_nanos
+    );
+    with.assert_running();
+    without.assert_running();
 }

@@ -96,17 +96,16 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
     let driver: Arc<dyn CsiController> = Arc::new(driver);
     let elector = if leader_election {
         let config = LeaderConfig::from_args(&args.leader, &info.name).map_err(AppError::Leader)?;
-        let lease = config.lease_name.clone();
-        let (elector, watch) = Elector::new(clients.client.clone(), config);
+        let (elector, watch) = Elector::new(clients.client.clone(), config, Arc::clone(&metrics));
         let _ = leader_watch.set(watch.clone());
-        Some((elector, watch, lease))
+        Some((elector, watch))
     } else {
         None
     };
     // Storage calls go out only while this replica can prove it leads (see `fence`).
     let fence = elector
         .as_ref()
-        .map_or_else(LeaseFence::open, |(_, watch, _)| watch.fence());
+        .map_or_else(LeaseFence::open, |(_, watch)| watch.fence());
     // `--drain` exits 0 only once the hand-over is complete; a signal, or a Lease never won,
     // ends it before.
     let draining = args.controller.drain;
@@ -126,24 +125,12 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
     };
 
     let work: Work = match elector {
-        Some((elector, watch, lease)) => {
-            let mut leading = watch.leading();
-            tasks.spawn(async move {
-                loop {
-                    let now = *leading.borrow_and_update();
-                    metrics.set_leading(&lease, now);
-                    if leading.changed().await.is_err() {
-                        return Ok(());
-                    }
-                }
-            });
-            Box::pin(lease::run_while_leading(
-                elector,
-                watch,
-                shutdown.drain_started(),
-                controllers,
-            ))
-        }
+        Some((elector, watch)) => Box::pin(lease::run_while_leading(
+            elector,
+            watch,
+            shutdown.drain_started(),
+            controllers,
+        )),
         None => Box::pin(async move {
             controllers().await?;
             info!("drained, exiting");

@@ -21,6 +21,12 @@ pub(super) async fn start(
     tasks: &mut JoinSet<Result<(), AppError>>,
 ) -> Result<(), AppError> {
     let Some(plan) = http::ServerPlan::from_args(args, leader_election) else {
+        if args.enable_pprof {
+            // Upstream ignores the flag silently then; an operator who asked for it is told.
+            tracing::warn!(
+                "--enable-pprof has no effect without --http-endpoint or --metrics-address"
+            );
+        }
         return Ok(());
     };
     let listener = http::bind(&plan.address).await.map_err(AppError::Http)?;

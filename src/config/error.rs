@@ -24,11 +24,6 @@ pub enum ConfigError {
     },
     #[error("--{flag}: {reason}")]
     Invalid { flag: &'static str, reason: String },
-    #[error("--{flag} is not supported yet ({missing}); remove the flag")]
-    NotBuilt {
-        flag: &'static str,
-        missing: &'static str,
-    },
     /// Upstream's fatal text, which names a flag that does not exist (`--node-deployment` is
     /// meant).
     #[error("The NODE_NAME environment variable must be set when using --enable-node-deployment.")]

@@ -8,9 +8,6 @@ pub enum FlagStatus {
     Same,
     /// Accepted with the same default, but deliberately behaves differently (docs/flags.md).
     Different,
-    /// Parsed and validated, but its behaviour is not built: the sidecar refuses to start
-    /// when the flag is given. The text says what is missing.
-    Refused(&'static str),
     /// Accepted and ignored by design (Go-runtime specific or no-op for us).
     Ignored,
     /// One of our own flags, fully built (no upstream counterpart to compare with).
@@ -23,7 +20,6 @@ impl FlagStatus {
         match self {
             FlagStatus::Same => "same",
             FlagStatus::Different => "different",
-            FlagStatus::Refused(_) => "refused",
             FlagStatus::Ignored => "ignored",
             FlagStatus::Built => "built",
         }
@@ -96,7 +92,7 @@ pub const FLAGS: &[FlagInfo] = {
         up("http-endpoint", Same),
         up("metrics-address", Same),
         up("metrics-path", Same),
-        up("enable-pprof", Refused("profiling endpoints are not built")),
+        up("enable-pprof", Different),
         up("retry-interval-start", Same),
         up("retry-interval-max", Same),
         up("worker-threads", Different),
@@ -116,11 +112,3 @@ pub const FLAGS: &[FlagInfo] = {
         ours("drain", Built),
     ]
 };
-
-/// The flags the sidecar refuses, with what is missing.
-pub fn refused_flags() -> impl Iterator<Item = (&'static str, &'static str)> {
-    FLAGS.iter().filter_map(|f| match f.status {
-        FlagStatus::Refused(missing) => Some((f.name, missing)),
-        _ => None,
-    })
-}

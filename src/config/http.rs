@@ -22,7 +22,7 @@ pub struct HttpArgs {
     #[arg(long, default_value = "/metrics")]
     pub metrics_path: String,
 
-    /// Serve /debug/pprof/* (Go profiler).
+    /// Serve /debug/pprof/ (CPU profile, heap statistics) on the metrics server.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub enable_pprof: bool,

@@ -30,10 +30,8 @@ mod same_evidence;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeSet;
 use std::ffi::OsString;
 
-use clap::parser::ValueSource;
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 
 pub use capacity::CapacityArgs;
@@ -41,7 +39,7 @@ pub use client::ClientArgs;
 pub use controller::{ConsistencyDefault, ControllerArgs};
 pub use driver::DriverArgs;
 pub use error::ConfigError;
-pub use flags::{FLAGS, FlagInfo, FlagStatus, refused_flags};
+pub use flags::{FLAGS, FlagInfo, FlagStatus};
 pub use gates::{FeatureGates, Gate, GateKey, GateList, parse_gate_list};
 pub use go::{parse_go_bool, parse_go_duration};
 pub use http::{HttpArgs, LEADER_HEALTH_PATH};
@@ -112,10 +110,6 @@ pub struct Args {
 
     #[command(flatten)]
     pub log: LogArgs,
-
-    /// Long names of the flags given on the command line (filled by `parse_flags_from`).
-    #[arg(skip)]
-    pub explicit: BTreeSet<String>,
 }
 
 impl Args {
@@ -146,13 +140,7 @@ impl Args {
         cmd.build();
         let argv = go::normalize_single_dash(&cmd, argv.into_iter().map(Into::into).collect());
         let matches = cmd.clone().try_get_matches_from(argv)?;
-        let mut args = Self::from_arg_matches(&matches)?;
-        args.explicit = cmd
-            .get_arguments()
-            .filter(|a| matches.value_source(a.get_id().as_str()) == Some(ValueSource::CommandLine))
-            .filter_map(|a| a.get_long().map(str::to_owned))
-            .collect();
-        Ok(args)
+        Self::from_arg_matches(&matches)
     }
 
     /// Checks value ranges and combinations that a parser cannot; the error names the flag.
@@ -172,15 +160,5 @@ impl Args {
     /// The resolved `--feature-gates` (later occurrences win).
     pub fn feature_gates(&self) -> FeatureGates {
         FeatureGates::resolve(&self.feature_gates)
-    }
-
-    /// Flags given on the command line whose behaviour is not built: the sidecar refuses to
-    /// start with one message for each, rather than run without what they promise. Every
-    /// feature gate is built.
-    pub fn refused(&self) -> Vec<ConfigError> {
-        refused_flags()
-            .filter(|(flag, _)| self.explicit.contains(*flag))
-            .map(|(flag, missing)| ConfigError::NotBuilt { flag, missing })
-            .collect()
     }
 }

@@ -52,7 +52,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
         "version",
         &[
             "src/config/tests.rs::version_line_is_argv0_and_version",
-            "tests/refused_flags.rs::version_still_wins_over_refusals",
+            "tests/startup_flags.rs::version_prints_and_exits_before_anything_is_contacted",
         ],
     ),
     (

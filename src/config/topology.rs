@@ -1,4 +1,4 @@
-//! Topology flags (refused: topology is not built).
+//! Topology flags: `--strict-topology` and `--immediate-topology`.
 
 use clap::ArgAction;
 

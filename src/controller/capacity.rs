@@ -32,7 +32,7 @@ use super::lock;
 use super::queue::WorkQueue;
 use super::topology::{TopologyCache, TopologyView};
 use crate::csi_client::{CallError, CsiController};
-use crate::metrics::Metrics;
+use crate::metrics::{CAPACITY_QUEUE, Metrics};
 use crate::provision::capacity::{
     Capacity, Matching, ObjectTemplate, Obsolete, PendingCreates, RefreshCause, Segment,
     SyncTarget, WorkItem, being_deleted, desired_items, get_capacity_request, match_objects,
@@ -216,6 +216,7 @@ impl CapacityController {
         settings: &CapacitySettings,
         objects: Store<CSIStorageCapacity>,
     ) -> Self {
+        let queue = WorkQueue::new(inputs.metrics.queue(CAPACITY_QUEUE));
         CapacityController {
             client: inputs.client,
             driver: inputs.driver,
@@ -226,7 +227,7 @@ impl CapacityController {
             pending: Mutex::new(PendingCreates::default()),
             immediate_binding: settings.immediate_binding,
             metrics: inputs.metrics,
-            queue: WorkQueue::new(),
+            queue,
             backoff: Mutex::new(Backoff::new(
                 inputs.retry_interval_start,
                 inputs.retry_interval_max,
@@ -452,6 +453,7 @@ impl CapacityController {
                 Err(error) => {
                     let delay = lock(&self.backoff).failure(work.clone());
                     warn!(%error, retry_in = ?delay, "capacity");
+                    self.queue.retried(&work, delay);
                     let this = Arc::clone(&self);
                     let retry = work.clone();
                     tokio::spawn(async move {

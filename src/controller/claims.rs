@@ -9,11 +9,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::measured::Next;
 use futures::future::{self, Either};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use thiserror::Error;
@@ -164,10 +164,10 @@ impl ClaimReconciler {
     pub fn reconcile(
         cached: Arc<CachedClaim>,
         ctx: Arc<Context>,
-    ) -> impl Future<Output = Result<Action, std::convert::Infallible>> + Send + 'static {
+    ) -> impl Future<Output = Result<Next, std::convert::Infallible>> + Send + 'static {
         match triage(&cached, &ctx) {
             Some((pvc, work)) => Either::Right(Box::pin(Self::act(pvc, ctx, work))),
-            None => Either::Left(future::ready(Ok(Action::await_change()))),
+            None => Either::Left(future::ready(Ok(Next::Wait))),
         }
     }
 
@@ -182,7 +182,7 @@ impl ClaimReconciler {
         pvc: PersistentVolumeClaim,
         ctx: Arc<Context>,
         work: Work,
-    ) -> Result<Action, std::convert::Infallible> {
+    ) -> Result<Next, std::convert::Infallible> {
         let uid = pvc.uid().unwrap_or_default();
         let started = Instant::now();
         let migrated = matches!(&work, Work::Provision(class)
@@ -199,8 +199,8 @@ impl ClaimReconciler {
                     info!(claim = %claim_key(&pvc), volume, "provisioned");
                 }
                 Ok(match outcome {
-                    Outcome::RetryIn(delay) => Action::requeue(delay),
-                    Outcome::Provisioned { .. } | Outcome::Nothing => Action::await_change(),
+                    Outcome::RetryIn(delay) => Next::RetryIn(delay),
+                    Outcome::Provisioned { .. } | Outcome::Nothing => Next::Wait,
                 })
             }
             Err(error) => Ok(Self::report_failure(&pvc, &ctx, error)),
@@ -208,7 +208,7 @@ impl ClaimReconciler {
     }
 
     /// The single mapping of claim failures to events, metrics and retry timing.
-    fn report_failure(pvc: &PersistentVolumeClaim, ctx: &Context, error: ClaimError) -> Action {
+    fn report_failure(pvc: &PersistentVolumeClaim, ctx: &Context, error: ClaimError) -> Next {
         let class = claim_class_name(pvc);
         ctx.metrics.provision_failed(class, data_source_kind(pvc));
         let message = error.to_string();
@@ -222,7 +222,7 @@ impl ClaimReconciler {
                     "Assuming an external populator will provision the volume",
                 );
                 debug!(claim = %claim_key(pvc), %message, "left to an external populator");
-                return Action::await_change();
+                return Next::Wait;
             }
             ClaimError::Decision(_) | ClaimError::ClaimFinalizer(_) => {}
             _ => ctx.events.publish(
@@ -236,11 +236,11 @@ impl ClaimReconciler {
             // The claim waits for the scheduler now: its next selected node is a change.
             ctx.claim_backoff().forget(&pvc.uid().unwrap_or_default());
             info!(claim = %claim_key(pvc), node, error = %message, "selected node given back to the scheduler");
-            return Action::await_change();
+            return Next::Wait;
         }
         let delay = ctx.claim_backoff().failure(pvc.uid().unwrap_or_default());
         warn!(claim = %claim_key(pvc), error = %message, retry_in = ?delay, "provisioning failed");
-        Action::requeue(delay)
+        Next::RetryIn(delay)
     }
 }
 
@@ -930,7 +930,7 @@ mod tests {
         format!("{CLAIM_EVENT} Warning ProvisioningFailed: {message}")
     }
 
-    async fn reconcile(scenario: &Scenario, pvc: PersistentVolumeClaim) -> Action {
+    async fn reconcile(scenario: &Scenario, pvc: PersistentVolumeClaim) -> Next {
         let Ok(action) = bounded(ClaimReconciler::reconcile(
             Arc::new(cached(&pvc)),
             scenario.ctx(),
@@ -954,10 +954,7 @@ mod tests {
                 record_removed(),
             ])
             .await;
-        assert_eq!(
-            reconcile(&scenario, claim().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, claim().build()).await, Next::Wait);
         assert!(!in_flight(&scenario));
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
@@ -1011,7 +1008,7 @@ mod tests {
                 record_removed(),
             ])
             .await;
-        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(reconcile(&scenario, pvc).await, Next::Wait);
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
 
@@ -1027,7 +1024,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, pvc.clone()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         // The failed deletion keeps the record: the volume is not forgotten.
         assert!(in_flight(&scenario));
@@ -1047,10 +1044,7 @@ mod tests {
                 record_removed(),
             ])
             .await;
-        assert_eq!(
-            reconcile(&scenario, pvc).await,
-            Action::requeue(RETRY_START)
-        );
+        assert_eq!(reconcile(&scenario, pvc).await, Next::RetryIn(RETRY_START));
         assert!(!in_flight(&scenario));
         assert_eq!(
             scenario.finish().await,
@@ -1074,10 +1068,7 @@ mod tests {
         let mut class = class;
         class.allowed_topologies = Some(vec![Default::default()]);
         let scenario = cluster.class(class).start([]).await;
-        assert_eq!(
-            reconcile(&scenario, pvc).await,
-            Action::requeue(RETRY_START)
-        );
+        assert_eq!(reconcile(&scenario, pvc).await, Next::RetryIn(RETRY_START));
         assert_eq!(
             scenario.finish().await,
             [
@@ -1096,7 +1087,7 @@ mod tests {
             .build();
         let scenario = cluster().draining().start([]).await;
         assert!(!ClaimReconciler::has_work(&cached(&pvc), &scenario.ctx()));
-        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(reconcile(&scenario, pvc).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -1118,7 +1109,7 @@ mod tests {
                 ]))
                 .answer(200, released)])
             .await;
-        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(reconcile(&scenario, pvc).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -1137,7 +1128,7 @@ mod tests {
                 record_removed(),
             ])
             .await;
-        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(reconcile(&scenario, pvc).await, Next::Wait);
         assert!(!in_flight(&scenario));
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
@@ -1163,7 +1154,7 @@ mod tests {
                 record_removed(),
             ])
             .await;
-        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(reconcile(&scenario, pvc).await, Next::Wait);
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
 
@@ -1190,11 +1181,11 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert_eq!(
             reconcile(&scenario, claim().build()).await,
-            Action::requeue(RETRY_START * 2)
+            Next::RetryIn(RETRY_START * 2)
         );
         assert!(
             in_flight(&scenario),
@@ -1225,7 +1216,7 @@ mod tests {
         let scenario = cluster().journaled(theirs).start([secret_read()]).await;
         assert_eq!(
             reconcile(&scenario, claim().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         let taken = format!(
             "failed to record the operation in the journal: volume name {} is already taken by an operation of claim apps/other (uid uid-of-another-claim); no volume is created for this claim",
@@ -1242,7 +1233,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert!(!in_flight(&scenario), "nothing was sent");
         assert_eq!(
@@ -1278,21 +1269,18 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert!(!in_flight(&scenario), "the driver created nothing");
         assert_eq!(
             reconcile(&scenario, claim().build()).await,
-            Action::requeue(RETRY_MAX),
+            Next::RetryIn(RETRY_MAX),
             "an infeasible claim waits, whatever its backoff"
         );
         // Virtual time: the clock is paused, so this lets every timer due meanwhile fire, in
         // order (the journal's lazy flush among them), and returns at once.
         tokio::time::sleep(RETRY_MAX).await;
-        assert_eq!(
-            reconcile(&scenario, claim().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, claim().build()).await, Next::Wait);
         let infeasible = failed(
             "Volume provisioning failed with infeasible error. Retries will be delayed. rpc error: code = InvalidArgument desc = type fast is unknown",
         );
@@ -1323,16 +1311,13 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert!(
             in_flight(&scenario),
             "the driver may still create the volume"
         );
-        assert_eq!(
-            reconcile(&scenario, claim().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, claim().build()).await, Next::Wait);
         assert_eq!(
             scenario.finish().await,
             [provisioning(), failed(timeout), provisioning(), succeeded()]
@@ -1359,7 +1344,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert!(!in_flight(&scenario));
         let taken = failed(&format!(
@@ -1400,7 +1385,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert!(!in_flight(&scenario));
         let in_use = failed(&format!(
@@ -1426,7 +1411,7 @@ mod tests {
         for delay in [RETRY_START, RETRY_START * 2] {
             assert_eq!(
                 reconcile(&scenario, claim().build()).await,
-                Action::requeue(delay)
+                Next::RetryIn(delay)
             );
         }
         let collision = failed(&format!(
@@ -1445,10 +1430,7 @@ mod tests {
             .volume(ours.clone())
             .start([get(format!("/api/v1/persistentvolumes/{name}")).answer(200, &ours)])
             .await;
-        assert_eq!(
-            reconcile(&scenario, claim().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, claim().build()).await, Next::Wait);
         assert!(scenario.finish().await.is_empty());
     }
 
@@ -1466,10 +1448,7 @@ mod tests {
                 record_removed(),
             ])
             .await;
-        assert_eq!(
-            reconcile(&scenario, claim().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, claim().build()).await, Next::Wait);
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
 
@@ -1488,7 +1467,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert!(!in_flight(&scenario));
         assert_eq!(
@@ -1523,10 +1502,7 @@ mod tests {
                 journal_replaced(json!([{ "volumeName": "pvc-other" }])),
             ])
             .await;
-        assert_eq!(
-            reconcile(&scenario, claim().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, claim().build()).await, Next::Wait);
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
 
@@ -1605,7 +1581,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, on_node("n1").build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
@@ -1626,7 +1602,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, on_node("n1").build()).await,
-            Action::await_change(),
+            Next::Wait,
             "the claim waits for the scheduler's next node"
         );
         assert!(!in_flight(&scenario), "the driver created nothing");
@@ -1663,14 +1639,14 @@ mod tests {
         let pvc = on_node("n1").build();
         assert_eq!(
             reconcile(&scenario, pvc.clone()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert_eq!(
             reconcile(&scenario, pvc.clone()).await,
-            Action::requeue(RETRY_START * 2),
+            Next::RetryIn(RETRY_START * 2),
             "no node given back: the first attempt may have created the volume there"
         );
-        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(reconcile(&scenario, pvc).await, Next::Wait);
         let kept = "rpc error: code = ResourceExhausted desc = zone z1 is full; an earlier attempt may have created the volume for node \"n1\", so the claim keeps that node and the same request is retried until the driver says what became of it";
         assert_eq!(
             scenario.finish().await,
@@ -1690,7 +1666,7 @@ mod tests {
         let scenario = zoned().start([node_given_back("n3")]).await;
         assert_eq!(
             reconcile(&scenario, on_node("n3").build()).await,
-            Action::await_change()
+            Next::Wait
         );
         let events = scenario.finish().await;
         assert_eq!(events.len(), 2, "{events:?}");
@@ -1706,7 +1682,7 @@ mod tests {
         let scenario = cluster().topology_unlisted().start([]).await;
         assert_eq!(
             reconcile(&scenario, on_node("n1").build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert_eq!(
             scenario.finish().await,
@@ -1735,7 +1711,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, on_node("gone").build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
@@ -1835,7 +1811,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, clone_claim().build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
@@ -1849,7 +1825,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, clone_claim().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert!(!in_flight(&scenario));
         assert_eq!(
@@ -1886,7 +1862,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, clone_claim().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert!(!in_flight(&scenario));
         assert_eq!(
@@ -1934,7 +1910,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().attributes_class("gold").build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
@@ -1946,7 +1922,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().attributes_class("gold").build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert!(!in_flight(&scenario));
         assert_eq!(
@@ -1962,7 +1938,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().attributes_class("gold").build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert!(!in_flight(&scenario));
         assert_eq!(
@@ -1992,7 +1968,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().attributes_class("gold").build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
@@ -2011,7 +1987,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, claim().attributes_class("gold").build()).await,
-            Action::await_change()
+            Next::Wait
         );
         let ignored = format!(
             "{CLAIM_EVENT} Warning VolumeAttributesClassIgnored: the claim names VolumeAttributesClass \"gold\" but the provisioner's VolumeAttributesClass feature gate is off, so PersistentVolume {} has no class and kube-controller-manager will not bind the claim to it",
@@ -2034,7 +2010,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, clone_claim().build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
@@ -2091,10 +2067,7 @@ mod tests {
             .await;
         let restore =
             claim().data_source(Some("snapshot.storage.k8s.io"), "VolumeSnapshot", "snap");
-        assert_eq!(
-            reconcile(&scenario, restore.build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, restore.build()).await, Next::Wait);
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
 
@@ -2107,7 +2080,7 @@ mod tests {
             claim().data_source(Some("snapshot.storage.k8s.io"), "VolumeSnapshot", "snap");
         assert_eq!(
             reconcile(&scenario, restore.build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         let events = scenario.finish().await;
         assert_eq!(events.len(), 2, "{events:?}");
@@ -2157,7 +2130,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, cross_namespace_restore().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert!(!in_flight(&scenario));
         assert_eq!(
@@ -2204,7 +2177,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, cross_namespace_restore().build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
@@ -2223,12 +2196,9 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, cross_namespace_restore().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
-        assert_eq!(
-            reconcile(&scenario, claim().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, claim().build()).await, Next::Wait);
         assert_eq!(
             scenario.finish().await,
             [
@@ -2320,28 +2290,12 @@ mod tests {
         }
     }
 
-    /// The wait of a requeue, within `range` (kube-runtime's `Action` shows it only in its
-    /// `Debug`, as `Duration`'s).
-    fn waits(action: &Action, range: std::ops::RangeInclusive<Duration>) -> Duration {
-        let shown = format!("{action:?}");
-        let wait = shown
-            .split_once("Some(")
-            .and_then(|(_, rest)| rest.split_once(')'))
-            .and_then(|(duration, _)| {
-                let unit = duration.trim_start_matches(|c: char| c.is_ascii_digit() || c == '.');
-                let number: f64 = duration.strip_suffix(unit)?.parse().ok()?;
-                let seconds = match unit {
-                    "s" => number,
-                    "ms" => number / 1e3,
-                    "µs" => number / 1e6,
-                    "ns" => number / 1e9,
-                    _ => return None,
-                };
-                Some(Duration::from_secs_f64(seconds))
-            })
-            .unwrap_or_else(|| panic!("{shown} is not a requeue"));
+    /// The wait of a retry, within `range`.
+    fn waits(next: &Next, range: std::ops::RangeInclusive<Duration>) -> Duration {
+        let Next::RetryIn(wait) = *next else {
+            panic!("{next:?} is not a retry")
+        };
         assert!(range.contains(&wait), "{wait:?} not in {range:?}");
-        assert_eq!(*action, Action::requeue(wait), "read back as shown");
         wait
     }
 
@@ -2355,7 +2309,7 @@ mod tests {
         let scenario = node_b().start([]).await;
         assert_eq!(
             reconcile(&scenario, on_node("node-a").build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert!(!ClaimReconciler::has_work(
             &cached(&on_node("node-a").build()),
@@ -2388,7 +2342,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, on_node(NODE).build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
     }
@@ -2406,7 +2360,7 @@ mod tests {
         sleep_past(wait).await;
         assert_eq!(
             reconcile(&scenario, immediate_claim().build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert!(scenario.finish().await.is_empty(), "no event for a race");
     }
@@ -2442,7 +2396,7 @@ mod tests {
         let taken = immediate_claim()
             .annotation(ANN_SELECTED_NODE, "node-a")
             .build();
-        assert_eq!(reconcile(&scenario, taken).await, Action::await_change());
+        assert_eq!(reconcile(&scenario, taken).await, Next::Wait);
         assert_eq!(scenario.ctx().races().attempts(PVC_UID), None);
         assert!(scenario.finish().await.is_empty());
     }
@@ -2475,7 +2429,7 @@ mod tests {
             Duration::from_millis(1)..=Duration::from_secs(1),
         );
         sleep_past(wait).await;
-        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(reconcile(&scenario, pvc).await, Next::Wait);
         assert!(scenario.finish().await.is_empty());
     }
 
@@ -2496,7 +2450,7 @@ mod tests {
         let pvc = claim().class("elsewhere").build();
         let scenario = node_b().class(class).claim(pvc.clone()).start([]).await;
         // Decided before the first delay, as upstream: no wait, no call.
-        assert_eq!(reconcile(&scenario, pvc).await, Action::await_change());
+        assert_eq!(reconcile(&scenario, pvc).await, Next::Wait);
         assert!(scenario.finish().await.is_empty());
     }
 }

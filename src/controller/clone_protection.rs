@@ -11,10 +11,10 @@
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::measured::Next;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::api::Api;
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use thiserror::Error;
 use tracing::{debug, info, warn};
@@ -72,7 +72,7 @@ impl CloneProtection {
     pub async fn reconcile(
         cached: Arc<CachedClaim>,
         this: Arc<CloneProtection>,
-    ) -> Result<Action, Infallible> {
+    ) -> Result<Next, Infallible> {
         let key = format!(
             "{}/{}",
             cached.namespace().unwrap_or_default(),
@@ -85,7 +85,7 @@ impl CloneProtection {
                 if released {
                     info!(claim = key, "removed the cloning-protection finalizer");
                 }
-                Action::await_change()
+                Next::Wait
             }
             Err(error) => {
                 let delay = this.backoff().failure(uid);
@@ -95,7 +95,7 @@ impl CloneProtection {
                     }
                     _ => warn!(claim = key, %error, retry_in = ?delay, "clone source not released"),
                 }
-                Action::requeue(delay)
+                Next::RetryIn(delay)
             }
         })
     }
@@ -199,7 +199,7 @@ mod tests {
             .answer(200, PvcBuilder::new().name("src").build())
     }
 
-    async fn reconcile(scenario: &Scenario) -> Action {
+    async fn reconcile(scenario: &Scenario) -> Next {
         let this = Arc::new(CloneProtection::new(scenario.ctx()));
         let Ok(action) = bounded(CloneProtection::reconcile(
             Arc::new(cached(&source())),
@@ -221,7 +221,7 @@ mod tests {
             &cached(&source()),
             &scenario.ctx()
         ));
-        assert_eq!(reconcile(&scenario).await, Action::requeue(RETRY_START));
+        assert_eq!(reconcile(&scenario).await, Next::RetryIn(RETRY_START));
         assert_eq!(scenario.finish().await, Vec::<String>::new(), "no events");
     }
 
@@ -250,7 +250,7 @@ mod tests {
             .start([])
             .await;
         assert!(scenario.ctx().journal.registry().contains(&claim_volume()));
-        assert_eq!(reconcile(&scenario).await, Action::requeue(RETRY_START));
+        assert_eq!(reconcile(&scenario).await, Next::RetryIn(RETRY_START));
         scenario.finish().await;
     }
 
@@ -263,7 +263,7 @@ mod tests {
             .journaled(recorded_operation())
             .start([finalizer_removed()])
             .await;
-        assert_eq!(reconcile(&scenario).await, Action::await_change());
+        assert_eq!(reconcile(&scenario).await, Next::Wait);
         scenario.finish().await;
     }
 
@@ -289,7 +289,7 @@ mod tests {
     async fn in_node_mode_another_nodes_clone_keeps_the_finalizer() {
         // Node b's journal is empty; node a's still clones the source (its reaper replays it).
         let scenario = node_b().start([every_node_journal(&[cloning()])]).await;
-        assert_eq!(reconcile(&scenario).await, Action::requeue(RETRY_START));
+        assert_eq!(reconcile(&scenario).await, Next::RetryIn(RETRY_START));
         scenario.finish().await;
     }
 
@@ -298,7 +298,7 @@ mod tests {
         let scenario = node_b()
             .start([get(journal_path()).refuse(500, "InternalError")])
             .await;
-        assert_eq!(reconcile(&scenario).await, Action::requeue(RETRY_START));
+        assert_eq!(reconcile(&scenario).await, Next::RetryIn(RETRY_START));
         scenario.finish().await;
     }
 
@@ -310,7 +310,7 @@ mod tests {
                 finalizer_removed(),
             ])
             .await;
-        assert_eq!(reconcile(&scenario).await, Action::await_change());
+        assert_eq!(reconcile(&scenario).await, Next::Wait);
         scenario.finish().await;
     }
 }

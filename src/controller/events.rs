@@ -67,6 +67,38 @@ struct Pending {
     queued: Instant,
 }
 
+/// A new core/v1 Event about `regarding` (its namespace, else `default`), named as client-go
+/// names them: `<object name>.<hex nanoseconds>`.
+pub fn core_event(
+    regarding: &ObjectReference,
+    type_: EventType,
+    reason: &str,
+    message: &str,
+    at: Timestamp,
+    source: &EventSource,
+) -> Event {
+    let namespace = regarding.namespace.as_deref().unwrap_or("default");
+    let object_name = regarding.name.as_deref().unwrap_or_default();
+    Event {
+        metadata: ObjectMeta {
+            name: Some(format!("{object_name}.{:x}", at.as_nanosecond())),
+            namespace: Some(namespace.to_owned()),
+            ..ObjectMeta::default()
+        },
+        involved_object: regarding.clone(),
+        reason: Some(reason.to_owned()),
+        message: Some(message.to_owned()),
+        type_: Some(type_.as_str().to_owned()),
+        source: Some(source.clone()),
+        first_timestamp: Some(Time(at)),
+        last_timestamp: Some(Time(at)),
+        count: Some(1),
+        reporting_component: source.component.clone(),
+        reporting_instance: source.host.clone(),
+        ..Event::default()
+    }
+}
+
 /// Where reconcilers report events; cheap, never blocks.
 pub struct EventRecorder {
     queue: mpsc::UnboundedSender<Pending>,
@@ -160,27 +192,17 @@ impl Writer {
             .clone()
             .unwrap_or_else(|| "default".to_string());
         let object_name = regarding.name.clone().unwrap_or_default();
-        let object = Event {
-            metadata: ObjectMeta {
-                name: Some(format!("{object_name}.{:x}", event.at.as_nanosecond())),
-                namespace: Some(namespace.clone()),
-                ..ObjectMeta::default()
-            },
-            involved_object: regarding.clone(),
-            reason: Some(event.reason.clone()),
-            message: Some(event.message.clone()),
-            type_: Some(event.type_.as_str().to_string()),
-            source: Some(EventSource {
+        let object = core_event(
+            regarding,
+            event.type_,
+            &event.reason,
+            &event.message,
+            event.at,
+            &EventSource {
                 component: Some(self.component.clone()),
                 host: Some(self.host.clone()),
-            }),
-            first_timestamp: Some(Time(event.at)),
-            last_timestamp: Some(Time(event.at)),
-            count: Some(1),
-            reporting_component: Some(self.component.clone()),
-            reporting_instance: Some(self.host.clone()),
-            ..Event::default()
-        };
+            },
+        );
         let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         match api.create(&PostParams::default(), &object).await {
             Ok(created) => self.remember(key, namespace, created.metadata.name.unwrap_or_default()),

@@ -22,6 +22,7 @@ mod finalizers;
 mod fixtures;
 mod grants;
 pub mod limits;
+mod measured;
 mod orphans;
 mod ownership;
 mod queue;
@@ -45,7 +46,7 @@ use crate::csi_client::CsiController;
 use crate::fence::LeaseFence;
 use crate::journal::{Journal, JournalError};
 use crate::kube_client::ApiClients;
-use crate::metrics::Metrics;
+use crate::metrics::{CLAIMS_QUEUE, Metrics, VOLUMES_QUEUE};
 use crate::provision::{SingleNode, claim_class_name};
 pub use capacity::{CapacitySettings, SegmentSource};
 use claims::ClaimReconciler;
@@ -53,6 +54,7 @@ use clone_protection::CloneProtection;
 use context::{Context, FencedDriver, Stores};
 pub use context::{NodeDeployment, Settings, TopologyFlags};
 use events::EventRecorder;
+use measured::Measured;
 use topology::TopologyView;
 use volumes::VolumeReconciler;
 
@@ -173,6 +175,10 @@ pub async fn run(
         )),
         _ => None,
     };
+    // Upstream's two queues of claims share the name: their counts add up.
+    let claim_queue = Measured::new(metrics.queue(CLAIMS_QUEUE));
+    let clone_queue = Measured::new(metrics.queue(CLAIMS_QUEUE));
+    let volume_queue = Measured::new(metrics.queue(VOLUMES_QUEUE));
     let stores = Stores {
         claims: claims.clone(),
         volumes: volumes.clone(),
@@ -254,23 +260,22 @@ pub async fn run(
                 CloneProtection::has_work,
                 RESYNC_PERIOD,
             );
-            Controller::for_stream(
-                protected_rx.map(Ok::<_, kube::runtime::watcher::Error>),
+            let results = Controller::for_stream(
+                clone_queue.objects(protected_rx.map(Ok::<_, kube::runtime::watcher::Error>)),
                 claims,
             )
             .with_config(
                 Config::default()
                     .concurrency(u16::try_from(cloning_protection_threads).unwrap_or(u16::MAX)),
             )
-            .reconcile_on(resync)
+            .reconcile_on(clone_queue.refs(resync))
             .graceful_shutdown_on(drained)
             .run(
-                CloneProtection::reconcile,
+                clone_queue.reconcile(CloneProtection::reconcile),
                 never_fails,
                 Arc::new(CloneProtection::new(ctx)),
-            )
-            .for_each(log_result)
-            .await;
+            );
+            clone_queue.results(results).for_each(log_result).await;
         }
     };
     let sweeper = {
@@ -284,15 +289,15 @@ pub async fn run(
     };
 
     let volumes_ready = volumes.clone();
-    let claim_controller = Controller::for_stream(
-        with_work(claim_stream, &ctx, ClaimReconciler::has_work),
+    let claim_results = Controller::for_stream(
+        claim_queue.objects(with_work(claim_stream, &ctx, ClaimReconciler::has_work)),
         claims.clone(),
     )
     .watches_stream(class_stream, {
-        let (claims, ctx) = (claims.clone(), Arc::clone(&ctx));
+        let (claims, ctx, queue) = (claims.clone(), Arc::clone(&ctx), claim_queue.clone());
         move |class: StorageClass| {
             let name = class.metadata.name.unwrap_or_default();
-            claims
+            let due = claims
                 .state()
                 .into_iter()
                 // Nearly every claim has no work: deciding that first parses each cached
@@ -303,11 +308,11 @@ pub async fn run(
                             .to_claim()
                             .is_ok_and(|pvc| claim_class_name(&pvc) == name)
                 })
-                .map(|claim| ObjectRef::from_obj(claim.as_ref()))
-                .collect::<Vec<_>>()
+                .map(|claim| ObjectRef::from_obj(claim.as_ref()));
+            queue.mapped(due).collect::<Vec<_>>()
         }
     })
-    .reconcile_on(resync_with_work(
+    .reconcile_on(claim_queue.refs(resync_with_work(
         claims.clone(),
         &ctx,
         ClaimReconciler::has_work,
@@ -316,36 +321,45 @@ pub async fn run(
         } else {
             RESYNC_PERIOD
         },
-    ))
+    )))
     .graceful_shutdown_on(drained())
-    .run(ClaimReconciler::reconcile, never_fails, Arc::clone(&ctx))
-    .for_each(log_result);
+    .run(
+        claim_queue.reconcile(ClaimReconciler::reconcile),
+        never_fails,
+        Arc::clone(&ctx),
+    );
+    let claim_controller = claim_queue.results(claim_results).for_each(log_result);
     let mut volume_controller = Controller::for_stream(
-        with_work(volume_stream, &ctx, VolumeReconciler::has_work),
+        volume_queue.objects(with_work(volume_stream, &ctx, VolumeReconciler::has_work)),
         volumes.clone(),
     );
     if let Some(detached) = detached {
         // Unlike upstream, a PV waiting for its attachment to go is retried as soon as it has
         // gone, not at the next backoff step (up to --retry-interval-max later).
-        let (volumes, ctx) = (volumes.clone(), Arc::clone(&ctx));
+        let (volumes, ctx, queue) = (volumes.clone(), Arc::clone(&ctx), volume_queue.clone());
         volume_controller = volume_controller.watches_stream(detached, move |attachment| {
             let pv = ObjectRef::new(attachment.attachment().persistent_volume_name?);
-            volumes
+            let due = volumes
                 .get(&pv)
                 .is_some_and(|cached| VolumeReconciler::has_work(&cached, &ctx))
-                .then_some(pv)
+                .then_some(pv);
+            queue.mapped(due).next()
         });
     }
-    let volume_controller = volume_controller
-        .reconcile_on(resync_with_work(
+    let volume_results = volume_controller
+        .reconcile_on(volume_queue.refs(resync_with_work(
             volumes,
             &ctx,
             VolumeReconciler::has_work,
             RESYNC_PERIOD,
-        ))
+        )))
         .graceful_shutdown_on(drained())
-        .run(VolumeReconciler::reconcile, never_fails, Arc::clone(&ctx))
-        .for_each(log_result);
+        .run(
+            volume_queue.reconcile(VolumeReconciler::reconcile),
+            never_fails,
+            Arc::clone(&ctx),
+        );
+    let volume_controller = volume_queue.results(volume_results).for_each(log_result);
     let reaper = orphans::reap_orphans(Arc::clone(&ctx), worker_threads, drained());
     let capacity = {
         let drained = drained.clone();

@@ -6,11 +6,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::measured::Next;
 use either::Either as DeleteResponse;
 use futures::future::{self, Either};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams, Preconditions};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use thiserror::Error;
@@ -71,10 +71,10 @@ impl VolumeReconciler {
     pub fn reconcile(
         cached: Arc<CachedVolume>,
         ctx: Arc<Context>,
-    ) -> impl Future<Output = Result<Action, std::convert::Infallible>> + Send + 'static {
+    ) -> impl Future<Output = Result<Next, std::convert::Infallible>> + Send + 'static {
         match triage(&cached, &ctx) {
             Some(pv) => Either::Right(Box::pin(Self::act(pv, ctx))),
-            None => Either::Left(future::ready(Ok(Action::await_change()))),
+            None => Either::Left(future::ready(Ok(Next::Wait))),
         }
     }
 
@@ -87,7 +87,7 @@ impl VolumeReconciler {
     async fn act(
         pv: PersistentVolume,
         ctx: Arc<Context>,
-    ) -> Result<Action, std::convert::Infallible> {
+    ) -> Result<Next, std::convert::Infallible> {
         let name = pv.name_any();
         let started = Instant::now();
         let migrated = is_migrated(&pv, &ctx.config.driver_name);
@@ -99,7 +99,7 @@ impl VolumeReconciler {
                         .delete_succeeded(&volume_class(&pv), started.elapsed());
                     info!(volume = name, "deleted");
                 }
-                Ok(Action::await_change())
+                Ok(Next::Wait)
             }
             Err(error) => {
                 // An untranslatable PV that is not due for deletion was only refused our
@@ -126,11 +126,11 @@ impl VolumeReconciler {
                 }
                 if matches!(error, VolumeError::Untranslatable(_)) {
                     warn!(volume = name, error = %message, "migrated volume left alone");
-                    return Ok(Action::await_change());
+                    return Ok(Next::Wait);
                 }
                 let delay = ctx.volume_backoff().failure(name.clone());
                 warn!(volume = name, error = %message, retry_in = ?delay, "volume deletion failed");
-                Ok(Action::requeue(delay))
+                Ok(Next::RetryIn(delay))
             }
         }
     }
@@ -433,7 +433,7 @@ mod tests {
             .answer(200, pv.no_finalizer().build())
     }
 
-    async fn reconcile(scenario: &Scenario, pv: PersistentVolume) -> Action {
+    async fn reconcile(scenario: &Scenario, pv: PersistentVolume) -> Next {
         let Ok(action) = bounded(VolumeReconciler::reconcile(
             Arc::new(cached(&pv)),
             scenario.ctx(),
@@ -452,10 +452,7 @@ mod tests {
                 finalizer_removed(released().deleting()),
             ])
             .await;
-        assert_eq!(
-            reconcile(&scenario, released().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, released().build()).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -477,7 +474,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, unprotected().build()).await,
-            Action::await_change()
+            Next::Wait
         );
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
@@ -493,7 +490,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, released().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert_eq!(
             scenario.finish().await,
@@ -525,7 +522,7 @@ mod tests {
             .await;
         assert_eq!(
             reconcile(&scenario, released().build()).await,
-            Action::requeue(RETRY_START)
+            Next::RetryIn(RETRY_START)
         );
         assert_eq!(
             scenario.finish().await,
@@ -546,10 +543,7 @@ mod tests {
                 finalizer_removed(released().deleting()),
             ])
             .await;
-        assert_eq!(
-            reconcile(&scenario, released().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, released().build()).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -557,10 +551,7 @@ mod tests {
     async fn a_retained_pv_only_loses_the_finalizer() {
         let retained = || released().policy("Retain");
         let scenario = Cluster::new().start([finalizer_removed(retained())]).await;
-        assert_eq!(
-            reconcile(&scenario, retained().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, retained().build()).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -580,7 +571,7 @@ mod tests {
             &cached(&theirs),
             &scenario.ctx()
         ));
-        assert_eq!(reconcile(&scenario, theirs).await, Action::await_change());
+        assert_eq!(reconcile(&scenario, theirs).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -597,10 +588,7 @@ mod tests {
                 finalizer_removed(mine().deleting()),
             ])
             .await;
-        assert_eq!(
-            reconcile(&scenario, mine().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, mine().build()).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -679,10 +667,7 @@ mod tests {
         // The cache keeps no labels: the zone comes from the PV as stored.
         let mut cached_copy = released().build();
         cached_copy.metadata.labels = None;
-        assert_eq!(
-            reconcile(&scenario, cached_copy).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, cached_copy).await, Next::Wait);
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
@@ -693,10 +678,7 @@ mod tests {
             .driver(GCE)
             .start([get(PV_PATH).answer(200, bound().build())])
             .await;
-        assert_eq!(
-            reconcile(&scenario, bound().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, bound().build()).await, Next::Wait);
         // The same version is not looked at again, not even at a resync.
         let ctx = scenario.ctx();
         assert!(!VolumeReconciler::has_work(&cached(&bound().build()), &ctx));
@@ -733,10 +715,7 @@ mod tests {
             .driver(GCE)
             .start([finalizer_removed(ebs())])
             .await;
-        assert_eq!(
-            reconcile(&scenario, ebs().build()).await,
-            Action::await_change()
-        );
+        assert_eq!(reconcile(&scenario, ebs().build()).await, Next::Wait);
         let ctx = scenario.ctx();
         assert!(!VolumeReconciler::has_work(
             &cached(&ebs().no_finalizer().build()),

@@ -716,6 +716,15 @@ impl Sidecar {
         http_get(address, "/metrics")
     }
 
+    /// GET `path` on the metrics server, allowing `slow` beyond the usual read timeout: the
+    /// status and the body.
+    pub fn http_get(&self, path: &str, slow: Duration) -> Result<(u16, Vec<u8>), String> {
+        let address = self
+            .http
+            .unwrap_or_else(|| panic!("{} serves no HTTP", self.process.label));
+        http_get_bytes_within(address, path, slow)
+    }
+
     /// Polls until the metrics server answers.
     pub async fn wait_metrics(&mut self) -> String {
         let started = Instant::now();
@@ -751,29 +760,40 @@ fn free_local_port() -> SocketAddr {
 
 /// A minimal HTTP/1.0 GET; returns the body of a 200 answer.
 fn http_get(address: SocketAddr, path: &str) -> Result<String, String> {
+    match http_get_bytes_within(address, path, Duration::ZERO)? {
+        (200, body) => String::from_utf8(body).map_err(|e| format!("GET {path}: {e}")),
+        (status, _) => Err(format!("GET {path}: status {status}")),
+    }
+}
+
+/// A minimal HTTP/1.0 GET with a read timeout of `10 s` plus `slow`: the status and body.
+fn http_get_bytes_within(
+    address: SocketAddr,
+    path: &str,
+    slow: Duration,
+) -> Result<(u16, Vec<u8>), String> {
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(2))
         .map_err(|e| format!("connecting to {address}: {e}"))?;
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(Duration::from_secs(10) + slow))
         .map_err(|e| e.to_string())?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n")
         .map_err(|e| format!("sending to {address}: {e}"))?;
-    let mut answer = String::new();
+    let mut answer = Vec::new();
     stream
-        .read_to_string(&mut answer)
+        .read_to_end(&mut answer)
         .map_err(|e| format!("reading from {address}: {e}"))?;
-    let (head, body) = answer
-        .split_once("\r\n\r\n")
+    let end = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
         .ok_or_else(|| format!("no HTTP header end in {answer:?}"))?;
-    if head
-        .lines()
-        .next()
-        .is_some_and(|status| status.contains(" 200 "))
-    {
-        Ok(body.to_owned())
-    } else {
-        Err(format!("GET {path}: {head}"))
-    }
+    let head = String::from_utf8_lossy(&answer[..end]);
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))?;
+    Ok((status, answer[end + 4..].to_vec()))
 }
 
 /// One sample of a Prometheus/OpenMetrics text page.

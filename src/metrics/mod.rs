@@ -2,9 +2,15 @@
 //! alerts keep working.
 //!
 //! One [`Metrics`] value is created in `main` and shared (`Arc<Metrics>`) by everything that
-//! records; nothing is global, so tests create their own.
+//! records; nothing is global, so tests create their own. `workqueue` records the work queues,
+//! `process` reads the process figures at each scrape.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+mod process;
+mod workqueue;
+
+pub use workqueue::{QueueKey, QueueMetrics};
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
@@ -66,11 +72,21 @@ struct DeleteLabels {
     class: String,
 }
 
-/// Labels of the leader-election gauge (client-go's `name`: the Lease name).
+/// Labels of the leader-election metrics: client-go's `name`, the elector's name, which
+/// csi-lib-utils never sets (upstream quirk A16: always `""`, kept so queries match).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LeaseLabels {
-    name: String,
+struct ElectorLabels {
+    name: &'static str,
 }
+
+const ELECTOR: ElectorLabels = ElectorLabels { name: "" };
+
+/// `name` of the claim queue's series (and of the cloning-protection queue's, as upstream).
+pub const CLAIMS_QUEUE: &str = "claims";
+/// `name` of the volume queue's series.
+pub const VOLUMES_QUEUE: &str = "volumes";
+/// `name` of the CSIStorageCapacity queue's series.
+pub const CAPACITY_QUEUE: &str = "csistoragecapacity";
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
@@ -95,7 +111,9 @@ pub struct Metrics {
     delete_duration: HistogramFamily<DeleteLabels>,
     orphans_deleted: Counter,
     orphans_waiting_for_secret: Gauge,
-    leader: Family<LeaseLabels, Gauge>,
+    leader: Family<ElectorLabels, Gauge>,
+    leader_slowpath: Family<ElectorLabels, Counter>,
+    workqueues: workqueue::Workqueues,
     capacity: CapacityGauges,
 }
 
@@ -180,12 +198,25 @@ impl Metrics {
             orphans_waiting_for_secret.clone(),
         );
 
-        let leader = Family::<LeaseLabels, Gauge>::default();
+        // client-go's, registered with every replica; their series appear only with
+        // --leader-election (`leader_election_started`).
+        let leader = Family::<ElectorLabels, Gauge>::default();
         registry.register(
             "leader_election_master_status",
-            "Whether this replica holds the leader Lease (1) or not (0)",
+            "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name",
             leader.clone(),
         );
+        let leader_slowpath = Family::<ElectorLabels, Counter>::default();
+        registry.register(
+            "leader_election_slowpath",
+            "[ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string used to identify the lease. Please make sure to group by name",
+            leader_slowpath.clone(),
+        );
+
+        let workqueues = workqueue::Workqueues::register(&mut registry);
+        // Upstream's provisioning library creates both queues at start, on every replica.
+        workqueues.declare(CLAIMS_QUEUE);
+        workqueues.declare(VOLUMES_QUEUE);
 
         let process_start_time = Gauge::<f64, AtomicU64>::default();
         process_start_time.set(
@@ -199,6 +230,7 @@ impl Metrics {
             "Start time of the process since unix epoch in seconds",
             process_start_time,
         );
+        registry.register_collector(Box::new(process::ProcessCollector));
 
         Metrics {
             registry,
@@ -212,25 +244,36 @@ impl Metrics {
             orphans_deleted,
             orphans_waiting_for_secret,
             leader,
+            leader_slowpath,
+            workqueues,
             capacity: CapacityGauges::default(),
         }
     }
 
-    /// Registers the CSIStorageCapacity gauges, with upstream's names and help texts.
+    /// A recorder of `workqueue_*` for one queue named `name`.
+    /// Queues may share a name (see [`CLAIMS_QUEUE`]).
+    pub fn queue(&self, name: &'static str) -> std::sync::Arc<QueueMetrics> {
+        self.workqueues.queue(name)
+    }
+
+    /// Registers the CSIStorageCapacity gauges, with upstream's names and help texts (the
+    /// registry appends the final period), and the
+    /// capacity queue's series (upstream creates that queue at start).
     pub fn register_capacity(&mut self) {
+        self.workqueues.declare(CAPACITY_QUEUE);
         self.registry.register(
             "csistoragecapacities_desired_goal",
-            "[ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically.",
+            "[ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically",
             self.capacity.goal.clone(),
         );
         self.registry.register(
             "csistoragecapacities_desired_current",
-            "[ALPHA] Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically.",
+            "[ALPHA] Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically",
             self.capacity.current.clone(),
         );
         self.registry.register(
             "csistoragecapacities_obsolete",
-            "[ALPHA] Number of CSIStorageCapacity objects that exist and will be deleted automatically. Objects that exist and may need an update are not considered obsolete and therefore not included in this value.",
+            "[ALPHA] Number of CSIStorageCapacity objects that exist and will be deleted automatically. Objects that exist and may need an update are not considered obsolete and therefore not included in this value",
             self.capacity.obsolete.clone(),
         );
     }
@@ -244,13 +287,21 @@ impl Metrics {
         self.capacity.obsolete.set(count(obsolete));
     }
 
+    /// Creates the leader-election series (at 0), as client-go does when the elector is made.
+    pub fn leader_election_started(&self) {
+        self.leader.get_or_create(&ELECTOR).set(0);
+        drop(self.leader_slowpath.get_or_create(&ELECTOR));
+    }
+
     /// Records whether this replica leads, as client-go's `leader_election_master_status`.
-    pub fn set_leading(&self, lease: &str, leading: bool) {
-        self.leader
-            .get_or_create(&LeaseLabels {
-                name: lease.to_owned(),
-            })
-            .set(i64::from(leading));
+    pub fn set_leading(&self, leading: bool) {
+        self.leader.get_or_create(&ELECTOR).set(i64::from(leading));
+    }
+
+    /// Counts a renewal of our own Lease through the slow path (a fresh GET, then the
+    /// update), as client-go's `leader_election_slowpath_total`.
+    pub fn leader_slowpath(&self) {
+        self.leader_slowpath.get_or_create(&ELECTOR).inc();
     }
 
     /// Counts a volume deleted by the orphan reaper.
@@ -331,6 +382,7 @@ impl Metrics {
 
     /// Every metric in Prometheus text format ([`Metrics::CONTENT_TYPE`]).
     pub fn encode(&self) -> String {
+        self.workqueues.refresh(Instant::now());
         let mut text = String::new();
         // Writing into a String cannot fail; an encoder error would only drop the output.
         if prometheus_text::encode(&mut text, &self.registry).is_err() {
@@ -410,7 +462,24 @@ mod tests {
                 "csi_sidecar_operations_seconds_bucket",
                 "csi_sidecar_operations_seconds_count",
                 "csi_sidecar_operations_seconds_sum",
+                "process_cpu_seconds_total",
+                "process_max_fds",
+                "process_open_fds",
+                "process_resident_memory_bytes",
                 "process_start_time_seconds",
+                "process_virtual_memory_bytes",
+                "process_virtual_memory_max_bytes",
+                "workqueue_adds_total",
+                "workqueue_depth",
+                "workqueue_longest_running_processor_seconds",
+                "workqueue_queue_duration_seconds_bucket",
+                "workqueue_queue_duration_seconds_count",
+                "workqueue_queue_duration_seconds_sum",
+                "workqueue_retries_total",
+                "workqueue_unfinished_work_seconds",
+                "workqueue_work_duration_seconds_bucket",
+                "workqueue_work_duration_seconds_count",
+                "workqueue_work_duration_seconds_sum",
             ],
             "{text}"
         );
@@ -421,6 +490,11 @@ mod tests {
             "# TYPE controller_persistentvolume_delete_total counter",
             "# TYPE controller_persistentvolume_delete_failed_total counter",
             "# TYPE process_start_time_seconds gauge",
+            "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.",
+            "# TYPE process_cpu_seconds_total counter",
+            "# TYPE process_resident_memory_bytes gauge",
+            "# TYPE process_virtual_memory_max_bytes gauge",
+            "# TYPE process_open_fds gauge",
             "# TYPE csi_provisioner_orphaned_volumes_waiting_for_secret gauge",
             "csi_provisioner_orphaned_volumes_waiting_for_secret 0",
             "csi_sidecar_operations_seconds_count{driver_name=\"unknown-driver\",\
@@ -503,16 +577,36 @@ mod tests {
     }
 
     #[test]
+    fn leader_election_series_exist_only_once_started_with_an_empty_name() {
+        let metrics = Metrics::new();
+        assert!(!metrics.encode().contains("leader_election_master_status{"));
+        assert!(!metrics.encode().contains("leader_election_slowpath_total{"));
+        metrics.leader_election_started();
+        let text = metrics.encode();
+        assert!(text.contains("# HELP leader_election_master_status [ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name.\n"), "{text}");
+        assert!(text.contains("# TYPE leader_election_slowpath_total counter\n"));
+        assert!(text.contains("# HELP leader_election_slowpath_total [ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string used to identify the lease. Please make sure to group by name.\n"), "{text}");
+        assert!(text.contains("\nleader_election_master_status{name=\"\"} 0\n"));
+        assert!(text.contains("\nleader_election_slowpath_total{name=\"\"} 0\n"));
+        metrics.set_leading(true);
+        metrics.leader_slowpath();
+        let text = metrics.encode();
+        assert!(text.contains("\nleader_election_master_status{name=\"\"} 1\n"));
+        assert!(text.contains("\nleader_election_slowpath_total{name=\"\"} 1\n"));
+    }
+
+    #[test]
     fn capacity_gauges_appear_only_once_registered() {
         let mut metrics = Metrics::new();
-        assert!(!metrics.encode().contains("csistoragecapacities"));
+        assert!(!metrics.encode().contains("csistoragecapacit"));
         metrics.register_capacity();
         metrics.set_capacity_objects(4, 3, 1);
         let text = metrics.encode();
-        assert!(text.contains("# HELP csistoragecapacities_desired_goal [ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically."), "{text}");
+        assert!(text.contains("# HELP csistoragecapacities_desired_goal [ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically.\n"), "{text}");
         assert!(text.contains("# TYPE csistoragecapacities_desired_goal gauge"));
         assert!(text.contains("\ncsistoragecapacities_desired_goal 4\n"));
         assert!(text.contains("\ncsistoragecapacities_desired_current 3\n"));
         assert!(text.contains("\ncsistoragecapacities_obsolete 1\n"));
+        assert!(text.contains("\nworkqueue_depth{name=\"csistoragecapacity\"} 0\n"));
     }
 }

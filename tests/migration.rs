@@ -208,15 +208,7 @@ async fn a_gce_pd_claim_is_provisioned_and_deleted_through_the_csi_driver() {
         .map(|request| request.volume_id)
         .collect();
     assert_eq!(deleted, [format!("{ID_PREFIX}{volume_name}")]);
-    eventually("the backend volume to be gone", TIMEOUT, || async {
-        let volumes = driver.volumes();
-        if volumes.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{volumes:?}"))
-        }
-    })
-    .await;
+    wait_backend_empty(&driver).await;
 
     // The driver calls made for the in-tree volume are labelled migrated, the others not.
     let samples = parse_metrics(&sidecar.wait_metrics().await);
@@ -289,6 +281,12 @@ async fn a_gce_pd_claim_is_provisioned_and_deleted_through_the_csi_driver() {
     assert!(!cluster.pv_exists(&unusable_volume).await);
     cluster.delete_claim("unusable").await;
     cluster.wait_claim_gone("unusable").await;
+    wait_backend_empty(&driver).await;
+    assert!(!cluster.pv_exists(&unusable_volume).await);
+}
+
+/// Waits until the driver holds no volume any more.
+async fn wait_backend_empty(driver: &Driver) {
     eventually("no backend volume to be left", TIMEOUT, || async {
         let volumes = driver.volumes();
         if volumes.is_empty() {
@@ -298,5 +296,4 @@ async fn a_gce_pd_claim_is_provisioned_and_deleted_through_the_csi_driver() {
         }
     })
     .await;
-    assert!(!cluster.pv_exists(&unusable_volume).await);
 }

@@ -7,27 +7,17 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use super::topology::{affinity_to_in_tree, rename_allowed_zone_keys};
+use super::topology::{affinity_to_in_tree, with_parameters_and_zone_keys};
 use super::{MigrationError, insert_renamed};
 
 pub const ZONE_KEY: &str = "topology.cinder.csi.openstack.org/zone";
 
 pub fn translate_class(class: &StorageClass) -> Result<StorageClass, MigrationError> {
-    let mut translated = class.clone();
     let mut parameters = std::collections::BTreeMap::new();
     for (key, value) in class.parameters.iter().flatten() {
         insert_renamed(&mut parameters, key, value);
     }
-    translated.parameters = Some(parameters);
-    if class
-        .allowed_topologies
-        .as_ref()
-        .is_some_and(|terms| !terms.is_empty())
-    {
-        translated.allowed_topologies =
-            rename_allowed_zone_keys(class.allowed_topologies.as_deref(), ZONE_KEY);
-    }
-    Ok(translated)
+    Ok(with_parameters_and_zone_keys(class, parameters, ZONE_KEY))
 }
 
 /// Zone key and label only: Cinder has no region parser.

@@ -59,6 +59,27 @@ pub fn zonal_class(
     Ok(translated)
 }
 
+/// A copy of `class` with `parameters`, and its allowedTopologies, if it has any, with the
+/// zone keys renamed to `csi_key`: the class translation of the plugins without zone
+/// parameters of their own to turn into topology.
+pub fn with_parameters_and_zone_keys(
+    class: &StorageClass,
+    parameters: BTreeMap<String, String>,
+    csi_key: &str,
+) -> StorageClass {
+    let mut translated = class.clone();
+    translated.parameters = Some(parameters);
+    if class
+        .allowed_topologies
+        .as_ref()
+        .is_some_and(|terms| !terms.is_empty())
+    {
+        translated.allowed_topologies =
+            rename_allowed_zone_keys(class.allowed_topologies.as_deref(), csi_key);
+    }
+    translated
+}
+
 /// allowedTopologies with the Kubernetes zone keys (GA and beta) renamed to `csi_key`.
 pub fn rename_allowed_zone_keys(
     terms: Option<&[TopologySelectorTerm]>,

@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::topology::{
-    affinity_values, kubernetes_keys, rename_affinity_key, rename_allowed_zone_keys,
-    set_label_if_absent,
+    affinity_values, kubernetes_keys, rename_affinity_key, set_label_if_absent,
+    with_parameters_and_zone_keys,
 };
 use super::{CSI_FSTYPE_KEY, FSTYPE_KEY, MigrationError};
 
@@ -49,17 +49,7 @@ pub fn translate_class(class: &StorageClass) -> Result<StorageClass, MigrationEr
         parameters.insert(name, value.clone());
     }
     parameters.insert("csimigration".to_owned(), "true".to_owned());
-    let mut translated = class.clone();
-    translated.parameters = Some(parameters);
-    if class
-        .allowed_topologies
-        .as_ref()
-        .is_some_and(|terms| !terms.is_empty())
-    {
-        translated.allowed_topologies =
-            rename_allowed_zone_keys(class.allowed_topologies.as_deref(), ZONE_KEY);
-    }
-    Ok(translated)
+    Ok(with_parameters_and_zone_keys(class, parameters, ZONE_KEY))
 }
 
 /// The volume path from `initialvolumefilepath`; zone and region keys renamed, and their

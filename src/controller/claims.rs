@@ -40,7 +40,7 @@ use crate::provision::{
     build_persistent_volume, claim_class_name, claim_work, drain_claim_work, existing_pv,
     has_operation_in_flight, ignored_attributes_class, migrated_plugin, mutable_parameters,
     names_may_collide, needs_finalizer, node_claim_work, node_verdict, plan_provision,
-    pv_is_for_claim, reschedule_patch, selected_node, topology_missing,
+    pv_is_for_claim, recorded_class_moved, reschedule_patch, selected_node, topology_missing,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -150,6 +150,9 @@ const NO_ACCESSIBLE_TOPOLOGY: &str = "NoAccessibleTopology";
 /// Ours: the claim names a VolumeAttributesClass the gate makes us ignore, so its PV will not
 /// bind (A7, `provision::ignored_attributes_class`).
 const ATTRIBUTES_CLASS_IGNORED: &str = "VolumeAttributesClassIgnored";
+/// Ours: the PV names the class the recorded CreateVolume's parameters came from, which the
+/// claim no longer names (`provision::recorded_class_moved`).
+const ATTRIBUTES_CLASS_RECORDED: &str = "VolumeAttributesClassRecorded";
 
 /// The claim reconciler of one sidecar process.
 pub struct ClaimReconciler;
@@ -408,6 +411,22 @@ async fn provision_claim(
         secrets,
         ..recorded.request
     };
+    // The PV names the class the recorded mutable parameters come from, not one the claim
+    // named since: the volume has that class's attributes.
+    if let Some(message) = recorded_class_moved(
+        plan.attributes_class.as_deref(),
+        recorded.attributes_class.as_deref(),
+        &plan.volume_name,
+    ) {
+        let claim = pvc.object_ref(&());
+        ctx.events.publish(
+            &claim,
+            EventType::Warning,
+            ATTRIBUTES_CLASS_RECORDED,
+            &message,
+        );
+    }
+    plan.attributes_class = recorded.attributes_class;
 
     let response = match create_volume(ctx, &plan.class_name, request.clone()).await {
         Ok(response) => response,
@@ -810,6 +829,7 @@ fn operation(
             ..request.clone()
         },
         provisioner_secret: plan.secrets.provisioner.clone(),
+        attributes_class: plan.attributes_class.clone(),
     }
 }
 
@@ -1212,6 +1232,7 @@ mod tests {
             class_name: "standard".to_owned(),
             request: csi::CreateVolumeRequest::default(),
             provisioner_secret: None,
+            attributes_class: None,
         };
         let scenario = cluster().journaled(theirs).start([secret_read()]).await;
         assert_eq!(
@@ -1956,6 +1977,7 @@ mod tests {
     async fn a_recorded_operation_replays_its_mutable_parameters_without_reading_the_class() {
         let mut recorded = recorded_operation();
         recorded.request.mutable_parameters = strings(&[("iops", "3000")]);
+        recorded.attributes_class = Some("gold".to_owned());
         // The class may be gone or changed by now: it is not read, the recorded request is sent.
         let scenario = cluster()
             .journaled(recorded)
@@ -1971,6 +1993,37 @@ mod tests {
             Next::Wait
         );
         assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pv_names_the_recorded_class_when_the_claim_has_moved_on() {
+        let mut recorded = recorded_operation();
+        recorded.request.mutable_parameters = strings(&[("iops", "3000")]);
+        recorded.attributes_class = Some("gold".to_owned());
+        let gold_pv = post("/api/v1/persistentvolumes")
+            .body(json!({ "spec": { "volumeAttributesClassName": "gold" } }))
+            .echo(201);
+        let scenario = cluster()
+            .journaled(recorded)
+            .start([
+                secret_read(),
+                create_volume(tuned_create(), created("vol-1", GIB)),
+                gold_pv,
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(
+            reconcile(&scenario, claim().attributes_class("silver").build()).await,
+            Next::Wait
+        );
+        let moved = format!(
+            "{CLAIM_EVENT} Warning VolumeAttributesClassRecorded: {}",
+            recorded_class_moved(Some("silver"), Some("gold"), &claim_volume()).unwrap_or_default()
+        );
+        assert_eq!(
+            scenario.finish().await,
+            [provisioning(), moved, succeeded()]
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -99,6 +99,7 @@ pub fn recorded_operation() -> Operation {
             name: "creds".to_owned(),
             namespace: "apps".to_owned(),
         }),
+        attributes_class: None,
     }
 }
 

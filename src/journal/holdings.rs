@@ -94,6 +94,7 @@ mod tests {
                 ..Default::default()
             },
             provisioner_secret: None,
+            attributes_class: None,
         };
         OperationRecord::from_operation(&operation, Timestamp::UNIX_EPOCH)
     }

@@ -66,6 +66,9 @@ pub struct OperationRecord {
     pub request: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provisioner_secret: Option<SecretReference>,
+    /// The VolumeAttributesClass the request's `mutable_parameters` come from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_attributes_class: Option<String>,
     #[serde(default)]
     pub phase: Phase,
     #[serde(default)]
@@ -161,6 +164,7 @@ impl OperationRecord {
                     namespace: namespace.clone(),
                 },
             ),
+            volume_attributes_class: operation.attributes_class.clone(),
             phase: Phase::Provisioning,
             attempts: 0,
             last_error: None,
@@ -237,6 +241,7 @@ impl OperationRecord {
                     namespace: namespace.clone(),
                 },
             ),
+            attributes_class: self.volume_attributes_class.clone(),
         })
     }
 }
@@ -274,6 +279,9 @@ pub fn apply(spec: &mut ProvisioningJournalSpec, changes: &[Change]) -> bool {
                     existing
                         .provisioner_secret
                         .clone_from(&record.provisioner_secret);
+                    existing
+                        .volume_attributes_class
+                        .clone_from(&record.volume_attributes_class);
                     existing.format_version = record.format_version;
                     existing.phase = Phase::Provisioning;
                 }
@@ -369,6 +377,7 @@ mod tests {
                 name: "creds".into(),
                 namespace: "ns".into(),
             }),
+            attributes_class: Some("gold".into()),
         }
     }
 

@@ -29,6 +29,9 @@ pub struct Operation {
     /// The CreateVolume request with its `secrets` emptied.
     pub request: csi::CreateVolumeRequest,
     pub provisioner_secret: Option<SecretRef>,
+    /// The VolumeAttributesClass whose parameters are the request's `mutable_parameters`: the
+    /// PV names it, whatever the claim names by the time the volume exists.
+    pub attributes_class: Option<String>,
 }
 
 /// Two claims whose volume names collide (a short `--volume-name-uuid-length`): they must not
@@ -267,6 +270,7 @@ mod tests {
                 ..Default::default()
             },
             provisioner_secret: None,
+            attributes_class: None,
         }
     }
 

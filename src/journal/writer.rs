@@ -594,6 +594,7 @@ mod tests {
                 ..Default::default()
             },
             provisioner_secret: None,
+            attributes_class: None,
         };
         OperationRecord::from_operation(&operation, k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
     }

@@ -51,6 +51,27 @@ pub fn ignored_attributes_class<'a>(
     named_class(pvc).filter(|_| !config.volume_attributes_classes)
 }
 
+/// What the claim is told when its PV names another VolumeAttributesClass than the claim does
+/// now: the claim's class changed (or the gate was switched) after its CreateVolume was
+/// recorded, so the volume has the recorded class's parameters and its PV says so. `None`
+/// when they agree.
+pub fn recorded_class_moved(
+    claim_class: Option<&str>,
+    recorded_class: Option<&str>,
+    volume_name: &str,
+) -> Option<String> {
+    if claim_class == recorded_class {
+        return None;
+    }
+    let named = |class: Option<&str>| class.map_or("no class".to_owned(), |c| format!("\"{c}\""));
+    Some(format!(
+        "volume {volume_name} was created with VolumeAttributesClass {} before the claim named {}, so its PersistentVolume names {}; kube-controller-manager binds the claim to it once the claim names that class again, and the class can then be changed as for any bound claim",
+        named(recorded_class),
+        named(claim_class),
+        named(recorded_class),
+    ))
+}
+
 /// The CreateVolume `mutable_parameters` of the class `name` the claim names: the class's
 /// parameters verbatim (no prefix is stripped, nothing is templated), if the class is for
 /// `driver_name`.
@@ -99,6 +120,26 @@ mod tests {
             volume_attributes_classes: on,
             ..config()
         }
+    }
+
+    #[test]
+    fn the_claim_is_told_only_when_the_recorded_class_differs() {
+        assert_eq!(
+            recorded_class_moved(Some("gold"), Some("gold"), "pvc-1"),
+            None
+        );
+        assert_eq!(recorded_class_moved(None, None, "pvc-1"), None);
+        assert_eq!(
+            recorded_class_moved(Some("silver"), Some("gold"), "pvc-1").as_deref(),
+            Some(
+                "volume pvc-1 was created with VolumeAttributesClass \"gold\" before the claim named \"silver\", so its PersistentVolume names \"gold\"; kube-controller-manager binds the claim to it once the claim names that class again, and the class can then be changed as for any bound claim"
+            )
+        );
+        let message = recorded_class_moved(Some("gold"), None, "pvc-1").unwrap_or_default();
+        assert!(
+            message.contains("with VolumeAttributesClass no class before the claim named \"gold\""),
+            "{message}"
+        );
     }
 
     #[test]

@@ -58,7 +58,8 @@ mod proptests;
 
 pub use attachment::{Attachment, AttachmentError, check_detached};
 pub use attributes_class::{
-    AttributesClassError, ignored_attributes_class, mutable_parameters, requested_attributes_class,
+    AttributesClassError, ignored_attributes_class, mutable_parameters, recorded_class_moved,
+    requested_attributes_class,
 };
 pub use capabilities::{
     CapabilityError, SourceKind, check_create_delete_capabilities, csi_access_mode, fs_type,

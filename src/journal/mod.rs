@@ -202,7 +202,7 @@ impl Journal {
         };
         let (durable, stored) = oneshot::channel();
         let shard = self.placement().place(&volume_name, record.stored_size());
-        let written = match self.queue(shard, Change::Upsert(record), Some(durable)) {
+        let written = match self.queue(shard, Change::Upsert(Box::new(record)), Some(durable)) {
             Ok(()) => match tokio::time::timeout(self.record_timeout, stored).await {
                 Ok(Ok(())) => Ok(()),
                 Ok(Err(_)) => Err(JournalError::WriterGone),

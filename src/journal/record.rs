@@ -114,7 +114,7 @@ pub struct Summary {
 /// A change to a shard, queued by the controllers and applied by the shard's writer.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Change {
-    Upsert(OperationRecord),
+    Upsert(Box<OperationRecord>),
     Remove {
         volume_name: String,
     },
@@ -286,7 +286,7 @@ pub fn apply(spec: &mut ProvisioningJournalSpec, changes: &[Change]) -> bool {
                     existing.phase = Phase::Provisioning;
                 }
                 None => {
-                    operations.insert(record.volume_name.clone(), record.clone());
+                    operations.insert(record.volume_name.clone(), (**record).clone());
                 }
             },
             Change::Remove { volume_name } => {
@@ -460,7 +460,10 @@ mod tests {
         let mut spec = ProvisioningJournalSpec::default();
         assert!(apply(
             &mut spec,
-            &[Change::Upsert(record("a")), Change::Upsert(record("b"))]
+            &[
+                Change::Upsert(Box::new(record("a"))),
+                Change::Upsert(Box::new(record("b")))
+            ]
         ));
         assert_eq!(spec.summary.in_flight, 2);
         assert!(apply(
@@ -487,7 +490,7 @@ mod tests {
     #[test]
     fn re_recording_an_operation_keeps_its_history_and_needs_no_write() {
         let mut spec = ProvisioningJournalSpec::default();
-        apply(&mut spec, &[Change::Upsert(record("a"))]);
+        apply(&mut spec, &[Change::Upsert(Box::new(record("a")))]);
         apply(
             &mut spec,
             &[Change::Failure {
@@ -499,7 +502,7 @@ mod tests {
         let mut again = record("a");
         again.since = "2099-01-01T00:00:00Z".into();
         assert!(
-            !apply(&mut spec, &[Change::Upsert(again)]),
+            !apply(&mut spec, &[Change::Upsert(Box::new(again))]),
             "identical inputs: nothing to write"
         );
         assert_eq!(spec.operations[0].attempts, 1);

@@ -158,7 +158,7 @@ impl ShardState {
 
     /// Holds a record someone else wrote (from [`ShardState::reread`]).
     pub fn keep(&mut self, record: OperationRecord) {
-        apply(&mut self.held, &[Change::Upsert(record)]);
+        apply(&mut self.held, &[Change::Upsert(Box::new(record))]);
     }
 
     /// Whether the API server lacks an operation held, or still has one removed here: after a
@@ -222,7 +222,7 @@ mod tests {
     #[test]
     fn a_deleted_shard_is_written_again_with_everything_held() {
         let mut state = ShardState::new("d", Some(stored("1", &["pvc-a", "pvc-b"])));
-        state.apply(&[Change::Upsert(record("pvc-c"))]);
+        state.apply(&[Change::Upsert(Box::new(record("pvc-c")))]);
         state.lost();
         let rebuilt = state.to_write("d-0", &BTreeMap::new());
         assert_eq!(rebuilt.metadata.resource_version, None, "created anew");
@@ -268,7 +268,7 @@ mod tests {
         let later = planned("2026-12-04T15:00:02Z", "second");
         let earlier = planned("2026-12-04T15:00:01Z", "first");
         let mut state = ShardState::new("d", None);
-        state.apply(&[Change::Upsert(later.clone())]);
+        state.apply(&[Change::Upsert(Box::new(later.clone()))]);
 
         let mut found = stored("2", &[]);
         found.spec.operations = vec![earlier.clone()];
@@ -304,7 +304,7 @@ mod tests {
     fn the_echo_of_our_own_writes_needs_no_reread() {
         let mut state = ShardState::new("d", None);
         assert!(!state.needs_reread(None), "no shard and nothing held");
-        state.apply(&[Change::Upsert(record("pvc-a"))]);
+        state.apply(&[Change::Upsert(Box::new(record("pvc-a")))]);
         assert!(
             state.needs_reread(None),
             "a shard holding records is missing"

@@ -465,7 +465,7 @@ mod tests {
                 ..OperationRecord::default()
             };
             let queued = Queued {
-                change: Change::Upsert(record),
+                change: Change::Upsert(Box::new(record)),
                 durable: Some(sender),
             };
             queues[shard].send(queued).expect("shard writer running");
@@ -624,7 +624,7 @@ mod tests {
             writer_and_apiserver(WriteSlots::new(MIN_WRITE_SPACING), Some(loaded));
         let (queue, receiver) = mpsc::unbounded_channel();
         tokio::spawn(writer.run(receiver, mpsc::unbounded_channel().1));
-        let (upsert, mut stored) = durable(Change::Upsert(record("pvc-c")));
+        let (upsert, mut stored) = durable(Change::Upsert(Box::new(record("pvc-c"))));
         queue.send(upsert).expect("writer running");
 
         let (line, _, send) = next_request(&mut apiserver).await;
@@ -660,7 +660,7 @@ mod tests {
             writer_and_apiserver(WriteSlots::new(MIN_WRITE_SPACING), Some(loaded));
         let (queue, receiver) = mpsc::unbounded_channel();
         tokio::spawn(writer.run(receiver, mpsc::unbounded_channel().1));
-        let (upsert, stored) = durable(Change::Upsert(record("pvc-a")));
+        let (upsert, stored) = durable(Change::Upsert(Box::new(record("pvc-a"))));
         queue.send(upsert).expect("writer running");
 
         let (line, body, send) = next_request(&mut apiserver).await;

@@ -37,6 +37,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "kube-api-qps",
         &[
+            "src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags",
             "src/kube_client.rs::bucket_starts_full_then_refills_at_qps",
             "src/kube_client.rs::kube_client_requests_are_throttled",
         ],
@@ -44,6 +45,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "kube-api-burst",
         &[
+            "src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags",
             "src/kube_client.rs::layer_delays_requests_beyond_the_burst",
             "src/kube_client.rs::flag_defaults_follow_client_go",
         ],
@@ -115,16 +117,16 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "capacity-threads",
         &[
-            "src/controller/queue.rs::a_key_added_while_active_runs_again_after_done_never_twice_at_once",
+            "src/controller/capacity.rs::capacity_threads_is_how_many_get_capacity_calls_run_at_once",
         ],
     ),
     (
         "kube-api-capacity-qps",
-        &["src/kube_client.rs::bucket_starts_full_then_refills_at_qps"],
+        &["src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags"],
     ),
     (
         "kube-api-capacity-burst",
-        &["src/kube_client.rs::layer_delays_requests_beyond_the_burst"],
+        &["src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags"],
     ),
     (
         "node-deployment-base-delay",

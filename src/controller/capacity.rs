@@ -619,6 +619,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use k8s_openapi::jiff::Timestamp;
     use serde_json::{Value, json};
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     const DRIVER: &str = "d.example.com";
     const OBJECTS: &str = "/apis/storage.k8s.io/v1/namespaces/csi/csistoragecapacities";
@@ -970,6 +971,130 @@ mod tests {
         test.controller.queue_changes(false);
         assert_eq!(test.controller.queue.len(), 0, "waits for its retry");
         test.finish().await;
+    }
+
+    /// A driver whose GetCapacity calls each wait for a permit of `release`; counts the calls
+    /// and the most that were in flight at once.
+    struct GatedDriver {
+        calls: AtomicUsize,
+        in_flight: AtomicUsize,
+        most_in_flight: AtomicUsize,
+        release: tokio::sync::Semaphore,
+    }
+
+    #[tonic::async_trait]
+    impl CsiController for GatedDriver {
+        async fn create_volume(
+            &self,
+            _: csi::CreateVolumeRequest,
+        ) -> Result<csi::CreateVolumeResponse, CallError> {
+            unreachable!("the capacity controller creates no volume")
+        }
+
+        async fn delete_volume(
+            &self,
+            _: csi::DeleteVolumeRequest,
+        ) -> Result<csi::DeleteVolumeResponse, CallError> {
+            unreachable!("the capacity controller deletes no volume")
+        }
+
+        async fn get_capacity(
+            &self,
+            _: csi::GetCapacityRequest,
+        ) -> Result<csi::GetCapacityResponse, CallError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+            self.release
+                .acquire()
+                .await
+                .expect("the semaphore stays open")
+                .forget();
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            Ok(csi::GetCapacityResponse {
+                available_capacity: 10 * GIB,
+                maximum_volume_size: None,
+                minimum_volume_size: None,
+            })
+        }
+    }
+
+    /// Runs the controller with `threads` workers on three items whose objects are up to
+    /// date (so only GetCapacity is called) and returns how many calls were in flight once
+    /// everything else waited, and the most in flight at once over the whole poll.
+    async fn get_capacity_in_flight(threads: usize) -> (usize, usize) {
+        let classes = ["a", "b", "c"];
+        let (client, _, finish) = scripted([]);
+        let driver = Arc::new(GatedDriver {
+            calls: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            most_in_flight: AtomicUsize::new(0),
+            release: tokio::sync::Semaphore::new(0),
+        });
+        let mut metrics = Metrics::new();
+        metrics.register_capacity();
+        let settings = CapacitySettings {
+            template: template(),
+            segments: SegmentSource::Fixed(zone("z1")),
+            poll_interval: Duration::from_secs(3600),
+            threads,
+            immediate_binding: false,
+        };
+        let inputs = CapacityInputs {
+            client,
+            driver: Arc::clone(&driver) as Arc<dyn CsiController>,
+            classes: listed(classes.map(class)),
+            segments: Segments::Fixed(zone("z1")),
+            metrics: Arc::new(metrics),
+            retry_interval_start: RETRY_START,
+            retry_interval_max: RETRY_MAX,
+        };
+        let objects =
+            classes.map(|name| object(&format!("csisc-{name}"), name, &zone("z1"), "10Gi"));
+        let controller = Arc::new(CapacityController::new(inputs, &settings, listed(objects)));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let (_refresh, receiver) = CapacityRefresh::channel();
+        let running = tokio::spawn(async move {
+            run(
+                controller,
+                &settings,
+                Arc::new(Notify::new()),
+                receiver,
+                futures::stream::pending(),
+                move || {
+                    let mut stopped = stopped.clone();
+                    async move {
+                        let _ = stopped.wait_for(|stop| *stop).await;
+                    }
+                },
+            )
+            .await;
+        });
+        // The clock is paused: this sleep ends only once every task waits (on the driver,
+        // the queue or the poll), so the count below is what the workers reached.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let reached = driver.in_flight.load(Ordering::SeqCst);
+        driver.release.add_permits(classes.len());
+        bounded(async {
+            while driver.calls.load(Ordering::SeqCst) < classes.len()
+                || driver.in_flight.load(Ordering::SeqCst) > 0
+            {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        stop.send_replace(true);
+        bounded(running).await.expect("the controller ran");
+        finish.finish().await;
+        (reached, driver.most_in_flight.load(Ordering::SeqCst))
+    }
+
+    /// `--capacity-threads`: that many GetCapacity calls run at once, never more.
+    #[tokio::test(start_paused = true)]
+    async fn capacity_threads_is_how_many_get_capacity_calls_run_at_once() {
+        assert_eq!(get_capacity_in_flight(1).await, (1, 1), "one worker");
+        assert_eq!(get_capacity_in_flight(2).await, (2, 2), "two workers");
+        assert_eq!(get_capacity_in_flight(3).await, (3, 3), "three workers");
     }
 
     /// A10: the object of the nil segment as the API server returns it (no `matchLabels`)

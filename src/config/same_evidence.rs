@@ -131,6 +131,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "node-deployment-base-delay",
         &[
+            "src/provision/node.rs::ownership_delay_has_upstreams_numbers",
             "src/controller/ownership.rs::jitter_stays_in_its_range",
             "tests/node_deployment.rs::immediate_claims_get_one_node_each_and_fill_the_nodes_with_room_exactly",
         ],
@@ -138,6 +139,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "node-deployment-max-delay",
         &[
+            "src/provision/node.rs::ownership_delay_has_upstreams_numbers",
             "src/controller/ownership.rs::a_race_waits_then_each_lost_try_waits_longer_and_forget_resets_it",
         ],
     ),
@@ -205,6 +207,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "snapshot-orphan-sweep-interval",
         &[
+            "src/controller/snapshot_sweeper.rs::sweeps_come_one_interval_apart",
             "src/controller/snapshot_sweeper.rs::a_snapshot_a_pending_claim_restores_is_kept_and_an_orphan_released",
             "tests/data_sources.rs::a_restore_whose_claim_is_deleted_mid_flight_leaks_nothing_and_frees_the_snapshot",
         ],

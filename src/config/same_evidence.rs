@@ -108,7 +108,10 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     ),
     (
         "capacity-poll-interval",
-        &["tests/capacity.rs::without_topology_one_object_per_class_stays_across_polls"],
+        &[
+            "src/controller/capacity.rs::capacity_poll_interval_spaces_the_queries",
+            "tests/capacity.rs::without_topology_one_object_per_class_stays_across_polls",
+        ],
     ),
     (
         "capacity-ownerref-level",

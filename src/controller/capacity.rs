@@ -1019,42 +1019,53 @@ mod tests {
         }
     }
 
-    /// Runs the controller with `threads` workers on three items whose objects are up to
-    /// date (so only GetCapacity is called) and returns how many calls were in flight once
-    /// everything else waited, and the most in flight at once over the whole poll.
-    async fn get_capacity_in_flight(threads: usize) -> (usize, usize) {
-        let classes = ["a", "b", "c"];
+    /// The controller running on `classes` in one zone, their objects up to date (so only
+    /// GetCapacity is called), against a [`GatedDriver`] with `permits`.
+    struct Running {
+        driver: Arc<GatedDriver>,
+        stop: tokio::sync::watch::Sender<bool>,
+        running: tokio::task::JoinHandle<()>,
+        finish: Finish,
+    }
+
+    fn run_gated(
+        classes: &[&str],
+        threads: usize,
+        poll_interval: Duration,
+        permits: usize,
+    ) -> Running {
         let (client, _, finish) = scripted([]);
         let driver = Arc::new(GatedDriver {
             calls: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             most_in_flight: AtomicUsize::new(0),
-            release: tokio::sync::Semaphore::new(0),
+            release: tokio::sync::Semaphore::new(permits),
         });
         let mut metrics = Metrics::new();
         metrics.register_capacity();
         let settings = CapacitySettings {
             template: template(),
             segments: SegmentSource::Fixed(zone("z1")),
-            poll_interval: Duration::from_secs(3600),
+            poll_interval,
             threads,
             immediate_binding: false,
         };
         let inputs = CapacityInputs {
             client,
             driver: Arc::clone(&driver) as Arc<dyn CsiController>,
-            classes: listed(classes.map(class)),
+            classes: listed(classes.iter().map(|name| class(name))),
             segments: Segments::Fixed(zone("z1")),
             metrics: Arc::new(metrics),
             retry_interval_start: RETRY_START,
             retry_interval_max: RETRY_MAX,
         };
-        let objects =
-            classes.map(|name| object(&format!("csisc-{name}"), name, &zone("z1"), "10Gi"));
+        let objects = classes
+            .iter()
+            .map(|name| object(&format!("csisc-{name}"), name, &zone("z1"), "10Gi"));
         let controller = Arc::new(CapacityController::new(inputs, &settings, listed(objects)));
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let (_refresh, receiver) = CapacityRefresh::channel();
         let running = tokio::spawn(async move {
+            let (_refresh, receiver) = CapacityRefresh::channel();
             run(
                 controller,
                 &settings,
@@ -1070,6 +1081,30 @@ mod tests {
             )
             .await;
         });
+        Running {
+            driver,
+            stop,
+            running,
+            finish,
+        }
+    }
+
+    impl Running {
+        async fn stop(self) -> Arc<GatedDriver> {
+            self.stop.send_replace(true);
+            bounded(self.running).await.expect("the controller ran");
+            self.finish.finish().await;
+            self.driver
+        }
+    }
+
+    /// Runs the controller with `threads` workers on three items and returns how many
+    /// GetCapacity calls were in flight once everything else waited, and the most in flight
+    /// at once over the whole poll.
+    async fn get_capacity_in_flight(threads: usize) -> (usize, usize) {
+        let classes = ["a", "b", "c"];
+        let running = run_gated(&classes, threads, Duration::from_secs(3600), 0);
+        let driver = Arc::clone(&running.driver);
         // The clock is paused: this sleep ends only once every task waits (on the driver,
         // the queue or the poll), so the count below is what the workers reached.
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -1083,10 +1118,29 @@ mod tests {
             }
         })
         .await;
-        stop.send_replace(true);
-        bounded(running).await.expect("the controller ran");
-        finish.finish().await;
+        running.stop().await;
         (reached, driver.most_in_flight.load(Ordering::SeqCst))
+    }
+
+    /// How many times the one item is queried in `window`, polled every `poll_interval`.
+    async fn polls_within(poll_interval: Duration, window: Duration) -> usize {
+        let running = run_gated(
+            &["a"],
+            1,
+            poll_interval,
+            tokio::sync::Semaphore::MAX_PERMITS,
+        );
+        tokio::time::sleep(window).await;
+        running.stop().await.calls.load(Ordering::SeqCst)
+    }
+
+    /// `--capacity-poll-interval`: every item is queried at start and once per interval.
+    #[tokio::test(start_paused = true)]
+    async fn capacity_poll_interval_spaces_the_queries() {
+        let window = Duration::from_secs(75);
+        assert_eq!(polls_within(Duration::from_secs(30), window).await, 3);
+        assert_eq!(polls_within(Duration::from_secs(60), window).await, 2);
+        assert_eq!(polls_within(Duration::from_secs(300), window).await, 1);
     }
 
     /// `--capacity-threads`: that many GetCapacity calls run at once, never more.

@@ -133,15 +133,11 @@ pub async fn client_from_args(
     let env = std::env::var("KUBECONFIG").ok();
     let source = ConfigSource::decide(&args.kubeconfig, &args.master, env.as_deref());
     let config = source.load().await?;
-    let rate_limit = RateLimitLayer::from_flags(args.kube_api_qps, args.kube_api_burst);
-    let capacity = capacity
-        .map(|capacity| {
-            let limit = RateLimitLayer::from_flags(
-                f64::from(capacity.kube_api_capacity_qps),
-                capacity.kube_api_capacity_burst,
-            );
-            build_client(config.clone(), limit)
-        })
+    let limits = Limits::from_flags(args, capacity);
+    let rate_limit = limits.main;
+    let capacity = limits
+        .capacity
+        .map(|limit| build_client(config.clone(), limit))
         .transpose()?;
     Ok(ApiClients {
         capacity,
@@ -149,6 +145,28 @@ pub async fn client_from_args(
         prepaid: build_client(config, RateLimitLayer::unlimited())?,
         rate_limit,
     })
+}
+
+/// The limiters of [`client_from_args`], apart so that a test can see which flags feed which.
+struct Limits {
+    /// `--kube-api-qps`, `--kube-api-burst`: every client but the capacity one.
+    main: RateLimitLayer,
+    /// `--kube-api-capacity-qps`, `--kube-api-capacity-burst`, with `--enable-capacity`.
+    capacity: Option<RateLimitLayer>,
+}
+
+impl Limits {
+    fn from_flags(args: &ClientArgs, capacity: Option<&CapacityArgs>) -> Self {
+        Limits {
+            main: RateLimitLayer::from_flags(args.kube_api_qps, args.kube_api_burst),
+            capacity: capacity.map(|capacity| {
+                RateLimitLayer::from_flags(
+                    f64::from(capacity.kube_api_capacity_qps),
+                    capacity.kube_api_capacity_burst,
+                )
+            }),
+        }
+    }
 }
 
 /// The sidecar's clients of one API server; together they send at most
@@ -681,6 +699,48 @@ mod tests {
                 .expect("response");
         }
         assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    #[derive(clap::Parser)]
+    struct LimitFlags {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        capacity: CapacityArgs,
+    }
+
+    /// Each client's limiter follows its own flags: the capacity client's the capacity
+    /// qps/burst, the main client's `--kube-api-qps`/`--kube-api-burst`, and draining one
+    /// bucket does not slow the other.
+    #[tokio::test(start_paused = true)]
+    async fn the_capacity_client_is_limited_by_its_own_flags() {
+        use clap::Parser as _;
+        let flags = LimitFlags::try_parse_from([
+            "csi-provisioner",
+            "--kube-api-qps=1",
+            "--kube-api-burst=2",
+            "--kube-api-capacity-qps=4",
+            "--kube-api-capacity-burst=3",
+        ])
+        .expect("flags parse");
+        let limits = Limits::from_flags(&flags.client, Some(&flags.capacity));
+        let capacity = limits.capacity.expect("a capacity limiter");
+        let start = Instant::now();
+        for _ in 0..3 {
+            capacity.acquire().await;
+        }
+        assert_eq!(start.elapsed(), ms(0), "the capacity burst is 3");
+        capacity.acquire().await;
+        assert_eq!(start.elapsed(), ms(250), "the capacity qps is 4");
+        limits.main.acquire().await;
+        limits.main.acquire().await;
+        assert_eq!(start.elapsed(), ms(250), "the main burst is 2, untouched");
+        limits.main.acquire().await;
+        assert_eq!(start.elapsed(), ms(1250), "the main qps is 1");
+        assert!(
+            Limits::from_flags(&flags.client, None).capacity.is_none(),
+            "no capacity client without --enable-capacity"
+        );
     }
 
     /// The layer sits under a real `kube::Client`: every API call is throttled.

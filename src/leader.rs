@@ -974,6 +974,12 @@ mod tests {
                 .wait_for(|t| *t > Some(first_renew))
                 .await
                 .expect("renewed");
+            let renewed = view.last_renew().expect("renewal time while leading");
+            assert_eq!(
+                renewed - first_renew,
+                test_config().retry_period,
+                "--leader-election-retry-period apart"
+            );
             // Stop: the elector releases with the resourceVersion it wrote last.
             stop_tx.send(()).expect("elector running");
             let (req, send) = next_lease_request(&mut handle, &mut events).await;

@@ -37,6 +37,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "kube-api-qps",
         &[
+            "src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags",
             "src/kube_client.rs::bucket_starts_full_then_refills_at_qps",
             "src/kube_client.rs::kube_client_requests_are_throttled",
         ],
@@ -44,6 +45,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "kube-api-burst",
         &[
+            "src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags",
             "src/kube_client.rs::layer_delays_requests_beyond_the_burst",
             "src/kube_client.rs::flag_defaults_follow_client_go",
         ],
@@ -106,7 +108,10 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     ),
     (
         "capacity-poll-interval",
-        &["tests/capacity.rs::without_topology_one_object_per_class_stays_across_polls"],
+        &[
+            "src/controller/capacity.rs::capacity_poll_interval_spaces_the_queries",
+            "tests/capacity.rs::without_topology_one_object_per_class_stays_across_polls",
+        ],
     ),
     (
         "capacity-ownerref-level",
@@ -115,20 +120,21 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "capacity-threads",
         &[
-            "src/controller/queue.rs::a_key_added_while_active_runs_again_after_done_never_twice_at_once",
+            "src/controller/capacity.rs::capacity_threads_is_how_many_get_capacity_calls_run_at_once",
         ],
     ),
     (
         "kube-api-capacity-qps",
-        &["src/kube_client.rs::bucket_starts_full_then_refills_at_qps"],
+        &["src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags"],
     ),
     (
         "kube-api-capacity-burst",
-        &["src/kube_client.rs::layer_delays_requests_beyond_the_burst"],
+        &["src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags"],
     ),
     (
         "node-deployment-base-delay",
         &[
+            "src/provision/node.rs::ownership_delay_has_upstreams_numbers",
             "src/controller/ownership.rs::jitter_stays_in_its_range",
             "tests/node_deployment.rs::immediate_claims_get_one_node_each_and_fill_the_nodes_with_room_exactly",
         ],
@@ -136,6 +142,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "node-deployment-max-delay",
         &[
+            "src/provision/node.rs::ownership_delay_has_upstreams_numbers",
             "src/controller/ownership.rs::a_race_waits_then_each_lost_try_waits_longer_and_forget_resets_it",
         ],
     ),
@@ -203,6 +210,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "snapshot-orphan-sweep-interval",
         &[
+            "src/controller/snapshot_sweeper.rs::sweeps_come_one_interval_apart",
             "src/controller/snapshot_sweeper.rs::a_snapshot_a_pending_claim_restores_is_kept_and_an_orphan_released",
             "tests/data_sources.rs::a_restore_whose_claim_is_deleted_mid_flight_leaks_nothing_and_frees_the_snapshot",
         ],

@@ -619,6 +619,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use k8s_openapi::jiff::Timestamp;
     use serde_json::{Value, json};
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     const DRIVER: &str = "d.example.com";
     const OBJECTS: &str = "/apis/storage.k8s.io/v1/namespaces/csi/csistoragecapacities";
@@ -970,6 +971,184 @@ mod tests {
         test.controller.queue_changes(false);
         assert_eq!(test.controller.queue.len(), 0, "waits for its retry");
         test.finish().await;
+    }
+
+    /// A driver whose GetCapacity calls each wait for a permit of `release`; counts the calls
+    /// and the most that were in flight at once.
+    struct GatedDriver {
+        calls: AtomicUsize,
+        in_flight: AtomicUsize,
+        most_in_flight: AtomicUsize,
+        release: tokio::sync::Semaphore,
+    }
+
+    #[tonic::async_trait]
+    impl CsiController for GatedDriver {
+        async fn create_volume(
+            &self,
+            _: csi::CreateVolumeRequest,
+        ) -> Result<csi::CreateVolumeResponse, CallError> {
+            unreachable!("the capacity controller creates no volume")
+        }
+
+        async fn delete_volume(
+            &self,
+            _: csi::DeleteVolumeRequest,
+        ) -> Result<csi::DeleteVolumeResponse, CallError> {
+            unreachable!("the capacity controller deletes no volume")
+        }
+
+        async fn get_capacity(
+            &self,
+            _: csi::GetCapacityRequest,
+        ) -> Result<csi::GetCapacityResponse, CallError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+            self.release
+                .acquire()
+                .await
+                .expect("the semaphore stays open")
+                .forget();
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            Ok(csi::GetCapacityResponse {
+                available_capacity: 10 * GIB,
+                maximum_volume_size: None,
+                minimum_volume_size: None,
+            })
+        }
+    }
+
+    /// The controller running on `classes` in one zone, their objects up to date (so only
+    /// GetCapacity is called), against a [`GatedDriver`] with `permits`.
+    struct Running {
+        driver: Arc<GatedDriver>,
+        stop: tokio::sync::watch::Sender<bool>,
+        running: tokio::task::JoinHandle<()>,
+        finish: Finish,
+    }
+
+    fn run_gated(
+        classes: &[&str],
+        threads: usize,
+        poll_interval: Duration,
+        permits: usize,
+    ) -> Running {
+        let (client, _, finish) = scripted([]);
+        let driver = Arc::new(GatedDriver {
+            calls: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            most_in_flight: AtomicUsize::new(0),
+            release: tokio::sync::Semaphore::new(permits),
+        });
+        let mut metrics = Metrics::new();
+        metrics.register_capacity();
+        let settings = CapacitySettings {
+            template: template(),
+            segments: SegmentSource::Fixed(zone("z1")),
+            poll_interval,
+            threads,
+            immediate_binding: false,
+        };
+        let inputs = CapacityInputs {
+            client,
+            driver: Arc::clone(&driver) as Arc<dyn CsiController>,
+            classes: listed(classes.iter().map(|name| class(name))),
+            segments: Segments::Fixed(zone("z1")),
+            metrics: Arc::new(metrics),
+            retry_interval_start: RETRY_START,
+            retry_interval_max: RETRY_MAX,
+        };
+        let objects = classes
+            .iter()
+            .map(|name| object(&format!("csisc-{name}"), name, &zone("z1"), "10Gi"));
+        let controller = Arc::new(CapacityController::new(inputs, &settings, listed(objects)));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let running = tokio::spawn(async move {
+            let (_refresh, receiver) = CapacityRefresh::channel();
+            run(
+                controller,
+                &settings,
+                Arc::new(Notify::new()),
+                receiver,
+                futures::stream::pending(),
+                move || {
+                    let mut stopped = stopped.clone();
+                    async move {
+                        let _ = stopped.wait_for(|stop| *stop).await;
+                    }
+                },
+            )
+            .await;
+        });
+        Running {
+            driver,
+            stop,
+            running,
+            finish,
+        }
+    }
+
+    impl Running {
+        async fn stop(self) -> Arc<GatedDriver> {
+            self.stop.send_replace(true);
+            bounded(self.running).await.expect("the controller ran");
+            self.finish.finish().await;
+            self.driver
+        }
+    }
+
+    /// Runs the controller with `threads` workers on three items and returns how many
+    /// GetCapacity calls were in flight once everything else waited, and the most in flight
+    /// at once over the whole poll.
+    async fn get_capacity_in_flight(threads: usize) -> (usize, usize) {
+        let classes = ["a", "b", "c"];
+        let running = run_gated(&classes, threads, Duration::from_secs(3600), 0);
+        let driver = Arc::clone(&running.driver);
+        // The clock is paused: this sleep ends only once every task waits (on the driver,
+        // the queue or the poll), so the count below is what the workers reached.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let reached = driver.in_flight.load(Ordering::SeqCst);
+        driver.release.add_permits(classes.len());
+        bounded(async {
+            while driver.calls.load(Ordering::SeqCst) < classes.len()
+                || driver.in_flight.load(Ordering::SeqCst) > 0
+            {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        running.stop().await;
+        (reached, driver.most_in_flight.load(Ordering::SeqCst))
+    }
+
+    /// How many times the one item is queried in `window`, polled every `poll_interval`.
+    async fn polls_within(poll_interval: Duration, window: Duration) -> usize {
+        let running = run_gated(
+            &["a"],
+            1,
+            poll_interval,
+            tokio::sync::Semaphore::MAX_PERMITS,
+        );
+        tokio::time::sleep(window).await;
+        running.stop().await.calls.load(Ordering::SeqCst)
+    }
+
+    /// `--capacity-poll-interval`: every item is queried at start and once per interval.
+    #[tokio::test(start_paused = true)]
+    async fn capacity_poll_interval_spaces_the_queries() {
+        let window = Duration::from_secs(75);
+        assert_eq!(polls_within(Duration::from_secs(30), window).await, 3);
+        assert_eq!(polls_within(Duration::from_secs(60), window).await, 2);
+        assert_eq!(polls_within(Duration::from_secs(300), window).await, 1);
+    }
+
+    /// `--capacity-threads`: that many GetCapacity calls run at once, never more.
+    #[tokio::test(start_paused = true)]
+    async fn capacity_threads_is_how_many_get_capacity_calls_run_at_once() {
+        assert_eq!(get_capacity_in_flight(1).await, (1, 1), "one worker");
+        assert_eq!(get_capacity_in_flight(2).await, (2, 2), "two workers");
+        assert_eq!(get_capacity_in_flight(3).await, (3, 3), "three workers");
     }
 
     /// A10: the object of the nil segment as the API server returns it (no `matchLabels`)

@@ -472,6 +472,43 @@ mod tests {
         scenario.finish().await;
     }
 
+    /// `--snapshot-orphan-sweep-interval`: after the preflight (the API group is served, the
+    /// role may list) a sweep at once, then one `interval` after each; run for `window`.
+    async fn sweeps_within(interval: Duration, window: Duration, sweeps: usize) {
+        let served = get("/apis/snapshot.storage.k8s.io/v1").answer(
+            200,
+            json!({
+                "kind": "APIResourceList", "apiVersion": "v1",
+                "groupVersion": "snapshot.storage.k8s.io/v1",
+                "resources": [{
+                    "name": "volumesnapshots", "singularName": "volumesnapshot",
+                    "namespaced": true, "kind": "VolumeSnapshot", "verbs": ["list"],
+                }],
+            }),
+        );
+        let preflight = listed(&[]);
+        let steps = [served, preflight]
+            .into_iter()
+            .chain(std::iter::repeat_with(|| listed(&[])).take(sweeps));
+        let scenario = Cluster::new().start(steps).await;
+        bounded(run(
+            &scenario.ctx(),
+            interval,
+            claims_listed(true),
+            tokio::time::sleep(window),
+        ))
+        .await;
+        scenario.finish().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn sweeps_come_one_interval_apart() {
+        let window = Duration::from_secs(75);
+        sweeps_within(Duration::from_secs(30), window, 3).await;
+        sweeps_within(Duration::from_secs(60), window, 2).await;
+        sweeps_within(Duration::from_secs(300), window, 1).await;
+    }
+
     #[tokio::test(start_paused = true)]
     async fn nothing_is_removed_when_the_claims_are_not_known() {
         let scenario = Cluster::new().start([listed(&[snapshot("orphan")])]).await;

@@ -84,7 +84,7 @@ pub use deletion::{
     pv_holds_volume, pv_is_for_claim, should_delete, volume_finalizer_action,
 };
 pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
-pub use migration::{InTreePlugin, MigrationError};
+pub use migration::{Holding, InTreePlugin, MigrationError};
 pub use names::{
     ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_CLASS, ANN_BETA_STORAGE_PROVISIONER,
     ANN_CONTROLLER_MODIFY_SECRET_NAME, ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE,

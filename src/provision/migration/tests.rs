@@ -692,3 +692,13 @@ fn two_pvs_without_a_volume_identity_are_not_the_same_volume() {
     );
     assert!(same_in_tree_volume(&ebs, &ebs.clone()));
 }
+
+#[test]
+fn an_azure_disk_handle_of_any_bytes_is_an_error_not_a_panic() {
+    // Byte 4 falls inside a character in the first two.
+    for handle in ["abcé/disks/d", "htté://x/vhds/d", "ééé"] {
+        let pv = csi_pv("disk.csi.azure.com", handle, json!({}), &[]);
+        let error = InTreePlugin::AzureDisk.to_in_tree(pv).expect_err(handle);
+        assert_eq!(error, MigrationError::AzureDiskUri(handle.to_owned()));
+    }
+}

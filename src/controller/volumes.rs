@@ -25,7 +25,7 @@ use crate::csi_client::{CallError, migrated_calls};
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{
     AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
-    check_detached, deletion_secret_from_class, deletion_target, has_deletable_source,
+    check_detached, deletion_secret_from_class, deletion_target, has_deletable_source, is_migrated,
     may_delete_pv_first, should_delete, volume_finalizer_action, volume_has_work, volume_on_node,
 };
 
@@ -241,11 +241,6 @@ async fn reconcile_volume(cached: &PersistentVolume, ctx: &Context) -> Result<bo
         .await
         .map_err(|source| finalizer_error(&terminating, source))?;
     Ok(true)
-}
-
-/// Whether the PV is an in-tree one of the plugin migrated to this driver.
-fn is_migrated(pv: &PersistentVolume, driver: &str) -> bool {
-    pv.spec.as_ref().is_some_and(|spec| spec.csi.is_none()) && has_deletable_source(pv, driver)
 }
 
 /// A migrated PV as stored (its handle is translated from fields the cache does not keep:

@@ -87,6 +87,11 @@ pub fn is_provisioner_for_volume(pv: &PersistentVolume, driver: &str) -> bool {
     }
 }
 
+/// Whether the PV is an in-tree one of the plugin migrated to `driver` (no CSI source).
+pub fn is_migrated(pv: &PersistentVolume, driver: &str) -> bool {
+    pv.spec.as_ref().is_some_and(|spec| spec.csi.is_none()) && has_deletable_source(pv, driver)
+}
+
 /// Whether this sidecar can name the PV's backend volume to the driver: a CSI source, or the
 /// in-tree source of the plugin migrated to the driver. Any other PV never gets our
 /// finalizer and is never deleted by us, whatever its annotations say (upstream adds the
@@ -214,7 +219,7 @@ pub fn deletion_secret_from_class(
     let Some(class) = class else {
         return Ok(None);
     };
-    let migrated = pv.spec.as_ref().is_some_and(|spec| spec.csi.is_none());
+    let migrated = is_migrated(pv, driver);
     let translated = match migrated_plugin(class, driver) {
         Some(plugin) if migrated => Some(plugin.translate_class(class)?),
         _ => None,
@@ -879,6 +884,9 @@ mod tests {
         );
         assert!(pv_is_for_claim(&pv, GCE, PVC_UID));
         assert!(!pv_is_for_claim(&pv, DRIVER, PVC_UID));
+        assert!(is_migrated(&pv, GCE));
+        assert!(!is_migrated(&pv, DRIVER));
+        assert!(!is_migrated(&PvBuilder::new().build(), DRIVER));
         assert_eq!(existing_pv(&pv, &pv.clone(), None), ExistingPv::Ours);
         assert_eq!(
             existing_pv(&gce_pv("other").claim_uid(PVC_UID).build(), &pv, None),

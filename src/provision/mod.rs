@@ -80,8 +80,8 @@ pub use data_source::{
 pub use deletion::{
     DeletionError, DeletionSecrets, DeletionTarget, ExistingPv, FinalizerAction,
     deletion_secret_from_class, deletion_secrets, deletion_target, existing_pv,
-    has_deletable_source, is_provisioner_for_volume, may_delete_pv_first, pv_finalizer_action,
-    pv_holds_volume, pv_is_for_claim, should_delete, volume_finalizer_action,
+    has_deletable_source, is_migrated, is_provisioner_for_volume, may_delete_pv_first,
+    pv_finalizer_action, pv_holds_volume, pv_is_for_claim, should_delete, volume_finalizer_action,
 };
 pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
 pub use migration::{Holding, InTreePlugin, MigrationError};

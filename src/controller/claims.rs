@@ -34,13 +34,14 @@ use crate::journal::{JournalError, Operation, Phase};
 use crate::kube_client::go_error_text;
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{
-    AttributesClassError, ClaimWork, CreateResponseError, DecisionError, ExistingPv, Holding,
-    MigrationError, NodeVerdict, ProvisionError, ProvisionPlan, RescheduleCause, TopologyError,
-    TopologyInputs, accessibility_requirements, build_create_volume_request,
-    build_persistent_volume, claim_class_name, claim_work, drain_claim_work, existing_pv,
-    has_operation_in_flight, ignored_attributes_class, migrated_plugin, mutable_parameters,
-    names_may_collide, needs_finalizer, node_claim_work, node_verdict, plan_provision,
-    pv_holds_volume, pv_is_for_claim, reschedule_patch, selected_node, topology_missing,
+    AttributesClassError, ClaimWork, CreateResponseError, DecisionError, DriverClass, ExistingPv,
+    Holding, MigrationError, NodeVerdict, ProvisionError, ProvisionPlan, RescheduleCause,
+    TopologyError, TopologyInputs, accessibility_requirements, build_create_volume_request,
+    build_persistent_volume, claim_class_name, claim_work, class_for_driver, drain_claim_work,
+    existing_pv, has_operation_in_flight, ignored_attributes_class, migrated_plugin,
+    mutable_parameters, names_may_collide, needs_finalizer, node_claim_work, node_verdict,
+    plan_provision, pv_holds_volume, pv_is_for_claim, reschedule_patch, selected_node,
+    topology_missing,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -319,7 +320,9 @@ async fn provision_claim(
         }
         Work::Refuse(error) => return Err(error.into()),
         Work::BecomeOwner(class) => {
-            let class = as_driver_reads(class, ctx).map_err(ClaimError::ClassTranslation)?;
+            let class = class_for_driver(class, &ctx.config.driver_name)
+                .map_err(ClaimError::ClassTranslation)?
+                .class;
             return Ok(ownership::compete(pvc, &class, ctx)
                 .await
                 .map_or(Outcome::Nothing, Outcome::RetryIn));
@@ -334,12 +337,11 @@ async fn provision_claim(
     let grants = sources::reference_grants(ctx, pvc).await?;
     // A claim of an in-tree class migrated to our driver is provisioned with the class as the
     // driver reads it (parameters, allowedTopologies), and its PV translated back.
-    let migration = migrated_plugin(&class, &ctx.config.driver_name);
-    let in_tree_provisioner = class.provisioner.clone();
-    let class = as_driver_reads(class, ctx);
+    let class = class_for_driver(class, &ctx.config.driver_name);
     let plan = match &class {
-        Ok(class) => {
-            plan_provision(pvc, class, &ctx.config, &ctx.caps, &grants).map_err(Into::into)
+        Ok(driver_class) => {
+            plan_provision(pvc, &driver_class.class, &ctx.config, &ctx.caps, &grants)
+                .map_err(Into::into)
         }
         Err(error) => Err(ClaimError::ClassTranslation(error.clone())),
     };
@@ -364,10 +366,13 @@ async fn provision_claim(
         ),
     );
     let mut plan = plan?;
-    let class = class.map_err(ClaimError::ClassTranslation)?;
-    if migration.is_some() {
-        // The PV names the class's own provisioner, as upstream's library writes it.
-        plan.provisioned_by = in_tree_provisioner;
+    let DriverClass {
+        class,
+        plugin: migration,
+        provisioned_by,
+    } = class.map_err(ClaimError::ClassTranslation)?;
+    if let Some(provisioned_by) = provisioned_by {
+        plan.provisioned_by = provisioned_by;
     }
     let content_source = data_source(ctx, pvc, &class, &plan).await?;
     let requirements = match topology_requirements(ctx, pvc, &class, &plan).await {
@@ -496,18 +501,6 @@ async fn provision_claim(
     Ok(Outcome::Provisioned {
         volume: plan.volume_name,
     })
-}
-
-/// The class as the driver reads it: translated when it is an in-tree class migrated to the
-/// driver, else as it is.
-fn as_driver_reads(
-    class: Arc<StorageClass>,
-    ctx: &Context,
-) -> Result<Arc<StorageClass>, MigrationError> {
-    match migrated_plugin(&class, &ctx.config.driver_name) {
-        Some(plugin) => plugin.translate_class(&class).map(Arc::new),
-        None => Ok(class),
-    }
 }
 
 /// The content source of a new CreateVolume, with the source protected by its finalizer;

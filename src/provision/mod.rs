@@ -65,8 +65,9 @@ pub use capabilities::{
     volume_capabilities,
 };
 pub use claim::{
-    DecisionError, NotOwner, ProvisionDecision, SkipReason, claim_class_name, claim_is_for_driver,
-    class_is_for_driver, migrated_plugin, selected_node, should_provision, storage_provisioner,
+    DecisionError, DriverClass, NotOwner, ProvisionDecision, SkipReason, claim_class_name,
+    claim_is_for_driver, class_for_driver, class_is_for_driver, migrated_plugin, selected_node,
+    should_provision, storage_provisioner,
 };
 pub use consistency::{
     ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER, consistency_enabled,

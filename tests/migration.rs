@@ -228,8 +228,10 @@ async fn a_gce_pd_claim_is_provisioned_and_deleted_through_the_csi_driver() {
     assert_eq!(count("/csi.v1.Controller/DeleteVolume", "true"), 1.0);
     assert!(count("/csi.v1.Identity/GetPluginCapabilities", "false") >= 1.0);
 
-    // Meanwhile the untranslatable PV was left alone: reported once, never deleted, and it
-    // never got our finalizer.
+    // Meanwhile the untranslatable PV was left alone: reported once, never deleted. Its claim
+    // never existed, so it was never Bound and got no finalizer (only a Bound PV does, as
+    // upstream; that a Bound untranslatable PV gets ours is unit-tested in
+    // `controller::volumes`).
     let log = sidecar.log();
     let reports = log
         .lines()

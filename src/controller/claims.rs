@@ -34,13 +34,14 @@ use crate::journal::{JournalError, Operation, Phase};
 use crate::kube_client::go_error_text;
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{
-    AttributesClassError, ClaimWork, CreateResponseError, DecisionError, ExistingPv,
-    MigrationError, NodeVerdict, ProvisionError, ProvisionPlan, RescheduleCause, TopologyError,
-    TopologyInputs, accessibility_requirements, build_create_volume_request,
-    build_persistent_volume, claim_class_name, claim_work, drain_claim_work, existing_pv,
-    has_operation_in_flight, ignored_attributes_class, migrated_plugin, mutable_parameters,
-    names_may_collide, needs_finalizer, node_claim_work, node_verdict, plan_provision,
-    pv_is_for_claim, recorded_class_moved, reschedule_patch, selected_node, topology_missing,
+    AttributesClassError, ClaimWork, CreateResponseError, DecisionError, DriverClass, ExistingPv,
+    Holding, MigrationError, NodeVerdict, ProvisionError, ProvisionPlan, RescheduleCause,
+    TopologyError, TopologyInputs, accessibility_requirements, build_create_volume_request,
+    build_persistent_volume, claim_class_name, claim_work, class_for_driver, drain_claim_work,
+    existing_pv, has_operation_in_flight, ignored_attributes_class, migrated_plugin,
+    mutable_parameters, names_may_collide, needs_finalizer, node_claim_work, node_verdict,
+    plan_provision, pv_holds_volume, pv_is_for_claim, recorded_class_moved, reschedule_patch,
+    selected_node, topology_missing,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -69,7 +70,7 @@ pub enum ClaimError {
     BackTranslationCleanup {
         volume: String,
         error: MigrationError,
-        cleanup: CallError,
+        cleanup: CleanupError,
     },
     #[error(transparent)]
     Topology(#[from] TopologyError),
@@ -118,7 +119,7 @@ pub enum ClaimError {
     CleanupFailed {
         error: CreateResponseError,
         volume: String,
-        cleanup: CallError,
+        cleanup: CleanupError,
     },
     #[error("failed to create PersistentVolume {name}: {source}")]
     PvCreate { name: String, source: kube::Error },
@@ -322,7 +323,9 @@ async fn provision_claim(
         }
         Work::Refuse(error) => return Err(error.into()),
         Work::BecomeOwner(class) => {
-            let class = as_driver_reads(class, ctx).map_err(ClaimError::ClassTranslation)?;
+            let class = class_for_driver(class, &ctx.config.driver_name)
+                .map_err(ClaimError::ClassTranslation)?
+                .class;
             return Ok(ownership::compete(pvc, &class, ctx)
                 .await
                 .map_or(Outcome::Nothing, Outcome::RetryIn));
@@ -337,12 +340,11 @@ async fn provision_claim(
     let grants = sources::reference_grants(ctx, pvc).await?;
     // A claim of an in-tree class migrated to our driver is provisioned with the class as the
     // driver reads it (parameters, allowedTopologies), and its PV translated back.
-    let migration = migrated_plugin(&class, &ctx.config.driver_name);
-    let in_tree_provisioner = class.provisioner.clone();
-    let class = as_driver_reads(class, ctx);
+    let class = class_for_driver(class, &ctx.config.driver_name);
     let plan = match &class {
-        Ok(class) => {
-            plan_provision(pvc, class, &ctx.config, &ctx.caps, &grants).map_err(Into::into)
+        Ok(driver_class) => {
+            plan_provision(pvc, &driver_class.class, &ctx.config, &ctx.caps, &grants)
+                .map_err(Into::into)
         }
         Err(error) => Err(ClaimError::ClassTranslation(error.clone())),
     };
@@ -367,10 +369,13 @@ async fn provision_claim(
         ),
     );
     let mut plan = plan?;
-    let class = class.map_err(ClaimError::ClassTranslation)?;
-    if migration.is_some() {
-        // The PV names the class's own provisioner, as upstream's library writes it.
-        plan.provisioned_by = in_tree_provisioner;
+    let DriverClass {
+        class,
+        plugin: migration,
+        provisioned_by,
+    } = class.map_err(ClaimError::ClassTranslation)?;
+    if let Some(provisioned_by) = provisioned_by {
+        plan.provisioned_by = provisioned_by;
     }
     let content_source = data_source(ctx, pvc, &class, &plan).await?;
     let requirements = match topology_requirements(ctx, pvc, &class, &plan).await {
@@ -515,18 +520,6 @@ async fn provision_claim(
     Ok(Outcome::Provisioned {
         volume: plan.volume_name,
     })
-}
-
-/// The class as the driver reads it: translated when it is an in-tree class migrated to the
-/// driver, else as it is.
-fn as_driver_reads(
-    class: Arc<StorageClass>,
-    ctx: &Context,
-) -> Result<Arc<StorageClass>, MigrationError> {
-    match migrated_plugin(&class, &ctx.config.driver_name) {
-        Some(plugin) => plugin.translate_class(&class).map(Arc::new),
-        None => Ok(class),
-    }
 }
 
 /// The content source of a new CreateVolume, with the source protected by its finalizer;
@@ -691,11 +684,8 @@ async fn clean_up_unusable(
     let Some(volume_id) = error.volume_to_delete().map(str::to_owned) else {
         return ClaimError::Volume(error);
     };
-    match delete_volume(ctx, &plan.class_name, &volume_id, request.secrets.clone()).await {
-        Ok(()) => {
-            ctx.journal.complete(&plan.volume_name);
-            ClaimError::Volume(error)
-        }
+    match delete_unused(ctx, plan, request, &volume_id).await {
+        Ok(()) => ClaimError::Volume(error),
         Err(cleanup) => ClaimError::CleanupFailed {
             error,
             volume: plan.volume_name.clone(),
@@ -716,17 +706,74 @@ async fn clean_up_untranslatable(
     error: MigrationError,
 ) -> ClaimError {
     let volume = plan.volume_name.clone();
-    match delete_volume(ctx, &plan.class_name, handle, request.secrets.clone()).await {
-        Ok(()) => {
-            ctx.journal.complete(&plan.volume_name);
-            ClaimError::BackTranslation { volume, error }
-        }
+    match delete_unused(ctx, plan, request, handle).await {
+        Ok(()) => ClaimError::BackTranslation { volume, error },
         Err(cleanup) => ClaimError::BackTranslationCleanup {
             volume,
             error,
             cleanup,
         },
     }
+}
+
+/// Why a volume just created and not saved in a PV was not deleted again; the operation
+/// stays in flight, so the next attempt (or the reaper) tries again.
+#[derive(Debug, Error)]
+pub enum CleanupError {
+    #[error("{0}")]
+    Driver(CallError),
+    #[error("failed to read PersistentVolume {name}: {source}")]
+    PvRead { name: String, source: kube::Error },
+    #[error(
+        "whether PersistentVolume {pv} references the volume cannot be told ({error}); it is not deleted"
+    )]
+    HolderUnknown { pv: String, error: MigrationError },
+}
+
+/// Deletes the volume `handle` that an attempt created but cannot save, unless the PV named
+/// like the claim's volume (a quorum read: an earlier attempt, or a claim of a colliding
+/// name, may have saved it) references it. Either way the operation is over; a PV that
+/// cannot be told about keeps it in flight.
+async fn delete_unused(
+    ctx: &Context,
+    plan: &ProvisionPlan,
+    request: &csi::CreateVolumeRequest,
+    handle: &str,
+) -> Result<(), CleanupError> {
+    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let name = &plan.volume_name;
+    let existing = api
+        .get_opt(name)
+        .await
+        .map_err(|source| CleanupError::PvRead {
+            name: name.clone(),
+            source,
+        })?;
+    let node = ctx.node.as_ref().map(NodeDeployment::scope);
+    let holding = existing.as_ref().map_or(Holding::DoesNotHold, |pv| {
+        pv_holds_volume(pv, &ctx.config.driver_name, handle, node.as_ref())
+    });
+    match holding {
+        Holding::DoesNotHold => {
+            delete_volume(ctx, &plan.class_name, handle, request.secrets.clone())
+                .await
+                .map_err(CleanupError::Driver)?;
+        }
+        Holding::Holds => {
+            info!(
+                volume = name,
+                handle, "not deleted: its PersistentVolume references it"
+            );
+        }
+        Holding::Unknown(error) => {
+            return Err(CleanupError::HolderUnknown {
+                pv: name.clone(),
+                error,
+            });
+        }
+    }
+    ctx.journal.complete(name);
+    Ok(())
 }
 
 /// Creates the PV. AlreadyExists is success only when the existing PV holds this very volume;
@@ -849,6 +896,7 @@ fn data_source_kind(pvc: &PersistentVolumeClaim) -> &str {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::core::v1::GCEPersistentDiskVolumeSource;
     use serde_json::{Value, json};
     use tonic::Status;
 
@@ -1039,6 +1087,7 @@ mod tests {
             .start([
                 record_written(),
                 create_volume(migrated_create(), created("vol-1", GIB)),
+                get(claim_volume_path()).refuse(404, "NotFound"),
                 delete_volume("vol-1", &[], Err(Status::unavailable("driver restarting"))),
             ])
             .await;
@@ -1055,11 +1104,25 @@ mod tests {
             "{events:?}"
         );
 
+        // A PV of the name holding another volume (an in-tree source cannot hold this handle).
         let (cluster, pvc) = migrated();
+        let other = PvBuilder::new()
+            .name(&claim_volume())
+            .no_csi()
+            .map(|pv| {
+                if let Some(spec) = pv.spec.as_mut() {
+                    spec.gce_persistent_disk = Some(GCEPersistentDiskVolumeSource {
+                        pd_name: "vol-1".to_owned(),
+                        ..Default::default()
+                    });
+                }
+            })
+            .build();
         let scenario = cluster
             .start([
                 record_written(),
                 create_volume(migrated_create(), created("vol-1", GIB)),
+                get(claim_volume_path()).answer(200, other),
                 delete_volume("vol-1", &[], Ok(())),
                 record_removed(),
             ])
@@ -1076,6 +1139,30 @@ mod tests {
                 ))
             ]
         );
+    }
+
+    /// The untranslatable volume is deleted only if no PV of its name references it: one that
+    /// does (an earlier attempt's, or a colliding claim's) keeps it and ends the operation.
+    #[tokio::test(start_paused = true)]
+    async fn an_untranslatable_volume_that_a_pv_references_is_not_deleted() {
+        let (cluster, pvc) = migrated();
+        let holder = PvBuilder::new()
+            .name(&claim_volume())
+            .csi_driver(GCE)
+            .handle("vol-1")
+            .build();
+        let scenario = cluster
+            .start([
+                record_written(),
+                create_volume(migrated_create(), created("vol-1", GIB)),
+                get(claim_volume_path()).answer(200, holder),
+                record_removed(),
+            ])
+            .await;
+        assert_eq!(reconcile(&scenario, pvc).await, Next::RetryIn(RETRY_START));
+        assert!(!in_flight(&scenario));
+        let events = scenario.finish().await;
+        assert_eq!(events.len(), 2, "{events:?}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -1877,6 +1964,7 @@ mod tests {
                     },
                     created_from(None),
                 ),
+                get(claim_volume_path()).refuse(404, "NotFound"),
                 delete_volume("vol-1", SECRETS, Ok(())),
                 record_removed(),
             ])
@@ -2406,7 +2494,7 @@ mod tests {
             .start([capacity_asked(GIB), node_selected(200)])
             .await;
         let first = reconcile(&scenario, immediate_claim().build()).await;
-        let wait = waits(&first, Duration::from_millis(1)..=Duration::from_secs(1));
+        let wait = waits(&first, Duration::ZERO..=Duration::from_secs(1));
         // Woken early (an update of the claim): the rest of the wait, nothing sent.
         let early = reconcile(&scenario, immediate_claim().build()).await;
         waits(&early, Duration::ZERO..=wait);
@@ -2429,7 +2517,7 @@ mod tests {
             .await;
         let wait = waits(
             &reconcile(&scenario, immediate_claim().build()).await,
-            Duration::from_millis(1)..=Duration::from_secs(1),
+            Duration::ZERO..=Duration::from_secs(1),
         );
         sleep_past(wait).await;
         // No room here: the second wait is (1, 2] s.
@@ -2479,7 +2567,7 @@ mod tests {
             .await;
         let wait = waits(
             &reconcile(&scenario, pvc.clone()).await,
-            Duration::from_millis(1)..=Duration::from_secs(1),
+            Duration::ZERO..=Duration::from_secs(1),
         );
         sleep_past(wait).await;
         assert_eq!(reconcile(&scenario, pvc).await, Next::Wait);

@@ -28,7 +28,7 @@ use super::events::EventType;
 use crate::csi_client::CallError;
 use crate::journal::{Operation, Phase};
 use crate::provision::capacity::RefreshCause;
-use crate::provision::{has_provisioning_finalizer, pv_holds_volume, pv_is_for_claim};
+use crate::provision::{Holding, has_provisioning_finalizer, pv_holds_volume, pv_is_for_claim};
 
 /// Why reaping one operation did not finish; it is retried with a backoff, and the text is
 /// stored in its journal record.
@@ -48,6 +48,14 @@ enum ReapError {
         "the replayed CreateVolume succeeded without a volume id; the volume cannot be deleted"
     )]
     NoVolumeId,
+    #[error(
+        "volume {volume_id} is neither deleted nor forgotten: whether PersistentVolume {pv} references it cannot be told ({error}); fix or delete that PV"
+    )]
+    HolderUnknown {
+        volume_id: String,
+        pv: String,
+        error: String,
+    },
 }
 
 impl ReapError {
@@ -288,14 +296,25 @@ async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapE
             return Ok(());
         }
     };
-    if let Some(holder) = volume_holder(ctx, &volume_id) {
-        info!(
-            volume = operation.volume_name,
-            volume_id,
-            pv = holder,
-            "the volume of a claim that is gone is referenced by a PV: not deleted"
-        );
-        return Ok(());
+    match volume_holder(ctx, &volume_id) {
+        Holder::Pv(holder) => {
+            info!(
+                volume = operation.volume_name,
+                volume_id,
+                pv = holder,
+                "the volume of a claim that is gone is referenced by a PV: not deleted"
+            );
+            return Ok(());
+        }
+        // Neither deleted nor forgotten: the record stays and the reap is retried.
+        Holder::Unknown { pv, error } => {
+            return Err(ReapError::HolderUnknown {
+                volume_id,
+                pv,
+                error,
+            });
+        }
+        Holder::None => {}
     }
     delete_volume(ctx, &operation.class_name, &volume_id, secrets)
         .await
@@ -323,16 +342,40 @@ async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapE
     Ok(())
 }
 
-/// The PV, whatever its name, that references `volume_id` of our driver. From the cache: a PV
-/// created in the last moments may be missed, but one the sidecar created (the only kind a
-/// replay of our own operation can return) is known before its operation is ever idle.
-fn volume_holder(ctx: &Context, volume_id: &str) -> Option<String> {
+/// Who references a volume of our driver.
+enum Holder {
+    /// This PV, whatever its name.
+    Pv(String),
+    /// No PV is known to, but this one's in-tree source cannot be translated to tell.
+    Unknown {
+        pv: String,
+        error: String,
+    },
+    None,
+}
+
+/// The PV that references `volume_id` of our driver. From the cache: a PV created in the last
+/// moments may be missed, but one the sidecar created (the only kind a replay of our own
+/// operation can return) is known before its operation is ever idle.
+fn volume_holder(ctx: &Context, volume_id: &str) -> Holder {
     let node = ctx.node.as_ref().map(NodeDeployment::scope);
-    ctx.volumes.state().iter().find_map(|cached| {
-        let pv = cached.to_volume().ok()?;
-        pv_holds_volume(&pv, &ctx.config.driver_name, volume_id, node.as_ref())
-            .then(|| cached.name_any())
-    })
+    let mut holder = Holder::None;
+    for cached in ctx.volumes.state() {
+        let holding = cached
+            .to_volume()
+            .map(|pv| pv_holds_volume(&pv, &ctx.config.driver_name, volume_id, node.as_ref()));
+        let unknown = match holding {
+            Ok(Holding::Holds) => return Holder::Pv(cached.name_any()),
+            Ok(Holding::DoesNotHold) => continue,
+            Ok(Holding::Unknown(error)) => error.to_string(),
+            Err(error) => error.to_string(),
+        };
+        holder = Holder::Unknown {
+            pv: cached.name_any(),
+            error: unknown,
+        };
+    }
+    holder
 }
 
 /// The cache may answer "wants the volume"; only a quorum read may answer "gone", since that
@@ -378,6 +421,7 @@ mod tests {
     };
     use crate::provision::PROVISIONING_FINALIZER;
     use crate::provision::fixtures::{PVC_UID, PvBuilder, PvcBuilder};
+    use k8s_openapi::api::core::v1::AWSElasticBlockStoreVolumeSource;
 
     fn replayed_create() -> CreateVolumeCall {
         CreateVolumeCall {
@@ -494,6 +538,45 @@ mod tests {
             .await;
         assert!(matches!(reap_journaled(&scenario).await, Ok(Reaped::Done)));
         assert!(!in_flight(&scenario));
+        assert_eq!(scenario.finish().await, Vec::<String>::new());
+    }
+
+    /// An in-tree PV of the plugin migrated to the driver whose source cannot be translated
+    /// may hold the orphan: the volume is not deleted and the record is not dropped.
+    #[tokio::test(start_paused = true)]
+    async fn an_orphan_that_an_untranslatable_in_tree_pv_may_hold_keeps_its_record() {
+        let in_tree = PvBuilder::new()
+            .name("static-ebs")
+            .no_csi()
+            .map(|pv| {
+                if let Some(spec) = pv.spec.as_mut() {
+                    spec.aws_elastic_block_store = Some(AWSElasticBlockStoreVolumeSource {
+                        volume_id: "aws://zone/not-a-volume".to_owned(),
+                        ..Default::default()
+                    });
+                }
+            })
+            .build();
+        let scenario = Cluster::new()
+            .driver("ebs.csi.aws.com")
+            .journaled(recorded_operation())
+            .volume(in_tree)
+            .start([
+                get(CLAIM_PATH).refuse(404, "NotFound"),
+                get(claim_volume_path()).refuse(404, "NotFound"),
+                secret_read(),
+                create_volume(replayed_create(), created("vol-1", GIB)),
+            ])
+            .await;
+        let Err(error) = reap_journaled(&scenario).await else {
+            panic!("the reap ended without knowing whether a PV holds the volume");
+        };
+        assert!(
+            matches!(&error, ReapError::HolderUnknown { volume_id, pv, .. } if volume_id == "vol-1" && pv == "static-ebs"),
+            "{error}"
+        );
+        assert!(in_flight(&scenario), "the record keeps the orphan");
+        assert!(!error.waits_for_secret());
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 

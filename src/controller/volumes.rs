@@ -25,7 +25,7 @@ use crate::csi_client::{CallError, migrated_calls};
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{
     AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
-    check_detached, deletion_secret_from_class, deletion_target, has_deletable_source,
+    check_detached, deletion_secret_from_class, deletion_target, has_deletable_source, is_migrated,
     may_delete_pv_first, should_delete, volume_finalizer_action, volume_has_work, volume_on_node,
 };
 
@@ -167,7 +167,7 @@ async fn reconcile_volume(cached: &PersistentVolume, ctx: &Context) -> Result<bo
     let driver = ctx.config.driver_name.as_str();
     let whole;
     let pv = if is_migrated(cached, driver) {
-        match read_migrated(&api, cached, ctx).await? {
+        match read_migrated(&api, cached).await? {
             Some(read) => {
                 whole = read;
                 &whole
@@ -183,6 +183,11 @@ async fn reconcile_volume(cached: &PersistentVolume, ctx: &Context) -> Result<bo
         FinalizerAction::None => Ok(()),
     }
     .map_err(|source| finalizer_error(pv, source))?;
+    // Only after the finalizer: an untranslatable PV keeps it, the only trace of its volume
+    // once the PV is deleted, as upstream.
+    if is_migrated(cached, driver) {
+        check_translatable(pv, cached, ctx)?;
+    }
     if !should_delete(pv) || !has_deletable_source(pv, driver) {
         return Ok(false);
     }
@@ -238,19 +243,12 @@ async fn reconcile_volume(cached: &PersistentVolume, ctx: &Context) -> Result<bo
     Ok(true)
 }
 
-/// Whether the PV is an in-tree one of the plugin migrated to this driver.
-fn is_migrated(pv: &PersistentVolume, driver: &str) -> bool {
-    pv.spec.as_ref().is_some_and(|spec| spec.csi.is_none()) && has_deletable_source(pv, driver)
-}
-
 /// A migrated PV as stored (its handle is translated from fields the cache does not keep:
 /// labels, claimRef), `None` if it is gone or replaced. One read per migrated PV with work;
-/// such PVs are few. A translation that fails is remembered for this version of the PV, so
-/// it is neither given our finalizer nor retried until it changes.
+/// such PVs are few.
 async fn read_migrated(
     api: &Api<PersistentVolume>,
     cached: &PersistentVolume,
-    ctx: &Context,
 ) -> Result<Option<PersistentVolume>, VolumeError> {
     let name = cached.name_any();
     let stored = api
@@ -261,16 +259,23 @@ async fn read_migrated(
             name: name.clone(),
             source,
         })?;
-    let Some(stored) = stored.filter(|stored| stored.uid() == cached.uid()) else {
-        return Ok(None);
-    };
-    match deletion_target(&stored, &ctx.caps, &ctx.config.driver_name) {
+    Ok(stored.filter(|stored| stored.uid() == cached.uid()))
+}
+
+/// A migrated PV whose handle cannot be translated is not deleted. The failure is remembered
+/// for this version of the PV, so it is not retried until the PV changes.
+fn check_translatable(
+    stored: &PersistentVolume,
+    cached: &PersistentVolume,
+    ctx: &Context,
+) -> Result<(), VolumeError> {
+    match deletion_target(stored, &ctx.caps, &ctx.config.driver_name) {
         Err(error @ DeletionError::Migration(_)) => {
             let version = cached.resource_version().unwrap_or_default();
-            ctx.untranslatable().insert(name, version);
+            ctx.untranslatable().insert(cached.name_any(), version);
             Err(VolumeError::Untranslatable(error))
         }
-        _ => Ok(Some(stored)),
+        _ => Ok(()),
     }
 }
 
@@ -671,12 +676,21 @@ mod tests {
         assert_eq!(scenario.finish().await, Vec::<String>::new());
     }
 
+    const UNTRANSLATABLE: &str = "PersistentVolume/pv-1 Warning VolumeFailedDelete: failed to get region from zones: zone in unexpected format, expected: {locale}-{region}-{zone}, got: not; the PV is left alone until it changes";
+
+    /// Our finalizer is the only trace of the volume once the PV is deleted: an
+    /// untranslatable PV gets it (as upstream), and only its deletion is skipped.
     #[tokio::test(start_paused = true)]
-    async fn a_migrated_pv_that_cannot_be_translated_gets_no_finalizer_and_no_retry() {
+    async fn a_migrated_pv_that_cannot_be_translated_gets_our_finalizer_and_no_retry() {
         let bound = || in_tree("not__zones").no_finalizer();
         let scenario = Cluster::new()
             .driver(GCE)
-            .start([get(PV_PATH).answer(200, bound().build())])
+            .start([
+                get(PV_PATH).answer(200, bound().build()),
+                patch(PV_PATH)
+                    .body(json!({ "metadata": { "finalizers": [PV_FINALIZER], "resourceVersion": "5" } }))
+                    .answer(200, in_tree("not__zones").resource_version("6").build()),
+            ])
             .await;
         assert_eq!(reconcile(&scenario, bound().build()).await, Next::Wait);
         // The same version is not looked at again, not even at a resync.
@@ -687,12 +701,18 @@ mod tests {
             &ctx
         ));
         drop(ctx);
-        assert_eq!(
-            scenario.finish().await,
-            vec![
-                "PersistentVolume/pv-1 Warning VolumeFailedDelete: failed to get region from zones: zone in unexpected format, expected: {locale}-{region}-{zone}, got: not; the PV is left alone until it changes"
-            ]
-        );
+        assert_eq!(scenario.finish().await, vec![UNTRANSLATABLE]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_untranslatable_pv_keeps_our_finalizer_and_its_volume() {
+        let released = || in_tree("not__zones").phase("Released");
+        let scenario = Cluster::new()
+            .driver(GCE)
+            .start([get(PV_PATH).answer(200, released().build())])
+            .await;
+        assert_eq!(reconcile(&scenario, released().build()).await, Next::Wait);
+        assert_eq!(scenario.finish().await, vec![UNTRANSLATABLE]);
     }
 
     #[tokio::test(start_paused = true)]

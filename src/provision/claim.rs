@@ -1,13 +1,14 @@
 //! Whether a claim is ours to provision now (upstream's shouldProvision chain).
 
 use std::fmt;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use thiserror::Error;
 
-use super::migration::InTreePlugin;
+use super::migration::{InTreePlugin, MigrationError};
 use super::names::{
     ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_CLASS, ANN_BETA_STORAGE_PROVISIONER, ANN_MIGRATED_TO,
     ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER,
@@ -176,6 +177,38 @@ pub fn migrated_plugin(class: &StorageClass, driver_name: &str) -> Option<InTree
         .filter(|plugin| plugin.in_tree_name() == class.provisioner)
 }
 
+/// A claim's class as the driver reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriverClass {
+    pub class: Arc<StorageClass>,
+    /// For an in-tree class migrated to the driver: the plugin, whose source the CSI PV is
+    /// translated back to.
+    pub plugin: Option<InTreePlugin>,
+    /// The `pv.kubernetes.io/provisioned-by` of the PV, when not the plan's: a migrated
+    /// claim's PV names the class's own (in-tree) provisioner, as upstream's library writes it.
+    pub provisioned_by: Option<String>,
+}
+
+/// The class a claim is provisioned with: an in-tree class migrated to `driver_name` is
+/// translated (parameters, allowedTopologies); any other class is taken as it is.
+pub fn class_for_driver(
+    class: Arc<StorageClass>,
+    driver_name: &str,
+) -> Result<DriverClass, MigrationError> {
+    let Some(plugin) = migrated_plugin(&class, driver_name) else {
+        return Ok(DriverClass {
+            class,
+            plugin: None,
+            provisioned_by: None,
+        });
+    };
+    Ok(DriverClass {
+        class: Arc::new(plugin.translate_class(&class)?),
+        plugin: Some(plugin),
+        provisioned_by: Some(class.provisioner.clone()),
+    })
+}
+
 /// The StorageClass a claim asks for: the legacy beta annotation wins over
 /// `spec.storageClassName`; `""` when neither is set.
 pub fn claim_class_name(pvc: &PersistentVolumeClaim) -> &str {
@@ -302,6 +335,36 @@ mod tests {
         assert_eq!(
             migrated_plugin(&ClassBuilder::new().provisioner(GCE).build(), GCE),
             None
+        );
+    }
+
+    #[test]
+    fn a_migrated_class_is_translated_and_its_pv_names_the_in_tree_provisioner() {
+        let translated = class_for_driver(Arc::new(in_tree_class()), GCE).expect("translated");
+        assert_eq!(translated.plugin, Some(InTreePlugin::GcePd));
+        assert_eq!(
+            translated.provisioned_by.as_deref(),
+            Some("kubernetes.io/gce-pd")
+        );
+        assert_eq!(translated.class.provisioner, GCE);
+        let csi = Arc::new(ClassBuilder::new().provisioner(GCE).build());
+        assert_eq!(
+            class_for_driver(Arc::clone(&csi), GCE),
+            Ok(DriverClass {
+                class: csi,
+                plugin: None,
+                provisioned_by: None
+            })
+        );
+        let mut refused = in_tree_class();
+        refused
+            .parameters
+            .get_or_insert_with(Default::default)
+            .insert("zone".to_owned(), "z".to_owned());
+        refused.allowed_topologies = Some(vec![Default::default()]);
+        assert_eq!(
+            class_for_driver(Arc::new(refused), GCE),
+            Err(MigrationError::ZonesWithAllowedTopologies)
         );
     }
 

@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use super::capabilities::{CapabilityError, check_create_delete_capabilities};
 use super::claim::{annotation, migrated_plugin};
-use super::migration::{InTreePlugin, MigrationError, same_in_tree_volume};
+use super::migration::{Holding, InTreePlugin, MigrationError, same_in_tree_volume};
 use super::names::{
     ANN_BETA_STORAGE_CLASS, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
     ANN_MIGRATED_TO, ANN_PROVISIONED_BY, PV_FINALIZER,
@@ -85,6 +85,11 @@ pub fn is_provisioner_for_volume(pv: &PersistentVolume, driver: &str) -> bool {
         Some(csi) => csi.driver == driver,
         None => migrated_to_us,
     }
+}
+
+/// Whether the PV is an in-tree one of the plugin migrated to `driver` (no CSI source).
+pub fn is_migrated(pv: &PersistentVolume, driver: &str) -> bool {
+    pv.spec.as_ref().is_some_and(|spec| spec.csi.is_none()) && has_deletable_source(pv, driver)
 }
 
 /// Whether this sidecar can name the PV's backend volume to the driver: a CSI source, or the
@@ -214,7 +219,7 @@ pub fn deletion_secret_from_class(
     let Some(class) = class else {
         return Ok(None);
     };
-    let migrated = pv.spec.as_ref().is_some_and(|spec| spec.csi.is_none());
+    let migrated = is_migrated(pv, driver);
     let translated = match migrated_plugin(class, driver) {
         Some(plugin) if migrated => Some(plugin.translate_class(class)?),
         _ => None,
@@ -299,20 +304,26 @@ pub fn existing_pv(
 /// Whether `pv` references the backend volume `handle` of `driver`, whatever its name: such a
 /// volume is in use and never deleted for an operation in flight. In node mode (`node`), a PV
 /// known to be on another node references that node's volume of the same handle, not ours;
-/// one whose place is unknown is taken to hold ours (it is never deleted on a guess).
+/// one whose place is unknown is taken to hold ours (it is never deleted on a guess). An
+/// in-tree PV of the plugin migrated to `driver` whose source cannot be translated is
+/// `Unknown`: neither the volume nor its record may go while it exists.
 pub fn pv_holds_volume(
     pv: &PersistentVolume,
     driver: &str,
     handle: &str,
     node: Option<&NodeScope<'_>>,
-) -> bool {
-    let in_tree_holds =
-        || InTreePlugin::for_csi_driver(driver).is_some_and(|plugin| plugin.may_hold(pv, handle));
+) -> Holding {
     match pv.spec.as_ref().and_then(|spec| spec.csi.as_ref()) {
-        Some(csi) => {
-            csi.driver == driver && csi.volume_handle == handle && may_be_here(pv, driver, node)
+        Some(csi)
+            if csi.driver == driver
+                && csi.volume_handle == handle
+                && may_be_here(pv, driver, node) =>
+        {
+            Holding::Holds
         }
-        None => in_tree_holds(),
+        Some(_) => Holding::DoesNotHold,
+        None => InTreePlugin::for_csi_driver(driver)
+            .map_or(Holding::DoesNotHold, |plugin| plugin.holds(pv, handle)),
     }
 }
 
@@ -705,15 +716,19 @@ mod tests {
     #[test]
     fn a_pv_holds_a_volume_by_driver_and_handle_whatever_its_name() {
         let pv = PvBuilder::new().name("static-1").handle("vol-1").build();
-        assert!(pv_holds_volume(&pv, DRIVER, "vol-1", None));
-        assert!(!pv_holds_volume(&pv, DRIVER, "vol-2", None));
-        assert!(!pv_holds_volume(&pv, "other.driver", "vol-1", None));
-        assert!(!pv_holds_volume(
-            &PvBuilder::new().no_csi().build(),
-            DRIVER,
-            "vol-1",
-            None
-        ));
+        assert_eq!(pv_holds_volume(&pv, DRIVER, "vol-1", None), Holding::Holds);
+        assert_eq!(
+            pv_holds_volume(&pv, DRIVER, "vol-2", None),
+            Holding::DoesNotHold
+        );
+        assert_eq!(
+            pv_holds_volume(&pv, "other.driver", "vol-1", None),
+            Holding::DoesNotHold
+        );
+        assert_eq!(
+            pv_holds_volume(&PvBuilder::new().no_csi().build(), DRIVER, "vol-1", None),
+            Holding::DoesNotHold
+        );
     }
 
     #[test]
@@ -740,7 +755,9 @@ mod tests {
             identity("node-a"),
             PvBuilder::new().build(),
         );
-        let holds = |pv: &PersistentVolume| pv_holds_volume(pv, DRIVER, "vol-1", Some(&node));
+        let holds = |pv: &PersistentVolume| {
+            pv_holds_volume(pv, DRIVER, "vol-1", Some(&node)) == Holding::Holds
+        };
         assert!(holds(&mine));
         assert!(!holds(&theirs));
         assert!(
@@ -748,7 +765,7 @@ mod tests {
             "a PV naming no node is never taken for another's"
         );
         assert!(
-            pv_holds_volume(&theirs, DRIVER, "vol-1", None),
+            pv_holds_volume(&theirs, DRIVER, "vol-1", None) == Holding::Holds,
             "central mode"
         );
         assert_eq!(existing_pv(&mine, &mine, Some(&node)), ExistingPv::Ours);
@@ -857,20 +874,19 @@ mod tests {
     #[test]
     fn an_in_tree_pv_holds_the_volume_it_names_and_ends_its_operation() {
         let pv = gce_pv("pvc-1").claim_uid(PVC_UID).build();
-        assert!(pv_holds_volume(
-            &pv,
-            GCE,
-            "projects/p/zones/z/disks/pvc-1",
-            None
-        ));
-        assert!(!pv_holds_volume(
-            &pv,
-            GCE,
-            "projects/p/zones/z/disks/pvc-2",
-            None
-        ));
+        assert_eq!(
+            pv_holds_volume(&pv, GCE, "projects/p/zones/z/disks/pvc-1", None),
+            Holding::Holds
+        );
+        assert_eq!(
+            pv_holds_volume(&pv, GCE, "projects/p/zones/z/disks/pvc-2", None),
+            Holding::DoesNotHold
+        );
         assert!(pv_is_for_claim(&pv, GCE, PVC_UID));
         assert!(!pv_is_for_claim(&pv, DRIVER, PVC_UID));
+        assert!(is_migrated(&pv, GCE));
+        assert!(!is_migrated(&pv, DRIVER));
+        assert!(!is_migrated(&PvBuilder::new().build(), DRIVER));
         assert_eq!(existing_pv(&pv, &pv.clone(), None), ExistingPv::Ours);
         assert_eq!(
             existing_pv(&gce_pv("other").claim_uid(PVC_UID).build(), &pv, None),

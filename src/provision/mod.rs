@@ -66,8 +66,9 @@ pub use capabilities::{
     volume_capabilities,
 };
 pub use claim::{
-    DecisionError, NotOwner, ProvisionDecision, SkipReason, claim_class_name, claim_is_for_driver,
-    class_is_for_driver, migrated_plugin, selected_node, should_provision, storage_provisioner,
+    DecisionError, DriverClass, NotOwner, ProvisionDecision, SkipReason, claim_class_name,
+    claim_is_for_driver, class_for_driver, class_is_for_driver, migrated_plugin, selected_node,
+    should_provision, storage_provisioner,
 };
 pub use consistency::{
     ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER, consistency_enabled,
@@ -81,11 +82,11 @@ pub use data_source::{
 pub use deletion::{
     DeletionError, DeletionSecrets, DeletionTarget, ExistingPv, FinalizerAction,
     deletion_secret_from_class, deletion_secrets, deletion_target, existing_pv,
-    has_deletable_source, is_provisioner_for_volume, may_delete_pv_first, pv_finalizer_action,
-    pv_holds_volume, pv_is_for_claim, should_delete, volume_finalizer_action,
+    has_deletable_source, is_migrated, is_provisioner_for_volume, may_delete_pv_first,
+    pv_finalizer_action, pv_holds_volume, pv_is_for_claim, should_delete, volume_finalizer_action,
 };
 pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
-pub use migration::{InTreePlugin, MigrationError};
+pub use migration::{Holding, InTreePlugin, MigrationError};
 pub use names::{
     ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_CLASS, ANN_BETA_STORAGE_PROVISIONER,
     ANN_CONTROLLER_MODIFY_SECRET_NAME, ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE,

@@ -85,7 +85,11 @@ pub fn csi_handle(pv: &PersistentVolume) -> Result<String, MigrationError> {
 /// `/vhds/` (unmanaged, `http…`).
 fn disk_name(uri: &str) -> Result<String, MigrationError> {
     let error = || MigrationError::AzureDiskUri(uri.to_owned());
-    let unmanaged = uri.len() > 4 && uri[..4].eq_ignore_ascii_case("http");
+    // The driver's handle may be anything: byte 4 need not be a char boundary.
+    let unmanaged = uri.len() > 4
+        && uri
+            .get(..4)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http"));
     let name = if unmanaged {
         let after_scheme = uri.find("://").map(|at| &uri[at + 3..]).ok_or_else(error)?;
         after_scheme.rsplit_once("/vhds/").map(|(_, name)| name)

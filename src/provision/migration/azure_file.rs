@@ -75,12 +75,7 @@ pub fn csi_handle(pv: &PersistentVolume) -> Result<String, MigrationError> {
         .and_then(|spec| spec.azure_file.as_ref())
         .ok_or(MigrationError::NoInTreeSource("azureFile"))?;
     let account = storage_account(&source.secret_name).unwrap_or(&source.secret_name);
-    let resource_group = pv
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(RESOURCE_GROUP_ANNOTATION))
-        .map_or("", String::as_str);
+    let resource_group = resource_group(pv);
     let namespace = source
         .secret_namespace
         .clone()
@@ -98,6 +93,47 @@ pub fn csi_handle(pv: &PersistentVolume) -> Result<String, MigrationError> {
 
 /// `<account>` of the first `azure-storage-account-<account>-secret` in `secret` (the account
 /// runs to the last `-secret`).
+/// What an azureFile PV determines of its volume's handle: `resource group#account#share`.
+/// A secret name that names no account determines none (`csi_handle` then uses the secret
+/// name, which need not be the account).
+pub fn handle_prefix(pv: &PersistentVolume) -> Result<String, MigrationError> {
+    let source = pv
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.azure_file.as_ref())
+        .ok_or(MigrationError::NoInTreeSource("azureFile"))?;
+    let account = storage_account(&source.secret_name).ok_or(MigrationError::AzureFileAccount)?;
+    Ok(format!(
+        "{}#{account}#{}",
+        resource_group(pv),
+        source.share_name
+    ))
+}
+
+/// Whether the driver's `handle` may be the volume of `prefix` ([`handle_prefix`]): an absent
+/// resource group is any; Azure names are case-insensitive; the driver's further parts are
+/// its own.
+pub fn same_handle(prefix: &str, handle: &str) -> bool {
+    let (ours, theirs): (Vec<&str>, Vec<&str>) =
+        (prefix.split('#').collect(), handle.split('#').collect());
+    let (Some([group, account, share]), Some([their_group, their_account, their_share])) =
+        (ours.get(..3), theirs.get(..3))
+    else {
+        return false;
+    };
+    (group.is_empty() || group.eq_ignore_ascii_case(their_group))
+        && account.eq_ignore_ascii_case(their_account)
+        && share.eq_ignore_ascii_case(their_share)
+}
+
+fn resource_group(pv: &PersistentVolume) -> &str {
+    pv.metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(RESOURCE_GROUP_ANNOTATION))
+        .map_or("", String::as_str)
+}
+
 fn storage_account(secret: &str) -> Option<&str> {
     let start = secret.find(SECRET_PREFIX)? + SECRET_PREFIX.len();
     let rest = &secret[start..];

@@ -79,3 +79,16 @@ pub fn csi_handle(pv: &PersistentVolume) -> Result<String, MigrationError> {
         _ => format!("projects/{UNSPECIFIED}/zones/{UNSPECIFIED}/disks/{name}"),
     })
 }
+
+/// Whether the driver's `handle` names the disk of the handle `produced` from an in-tree PV
+/// (`csi_handle`): the disk name where `to_in_tree` takes it, and the zone or region when the
+/// PV's labels gave one. The project is never in-tree; nor are the labels in the cache.
+pub fn same_handle(produced: &str, handle: &str) -> bool {
+    let (ours, theirs): (Vec<&str>, Vec<&str>) =
+        (produced.split('/').collect(), handle.split('/').collect());
+    let (Some(ours), Some(theirs)) = (ours.get(..HANDLE_PARTS), theirs.get(..HANDLE_PARTS)) else {
+        return false;
+    };
+    let location_known = ours[3] != UNSPECIFIED;
+    ours[5] == theirs[5] && (!location_known || ours[2..4] == theirs[2..4])
+}

@@ -22,9 +22,7 @@ mod vsphere;
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec,
-};
+use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::StorageClass;
 use thiserror::Error;
 
@@ -58,6 +56,8 @@ pub enum MigrationError {
     AzureDiskKind(String),
     #[error("error parsing volume id: {0:?}, should at least contain two #")]
     AzureFileHandle(String),
+    #[error("the azureFile secret name names no storage account")]
+    AzureFileAccount,
     #[error("could not find a secret namespace in PersistentVolumeSource or ClaimRef")]
     AzureFileNamespace,
 }
@@ -200,34 +200,35 @@ impl InTreePlugin {
         }
     }
 
-    /// Whether the PV, with this plugin's in-tree source, may reference the CSI volume
-    /// `handle`. A handle's in-tree form is not unique (a GCE handle names the project the
-    /// in-tree source does not hold), so this compares what identifies the volume, and says
-    /// yes when that cannot be told: it guards deletions, where a wrong "no" destroys data.
-    pub fn may_hold(self, pv: &PersistentVolume, handle: &str) -> bool {
+    /// Whether the PV, with this plugin's in-tree source, references the CSI volume `handle`:
+    /// the PV's source is translated forward to the handle it stands for ([`Self::csi_handle`])
+    /// and compared with `handle`. `Unknown` when the source cannot be translated: it guards
+    /// deletions and their records, where a wrong "no" destroys data and a wrong "yes" leaks.
+    pub fn holds(self, pv: &PersistentVolume, handle: &str) -> Holding {
         if !self.has_source(pv) {
-            return false;
+            return Holding::DoesNotHold;
         }
-        let volume = PersistentVolume {
-            spec: Some(PersistentVolumeSpec {
-                csi: Some(CSIPersistentVolumeSource {
-                    driver: self.csi_driver().to_owned(),
-                    volume_handle: handle.to_owned(),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..PersistentVolume::default()
+        let produced = match self {
+            Self::AzureFile => azure_file::handle_prefix(pv),
+            _ => self.csi_handle(pv),
         };
-        let Ok(in_tree) = self.to_in_tree(volume) else {
-            return true;
-        };
-        let (Some(ours), Some(theirs)) =
-            (volume_identity(self, &in_tree), volume_identity(self, pv))
-        else {
-            return true;
-        };
-        ours == theirs
+        match produced {
+            Ok(produced) if self.same_handle(&produced, handle) => Holding::Holds,
+            Ok(_) => Holding::DoesNotHold,
+            Err(error) => Holding::Unknown(error),
+        }
+    }
+
+    /// Whether the driver's `handle` may be the one `produced` from an in-tree source stands
+    /// for. Only what the in-tree source determines is compared.
+    fn same_handle(self, produced: &str, handle: &str) -> bool {
+        match self {
+            Self::GcePd => gce_pd::same_handle(produced, handle),
+            // Azure resource ids are case-insensitive.
+            Self::AzureDisk => produced.eq_ignore_ascii_case(handle),
+            Self::AzureFile => azure_file::same_handle(produced, handle),
+            Self::AwsEbs | Self::Cinder | Self::VSphere | Self::Portworx => produced == handle,
+        }
     }
 
     /// The PV spec field of the plugin's in-tree source, for messages.
@@ -244,12 +245,22 @@ impl InTreePlugin {
     }
 }
 
+/// Whether a PV references a CSI volume. A PV that cannot be told about is never taken for
+/// one that does not (its volume may be deleted) nor for one that does (the volume's record
+/// may be dropped, leaking it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holding {
+    Holds,
+    DoesNotHold,
+    Unknown(MigrationError),
+}
+
 /// Whether two PVs hold the same in-tree volume (the same plugin's source naming one volume).
 pub fn same_in_tree_volume(a: &PersistentVolume, b: &PersistentVolume) -> bool {
     PLUGINS.into_iter().any(|plugin| {
         plugin.has_source(a)
             && plugin.has_source(b)
-            && volume_identity(plugin, a) == volume_identity(plugin, b)
+            && volume_identity(plugin, a).is_some_and(|a| volume_identity(plugin, b) == Some(a))
     })
 }
 

@@ -529,20 +529,176 @@ fn in_tree_pvs_without_a_handle_are_errors() {
     }
 }
 
+fn holds(plugin: InTreePlugin, source: Value, labels: Value, handle: &str) -> Holding {
+    plugin.holds(&in_tree_pv(source, labels), handle)
+}
+
 #[test]
-fn an_in_tree_pv_may_hold_only_the_volume_it_names() {
-    let pv = in_tree_pv(json!({"gcePersistentDisk": {"pdName": "disk"}}), json!({}));
-    let plugin = InTreePlugin::GcePd;
-    assert!(plugin.may_hold(&pv, "projects/p/zones/z/disks/disk"));
-    assert!(!plugin.may_hold(&pv, "projects/p/zones/z/disks/other"));
-    // A handle the PV cannot be told apart from is taken to be held.
-    assert!(plugin.may_hold(&pv, "garbage"));
-    // Another plugin's source holds nothing of this driver's.
-    assert!(!InTreePlugin::AwsEbs.may_hold(&pv, "disk"));
+fn an_in_tree_pv_holds_the_volume_its_source_translates_to() {
+    use Holding::{DoesNotHold, Holds};
+    use InTreePlugin::*;
+    let gce = json!({"gcePersistentDisk": {"pdName": "disk"}});
+    let zone = json!({"topology.kubernetes.io/zone": "z"});
+    let regional = json!({"topology.kubernetes.io/zone": "us-east1-b__us-east1-c"});
+    let ebs = json!({"awsElasticBlockStore": {"volumeID": "aws://z/vol-1"}});
+    let azure_disk = json!({"azureDisk": {"diskName": "d", "diskURI": "/subscriptions/S/resourceGroups/G/providers/Microsoft.Compute/disks/d"}});
+    let azure_file = json!({"azureFile": {"shareName": "share", "secretName": "azure-storage-account-acct-secret"}});
+    let cases = [
+        // Without labels (as in the cache) the project and the zone are any, even a region.
+        (
+            GcePd,
+            &gce,
+            json!({}),
+            "projects/p/zones/z/disks/disk",
+            Holds,
+        ),
+        (
+            GcePd,
+            &gce,
+            json!({}),
+            "projects/p/regions/r/disks/disk",
+            Holds,
+        ),
+        (
+            GcePd,
+            &gce,
+            json!({}),
+            "projects/p/zones/z/disks/other",
+            DoesNotHold,
+        ),
+        (
+            GcePd,
+            &gce,
+            zone.clone(),
+            "projects/p/zones/z/disks/disk",
+            Holds,
+        ),
+        (
+            GcePd,
+            &gce,
+            zone.clone(),
+            "projects/p/zones/y/disks/disk",
+            DoesNotHold,
+        ),
+        (
+            GcePd,
+            &gce,
+            regional.clone(),
+            "projects/p/regions/us-east1/disks/disk",
+            Holds,
+        ),
+        (
+            GcePd,
+            &gce,
+            regional,
+            "projects/p/zones/us-east1-b/disks/disk",
+            DoesNotHold,
+        ),
+        // A handle no in-tree source could come from.
+        (GcePd, &gce, json!({}), "garbage", DoesNotHold),
+        (GcePd, &gce, json!({}), "disk", DoesNotHold),
+        (AwsEbs, &ebs, json!({}), "vol-1", Holds),
+        (AwsEbs, &ebs, json!({}), "vol-2", DoesNotHold),
+        (AwsEbs, &gce, json!({}), "disk", DoesNotHold),
+        (
+            AzureDisk,
+            &azure_disk,
+            json!({}),
+            "/subscriptions/S/resourcegroups/g/providers/Microsoft.Compute/disks/d",
+            Holds,
+        ),
+        (
+            AzureDisk,
+            &azure_disk,
+            json!({}),
+            "/subscriptions/S/resourceGroups/G/providers/Microsoft.Compute/disks/e",
+            DoesNotHold,
+        ),
+        (
+            AzureFile,
+            &azure_file,
+            json!({}),
+            "rg#acct#share#pv#uuid#ns",
+            Holds,
+        ),
+        (AzureFile, &azure_file, json!({}), "rg#ACCT#Share", Holds),
+        (
+            AzureFile,
+            &azure_file,
+            json!({}),
+            "rg#acct#other#pv#ns",
+            DoesNotHold,
+        ),
+        (
+            AzureFile,
+            &azure_file,
+            json!({}),
+            "rg#other#share#pv#ns",
+            DoesNotHold,
+        ),
+        (AzureFile, &azure_file, json!({}), "rg#acct", DoesNotHold),
+    ];
+    for (plugin, source, labels, handle, expected) in cases {
+        assert_eq!(
+            holds(plugin, source.clone(), labels, handle),
+            expected,
+            "{plugin:?} {handle}"
+        );
+    }
+}
+
+#[test]
+fn an_in_tree_pv_whose_source_cannot_be_translated_is_unknown() {
+    let unknown = |plugin, source| {
+        matches!(
+            holds(plugin, source, json!({}), "vol-1"),
+            Holding::Unknown(_)
+        )
+    };
+    assert!(unknown(
+        InTreePlugin::AwsEbs,
+        json!({"awsElasticBlockStore": {"volumeID": "aws://z/not-a-volume"}})
+    ));
+    assert!(unknown(
+        InTreePlugin::AzureDisk,
+        json!({"azureDisk": {"diskName": "d", "diskURI": "u", "kind": "Shared"}})
+    ));
+    assert!(unknown(
+        InTreePlugin::AzureFile,
+        json!({"azureFile": {"shareName": "share", "secretName": "my-secret"}})
+    ));
+    let region = json!({"topology.kubernetes.io/zone": "a__b"});
+    assert!(matches!(
+        holds(
+            InTreePlugin::GcePd,
+            json!({"gcePersistentDisk": {"pdName": "disk"}}),
+            region,
+            "projects/p/zones/z/disks/disk"
+        ),
+        Holding::Unknown(_)
+    ));
+}
+
+#[test]
+fn two_pvs_without_a_volume_identity_are_not_the_same_volume() {
+    let unparsable = in_tree_pv(
+        json!({"awsElasticBlockStore": {"volumeID": "aws://z/not-a-volume"}}),
+        json!({}),
+    );
+    assert!(!same_in_tree_volume(&unparsable, &unparsable.clone()));
     let ebs = in_tree_pv(
         json!({"awsElasticBlockStore": {"volumeID": "aws://z/vol-1"}}),
         json!({}),
     );
-    assert!(InTreePlugin::AwsEbs.may_hold(&ebs, "vol-1"));
-    assert!(!InTreePlugin::AwsEbs.may_hold(&ebs, "vol-2"));
+    assert!(same_in_tree_volume(&ebs, &ebs.clone()));
+}
+
+#[test]
+fn an_azure_disk_handle_of_any_bytes_is_an_error_not_a_panic() {
+    // Byte 4 falls inside a character in the first two.
+    for handle in ["abcé/disks/d", "htté://x/vhds/d", "ééé"] {
+        let pv = csi_pv("disk.csi.azure.com", handle, json!({}), &[]);
+        let error = InTreePlugin::AzureDisk.to_in_tree(pv).expect_err(handle);
+        assert_eq!(error, MigrationError::AzureDiskUri(handle.to_owned()));
+    }
 }

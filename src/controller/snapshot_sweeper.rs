@@ -399,19 +399,24 @@ mod tests {
         scenario.finish().await;
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_snapshot_the_journal_restores_from_is_kept() {
-        let restore = crate::journal::Operation {
+    /// A recorded operation restoring from the snapshot with this handle.
+    fn restore_from(handle: &str) -> crate::journal::Operation {
+        crate::journal::Operation {
             request: csi::CreateVolumeRequest {
                 volume_content_source: Some(csi::VolumeContentSource {
                     r#type: Some(Type::Snapshot(SnapshotSource {
-                        snapshot_id: "snap-handle-1".into(),
+                        snapshot_id: handle.into(),
                     })),
                 }),
                 ..recorded_operation().request
             },
             ..recorded_operation()
-        };
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_the_journal_restores_from_is_kept() {
+        let restore = restore_from("snap-handle-1");
         // Its claim is gone: only the journal knows the restore still reads the snapshot.
         let scenario = Cluster::new()
             .journaled(restore)
@@ -437,17 +442,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn in_node_mode_another_nodes_restore_keeps_its_snapshot_and_an_unread_journal_all() {
-        let restore = crate::journal::Operation {
-            request: csi::CreateVolumeRequest {
-                volume_content_source: Some(csi::VolumeContentSource {
-                    r#type: Some(Type::Snapshot(SnapshotSource {
-                        snapshot_id: "in-use-handle".into(),
-                    })),
-                }),
-                ..recorded_operation().request
-            },
-            ..recorded_operation()
-        };
+        let restore = restore_from("in-use-handle");
         let scenario = Cluster::new()
             .node_mode("node-b", &[])
             .start([

@@ -6,6 +6,7 @@
 //! bottleneck; it counts its own writes so that they can be taken out of the apiserver's totals.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -20,7 +21,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event, watcher};
@@ -40,9 +41,14 @@ pub const LEASE_NAMESPACE: &str = "default";
 const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
+/// What the binder puts on a claim it has bound.
+const ANN_BIND_COMPLETED: &str = "pv.kubernetes.io/bind-completed";
+const ANN_BOUND_BY_CONTROLLER: &str = "pv.kubernetes.io/bound-by-controller";
 
 /// Requests the benchmark keeps in flight when it creates or deletes many objects.
 pub const CONCURRENCY: usize = 64;
+/// Pairs in flight while (d) fills its cluster: each is four sequential writes.
+const BOUND_PAIR_CONCURRENCY: usize = 2 * CONCURRENCY;
 const ATTEMPTS: u32 = 6;
 
 /// Admin clients for the apiserver and the controller manager's metrics endpoint.
@@ -194,25 +200,71 @@ impl Cluster {
     where
         K: Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
     {
+        self.create_stored(api, object).await.map(drop)
+    }
+
+    /// [`Cluster::create`], returning the object as stored (read back after AlreadyExists).
+    async fn create_stored<K>(&self, api: &Api<K>, object: &K) -> Result<K, BenchError>
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+    {
+        let name = object.meta().name.as_deref().unwrap_or("?");
+        let failed = |e: kube::Error| BenchError::Step {
+            step: format!("creating {name}"),
+            detail: e.to_string(),
+        };
         let mut delay = Duration::from_millis(100);
-        for attempt in 1..=ATTEMPTS {
+        let mut attempt = 1;
+        loop {
             self.count_write();
             match api.create(&PostParams::default(), object).await {
+                Ok(stored) => return Ok(stored),
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    return api.get(name).await.map_err(failed);
+                }
+                Err(e) if attempt == ATTEMPTS => return Err(failed(e)),
+                Err(_) => {
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// Merge-patches the status subresource, with retries.
+    async fn patch_status<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        status: serde_json::Value,
+    ) -> Result<(), BenchError>
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let patch = Patch::Merge(serde_json::json!({ "status": status }));
+        let mut delay = Duration::from_millis(100);
+        let mut attempt = 1;
+        loop {
+            self.count_write();
+            match api
+                .patch_status(name, &PatchParams::default(), &patch)
+                .await
+            {
                 Ok(_) => return Ok(()),
-                Err(kube::Error::Api(status)) if status.code == 409 => return Ok(()),
                 Err(e) if attempt == ATTEMPTS => {
                     return Err(BenchError::Step {
-                        step: format!("creating {}", object.meta().name.as_deref().unwrap_or("?")),
+                        step: format!("writing the status of {name}"),
                         detail: e.to_string(),
                     });
                 }
                 Err(_) => {
                     tokio::time::sleep(delay).await;
                     delay *= 2;
+                    attempt += 1;
                 }
             }
         }
-        Ok(())
     }
 
     async fn delete<K>(&self, api: &Api<K>, name: &str) -> Result<(), BenchError>
@@ -252,20 +304,23 @@ impl Cluster {
         stream::iter(names)
             .map(|name| {
                 let api = api.clone();
-                async move {
-                    let mut claim = claim(name, None);
-                    if annotated {
-                        claim.metadata.annotations = Some(BTreeMap::from([(
-                            ANN_STORAGE_PROVISIONER.to_owned(),
-                            DRIVER_NAME.to_owned(),
-                        )]));
-                    }
-                    self.create(&api, &claim).await
-                }
+                async move { self.create(&api, &new_claim(name, annotated)).await }
             })
             .buffer_unordered(CONCURRENCY)
             .try_collect::<()>()
             .await
+    }
+
+    /// One annotated claim (see [`Cluster::create_claims`]) in [`NAMESPACE`]; returns the name
+    /// of the PV both sidecars give it (`pvc-<uid>`, their default `--volume-name-prefix`).
+    pub async fn create_claim_for_pv_name(&self, name: &str) -> Result<String, BenchError> {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), NAMESPACE);
+        let stored = self.create_stored(&api, &new_claim(name, true)).await?;
+        let uid = stored.metadata.uid.ok_or_else(|| BenchError::Step {
+            step: format!("creating claim {name}"),
+            detail: "the stored claim has no uid".into(),
+        })?;
+        Ok(format!("pvc-{uid}"))
     }
 
     pub async fn delete_claims(&self, ns: &str, names: &[String]) -> Result<(), BenchError> {
@@ -280,33 +335,74 @@ impl Cluster {
             .await
     }
 
-    /// (d), (j): `n` claims bound to `n` volumes that look as if a sidecar had provisioned them
-    /// (annotation, finalizer, CSI source); the controller manager completes the binding.
-    /// `shape(i, pv)` may add to the `i`-th volume (e.g. node affinity) before it is created.
+    /// (d), (j): the claims `pairs` (0-based, named as by [`numbered`]) bound to as many
+    /// volumes that look as if a sidecar had provisioned them (annotation, finalizer, CSI
+    /// source); `binding` says who binds them. `shape(i, pv)` may add to the `i`-th volume (e.g.
+    /// node affinity) before it is created.
     pub async fn create_bound_pairs(
         &self,
-        n: usize,
+        pairs: Range<usize>,
+        binding: Binding,
         shape: impl Fn(usize, &mut PersistentVolume),
-    ) -> Result<Vec<String>, BenchError> {
-        let names = numbered("idle", n);
+    ) -> Result<(), BenchError> {
         let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), NAMESPACE);
         let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
         let shape = &shape;
-        stream::iter(names.iter().enumerate())
-            .map(|(i, name)| {
+        stream::iter(pairs)
+            .map(|i| {
                 let (claims, volumes) = (claims.clone(), volumes.clone());
                 async move {
+                    let name = numbered_name("idle", i + 1);
                     let pv_name = format!("pv-{name}");
-                    let mut pv = volume(&pv_name, Some(name), true);
+                    let mut pv = volume(&pv_name, Some(&name), true);
                     shape(i, &mut pv);
-                    self.create(&volumes, &pv).await?;
-                    self.create(&claims, &claim(name, Some(&pv_name))).await
+                    match binding {
+                        Binding::ByBinder => {
+                            self.create(&volumes, &pv).await?;
+                            self.create(&claims, &claim(&name, Some(&pv_name))).await
+                        }
+                        Binding::Written => {
+                            self.write_bound(&claims, &volumes, bound_claim(&name, &pv_name), pv)
+                                .await
+                        }
+                    }
                 }
             })
-            .buffer_unordered(CONCURRENCY)
+            .buffer_unordered(BOUND_PAIR_CONCURRENCY)
             .try_collect::<()>()
-            .await?;
-        Ok(names)
+            .await
+    }
+
+    /// One pair as the binder leaves it: the claim first (its uid goes into the volume's
+    /// claimRef), then the volume, then both statuses Bound.
+    async fn write_bound(
+        &self,
+        claims: &Api<PersistentVolumeClaim>,
+        volumes: &Api<PersistentVolume>,
+        claim: PersistentVolumeClaim,
+        mut pv: PersistentVolume,
+    ) -> Result<(), BenchError> {
+        let stored = self.create_stored(claims, &claim).await?;
+        if let Some(claim_ref) = pv.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+            claim_ref.uid = stored.metadata.uid.clone();
+        }
+        self.create(volumes, &pv).await?;
+        self.patch_status(
+            volumes,
+            &pv.name_any(),
+            serde_json::json!({ "phase": "Bound" }),
+        )
+        .await?;
+        self.patch_status(
+            claims,
+            &claim.name_any(),
+            serde_json::json!({
+                "phase": "Bound",
+                "accessModes": ["ReadWriteOnce"],
+                "capacity": { "storage": "1Gi" },
+            }),
+        )
+        .await
     }
 
     /// (g): creates `n` plain PVs as fast as the apiserver takes them; returns the elapsed time.
@@ -342,6 +438,18 @@ impl Cluster {
             .find(|holder| identities.contains(&holder.as_str())))
     }
 
+    pub async fn has_volume(&self, name: &str) -> Result<bool, BenchError> {
+        let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
+        volumes
+            .get_opt(name)
+            .await
+            .map(|pv| pv.is_some())
+            .map_err(|e| BenchError::Step {
+                step: format!("reading PV {name}"),
+                detail: e.to_string(),
+            })
+    }
+
     pub async fn count_volumes(&self) -> Result<usize, BenchError> {
         let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
         let list = volumes
@@ -374,7 +482,44 @@ async fn kcm_client(cp: &csi_testbed::ControlPlane) -> Result<Client, BenchError
 }
 
 pub fn numbered(prefix: &str, n: usize) -> Vec<String> {
-    (1..=n).map(|i| format!("{prefix}-{i:05}")).collect()
+    (1..=n).map(|i| numbered_name(prefix, i)).collect()
+}
+
+fn numbered_name(prefix: &str, i: usize) -> String {
+    format!("{prefix}-{i:05}")
+}
+
+/// Who completes the binding of the pairs [`Cluster::create_bound_pairs`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binding {
+    /// The controller manager's binder, as for volumes a sidecar provisioned.
+    ByBinder,
+    /// The benchmark writes both objects as the binder leaves them (claim with the binder's
+    /// annotations, claimRef with the claim's uid, both statuses Bound), so the binder has
+    /// nothing to do: fast enough for 100,000 pairs on 2 cores.
+    Written,
+}
+
+/// A claim to be provisioned; `annotated` ones carry the storage-provisioner annotation.
+fn new_claim(name: &str, annotated: bool) -> PersistentVolumeClaim {
+    let mut claim = claim(name, None);
+    if annotated {
+        claim.metadata.annotations = Some(BTreeMap::from([(
+            ANN_STORAGE_PROVISIONER.to_owned(),
+            DRIVER_NAME.to_owned(),
+        )]));
+    }
+    claim
+}
+
+/// A claim as the binder leaves it bound to `volume` (its status is written separately).
+fn bound_claim(name: &str, volume: &str) -> PersistentVolumeClaim {
+    let mut claim = claim(name, Some(volume));
+    claim.metadata.annotations = Some(BTreeMap::from([
+        (ANN_BIND_COMPLETED.to_owned(), "yes".to_owned()),
+        (ANN_BOUND_BY_CONTROLLER.to_owned(), "yes".to_owned()),
+    ]));
+    claim
 }
 
 /// A 1 GiB ReadWriteOnce claim of the bench class, optionally pre-bound to a volume.
@@ -608,11 +753,50 @@ impl Drop for VolumeWatch {
     }
 }
 
+/// When a watch of one PV name first saw that PV, with a claimRef, appear.
+pub struct FirstVolume {
+    seen: Arc<Mutex<Option<Instant>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FirstVolume {
+    /// Watches only `name` (a field selector), so the cluster's other PVs cost nothing.
+    pub async fn watch(cluster: &Cluster, name: &str) -> Result<FirstVolume, BenchError> {
+        let seen: Arc<Mutex<Option<Instant>>> = Arc::default();
+        let sink = Arc::clone(&seen);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let task = watch_applied(
+            Api::<PersistentVolume>::all(cluster.client.clone()),
+            config,
+            "the new claim's PV",
+            move |pv: PersistentVolume| {
+                if pv.spec.as_ref().is_some_and(|s| s.claim_ref.is_some()) {
+                    lock(&sink).get_or_insert_with(Instant::now);
+                }
+            },
+        )
+        .await?;
+        Ok(FirstVolume { seen, task })
+    }
+
+    /// Seconds from `t0` until the PV was seen, if it was.
+    pub fn after(&self, t0: Instant) -> Option<f64> {
+        lock(&self.seen).map(|t| t.saturating_duration_since(t0).as_secs_f64())
+    }
+}
+
+impl Drop for FirstVolume {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Watches `api` and hands every object it lists or sees added or changed to `on_applied`
 /// (deletions are not reported); returns once the initial list is done, so nothing present is
 /// missed. The task runs until the handle is aborted.
 pub(super) async fn watch_applied<K>(
     api: Api<K>,
+    config: watcher::Config,
     what: &str,
     mut on_applied: impl FnMut(K) + Send + 'static,
 ) -> Result<tokio::task::JoinHandle<()>, BenchError>
@@ -624,7 +808,7 @@ where
     let label = what.to_owned();
     let task = tokio::spawn(async move {
         let mut ready = Some(ready_tx);
-        let mut events = pin!(watcher(api, watcher::Config::default()).default_backoff());
+        let mut events = pin!(watcher(api, config).default_backoff());
         while let Some(event) = events.next().await {
             match event {
                 Ok(Event::Apply(object) | Event::InitApply(object)) => on_applied(object),

@@ -115,6 +115,13 @@ impl ApiCounts {
         })
     }
 
+    /// Writes on claims and PVs (status included).
+    pub fn volume_writes(&self) -> f64 {
+        self.sum(|verb, resource, _| {
+            is_write(verb) && matches!(resource, "persistentvolumes" | "persistentvolumeclaims")
+        })
+    }
+
     /// Single-object reads (GET) on API resources; lists and watches are not per-volume costs.
     pub fn gets(&self) -> f64 {
         self.sum(|verb, resource, _| verb == "GET" && !resource.is_empty())

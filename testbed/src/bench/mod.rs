@@ -47,7 +47,8 @@ pub enum BenchError {
 pub enum Size {
     /// A few minutes: small counts, one round by default.
     Quick,
-    /// The report's size: 1,000 claims, 10,000 objects for (d), three rounds by default.
+    /// The report's size: 1,000 claims, up to 100,000 claim + PV pairs for (d), three rounds by
+    /// default.
     Full,
 }
 
@@ -106,7 +107,8 @@ fn parse_env(s: &str) -> Result<(String, String), String> {
 pub struct Sizes {
     pub claims_a: usize,
     pub claims_b: usize,
-    pub idle: usize,
+    /// (d): claim + PV pairs the cluster grows through.
+    pub scale: &'static [usize],
     pub raw: usize,
     pub steady_window: Duration,
     pub chaos: usize,
@@ -124,7 +126,7 @@ impl Sizes {
             Size::Quick => Sizes {
                 claims_a: 50,
                 claims_b: 200,
-                idle: 1_000,
+                scale: &stats::D_QUICK,
                 raw: 500,
                 steady_window: Duration::from_secs(5),
                 chaos: 40,
@@ -140,7 +142,7 @@ impl Sizes {
             Size::Full => Sizes {
                 claims_a: 1_000,
                 claims_b: 1_000,
-                idle: 10_000,
+                scale: &stats::D_FULL,
                 raw: 2_000,
                 steady_window: Duration::from_secs(20),
                 chaos: 200,
@@ -313,24 +315,7 @@ async fn run_all(args: BenchArgs) -> Result<ExitCode, BenchError> {
         }
     }
     if has(Scenario::D) {
-        match scenarios::idle_setup(&bench).await {
-            Ok(idle) => {
-                for round in 1..=rounds {
-                    for imp in Impl::BOTH {
-                        let t = Begin::now("d", Some(imp), round);
-                        let outcome =
-                            scenarios::idle(&bench, &idle, imp, round, &mut results).await;
-                        t.end(&bench, &mut results, outcome);
-                    }
-                }
-            }
-            Err(e) => {
-                bench.say(format!("(d) setup failed: {e}"));
-                results
-                    .unavailable
-                    .push(("d", format!("setup failed: {e}")));
-            }
-        }
+        scale(&bench, rounds, &mut results).await;
     }
     if has(Scenario::F) {
         for round in 1..=rounds {
@@ -450,6 +435,34 @@ async fn run_all(args: BenchArgs) -> Result<ExitCode, BenchError> {
     })
 }
 
+/// (d): one control plane, grown through the sizes; at each size every round runs before it
+/// grows.
+async fn scale(bench: &Bench, rounds: u32, results: &mut Results) {
+    let mut cluster = match scenarios::ScaleCluster::start(bench).await {
+        Ok(cluster) => cluster,
+        Err(e) => return d_unavailable(bench, results, e),
+    };
+    for &pairs in bench.sizes.scale {
+        if let Err(e) = cluster.grow(bench, pairs, results).await {
+            return d_unavailable(bench, results, e);
+        }
+        for round in 1..=rounds {
+            for imp in Impl::BOTH {
+                let t = Begin::now("d", Some(imp), round);
+                let outcome = scenarios::idle(bench, &cluster, imp, round, results).await;
+                t.end(bench, results, outcome);
+            }
+        }
+    }
+}
+
+fn d_unavailable(bench: &Bench, results: &mut Results, e: BenchError) {
+    bench.say(format!("(d) setup failed: {e}"));
+    results
+        .unavailable
+        .push(("d", format!("setup failed: {e}")));
+}
+
 /// Start of one run, for its [`RunRecord`].
 struct Begin {
     scenario: &'static str,
@@ -547,12 +560,36 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
         (
             "(d)",
             format!(
-                "{n} PVs that look provisioned (annotation, finalizer, CSI source) and {n} claims \
-                 bound to them exist before the sidecar starts. Peak RSS is VmHWM; steady RSS the \
-                 median VmRSS over {w}s after the sidecar has used less than 3 % of a core for 3 s; \
-                 CPU is utime + stime from start to the end of that window",
-                n = s.idle,
-                w = s.steady_window.as_secs()
+                "one control plane for all runs, grown through {sizes} claim + PV pairs; at \
+                 each size every round runs before it grows. The benchmark writes the pairs \
+                 as the controller manager's binder leaves them: the claim (with `volumeName` \
+                 and the binder's annotations `pv.kubernetes.io/bind-completed` and \
+                 `pv.kubernetes.io/bound-by-controller`), then the PV (looks provisioned: \
+                 annotation, finalizer, CSI source; claimRef with the claim's uid), then both \
+                 statuses Bound through the status subresource ({c} pairs in flight); the \
+                 setup time per size and the controller manager's claim and PV writes \
+                 meanwhile (the apiserver's count less the benchmark's own: 0 when the binder \
+                 found nothing to change) are in the table. Before each sidecar starts, one \
+                 new claim of the class, pre-annotated with \
+                 `volume.kubernetes.io/storage-provisioner` as in (b), is created; \
+                 \"first new claim provisioned\" runs from the sidecar's spawn until a watch \
+                 sees its PV (with claimRef) appear. Start-up CPU is utime + stime from spawn \
+                 until the sidecar has used less than 3 % of a core for 3 s (\"start-up until \
+                 idle\"); peak RSS is VmHWM; steady RSS the median VmRSS over {w}s after \
+                 that. Then the new claim is deleted and the run waits until the sidecar has \
+                 deleted its PV, so every run starts from the same pairs. Targets apply at \
+                 {target} pairs. RSS growth is the slope of the steady RSS medians between \
+                 the smallest and the largest size, per 1,000 pairs (one pair = one claim + \
+                 one PV)",
+                sizes = s
+                    .scale
+                    .iter()
+                    .map(|&n| stats::thousands(n))
+                    .collect::<Vec<_>>()
+                    .join(" / "),
+                c = 2 * api::CONCURRENCY,
+                w = s.steady_window.as_secs(),
+                target = stats::thousands(stats::D_TARGET_PAIRS),
             ),
         ),
         (

@@ -28,9 +28,12 @@ use k8s_openapi::api::storage::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
-use super::api::{self, ClaimWatch, Cluster, DRIVER_NAME, NAMESPACE, WARMUP_NAMESPACE, lock};
+use super::api::{
+    self, Binding, ClaimWatch, Cluster, DRIVER_NAME, NAMESPACE, WARMUP_NAMESPACE, lock,
+};
 use super::proc::{CpuWindow, Proc};
 use super::report::{Curve, Results};
 use super::scenarios::{
@@ -111,7 +114,7 @@ pub async fn node_mode(
     let cluster = prepare_cluster(b, &cp).await?;
     let nodes: Vec<String> = (0..node_count).map(node_name).collect();
     create_node_topology(&cluster, &nodes).await?;
-    fill_bound_pairs(b, &tag, &cluster, objects, |i, pv| {
+    fill_bound_pairs(b, &tag, &cluster, 0..objects, Binding::ByBinder, |i, pv| {
         pv_on_node(pv, &nodes[i % nodes.len()]);
     })
     .await?;
@@ -774,31 +777,36 @@ impl CapacityWatch {
         let values: Arc<Mutex<CapacityValues>> = Arc::default();
         let sink = Arc::clone(&values);
         let api: Api<CSIStorageCapacity> = Api::namespaced(client.clone(), CAPACITY_NAMESPACE);
-        let task = api::watch_applied(api, "capacity objects", move |c: CSIStorageCapacity| {
-            if c.storage_class_name != NODE_LOCAL_CLASS {
-                return;
-            }
-            let node = c
-                .node_topology
-                .as_ref()
-                .and_then(|s| s.match_labels.as_ref())
-                .and_then(|l| l.get(NODE_KEY).cloned());
-            let bytes = c.capacity.as_ref().and_then(|q| parse_quantity(&q.0));
-            match (node, bytes) {
-                (Some(node), Some(bytes)) => {
-                    lock(&sink)
-                        .entry(node)
-                        .or_default()
-                        .push((Instant::now(), bytes));
+        let task = api::watch_applied(
+            api,
+            watcher::Config::default(),
+            "capacity objects",
+            move |c: CSIStorageCapacity| {
+                if c.storage_class_name != NODE_LOCAL_CLASS {
+                    return;
                 }
-                _ => eprintln!(
-                    "[bench] capacity object {} names no Node under {NODE_KEY} or no readable \
+                let node = c
+                    .node_topology
+                    .as_ref()
+                    .and_then(|s| s.match_labels.as_ref())
+                    .and_then(|l| l.get(NODE_KEY).cloned());
+                let bytes = c.capacity.as_ref().and_then(|q| parse_quantity(&q.0));
+                match (node, bytes) {
+                    (Some(node), Some(bytes)) => {
+                        lock(&sink)
+                            .entry(node)
+                            .or_default()
+                            .push((Instant::now(), bytes));
+                    }
+                    _ => eprintln!(
+                        "[bench] capacity object {} names no Node under {NODE_KEY} or no readable \
                      capacity ({:?}); not counted",
-                    c.name_any(),
-                    c.capacity
-                ),
-            }
-        })
+                        c.name_any(),
+                        c.capacity
+                    ),
+                }
+            },
+        )
         .await?;
         Ok(CapacityWatch { values, task })
     }
@@ -839,20 +847,25 @@ impl NodeVolumeWatch {
         let appeared: Arc<Mutex<HashMap<String, (Instant, String)>>> = Arc::default();
         let sink = Arc::clone(&appeared);
         let api: Api<PersistentVolume> = Api::all(client.clone());
-        let task = api::watch_applied(api, "node-local PVs", move |pv: PersistentVolume| {
-            let class = pv
-                .spec
-                .as_ref()
-                .and_then(|s| s.storage_class_name.as_deref());
-            if class != Some(NODE_LOCAL_CLASS) {
-                return;
-            }
-            if let Some(node) = node_of(&pv) {
-                lock(&sink)
-                    .entry(pv.name_any())
-                    .or_insert_with(|| (Instant::now(), node));
-            }
-        })
+        let task = api::watch_applied(
+            api,
+            watcher::Config::default(),
+            "node-local PVs",
+            move |pv: PersistentVolume| {
+                let class = pv
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.storage_class_name.as_deref());
+                if class != Some(NODE_LOCAL_CLASS) {
+                    return;
+                }
+                if let Some(node) = node_of(&pv) {
+                    lock(&sink)
+                        .entry(pv.name_any())
+                        .or_insert_with(|| (Instant::now(), node));
+                }
+            },
+        )
         .await?;
         Ok(NodeVolumeWatch { appeared, task })
     }

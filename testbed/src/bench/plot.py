@@ -2,6 +2,7 @@
 # testbed/src/bench/plot.rs). Usage: python plot.py <dir with the CSVs> <output dir>
 # Prints one line per written PNG: "<file>\t<caption>".
 import csv
+import statistics
 import sys
 from collections import defaultdict
 
@@ -65,7 +66,7 @@ line_plot("c_remaining_fast", "c-deletion-fast.png",
           "(c) PVs left after all claims were deleted, QPS 500",
           "seconds since the first claim was deleted", "PVs left", step=True)
 line_plot("d_rss", "d-rss.png",
-          "(d) resident memory with the claims and PVs present",
+          "(d) resident memory with the most claims and PVs present",
           "seconds since start", "RSS (MiB)")
 line_plot("a_rss", "a-rss.png",
           "(a) resident memory while provisioning and deleting, default QPS",
@@ -79,3 +80,39 @@ line_plot("j_rss", "j-rss.png",
 line_plot("j_bound", "j-time-to-bound.png",
           "(j) node mode: claims Bound over time (one line per run)",
           "seconds since the first pod was created", "claims Bound", step=True)
+
+
+def scale_plot(file, caption):
+    """(d): steady RSS against the pairs present, every round a dot, medians joined."""
+    try:
+        rows = read("d-scale.csv")
+    except FileNotFoundError:
+        return
+    values = defaultdict(lambda: defaultdict(list))  # impl -> pairs -> [MiB]
+    for row in rows:
+        if row["steady_rss_mib"]:
+            values[row["sidecar"]][int(row["pairs"])].append(float(row["steady_rss_mib"]))
+    if not values:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for impl, by_size in sorted(values.items()):
+        color = COLORS.get(impl, "gray")
+        for pairs, mib in by_size.items():
+            ax.scatter([pairs] * len(mib), mib, color=color, alpha=0.6, s=18)
+        sizes = sorted(by_size)
+        medians = [statistics.median(by_size[p]) for p in sizes]
+        ax.plot(sizes, medians, color=color, linewidth=1.6, marker="o", label=f"{impl} (median)")
+    ax.set_xlabel("claim + PV pairs present")
+    ax.set_ylabel("steady RSS (MiB)")
+    ax.set_title(caption)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(f"{out_dir}/{file}")
+    plt.close(fig)
+    print(f"{file}\t{caption}")
+
+
+scale_plot("d-rss-growth.png",
+           "(d) steady RSS by claim + PV pairs present (dots: rounds, lines: medians)")

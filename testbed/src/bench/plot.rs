@@ -114,7 +114,7 @@ pub fn draw(dir: &Path) -> Result<Vec<(&'static str, &'static str)>, BenchError>
 }
 
 /// Every plot the script can draw, in report order, with its caption for the report.
-const PLOTS: [(&str, &str); 9] = [
+const PLOTS: [(&str, &str); 10] = [
     (
         "a-time-to-bound.png",
         "(a) claims Bound over time, default QPS",
@@ -131,7 +131,14 @@ const PLOTS: [(&str, &str); 9] = [
         "c-deletion-fast.png",
         "(c) PVs left after deleting every claim, QPS 500",
     ),
-    ("d-rss.png", "(d) resident memory with the objects present"),
+    (
+        "d-rss.png",
+        "(d) resident memory with the most claim + PV pairs present",
+    ),
+    (
+        "d-rss-growth.png",
+        "(d) steady RSS by claim + PV pairs present (dots: rounds, lines: medians)",
+    ),
     (
         "a-rss.png",
         "(a) resident memory while provisioning and deleting, default QPS",

@@ -344,7 +344,7 @@ pub fn markdown(results: &Results, ctx: &Context<'_>, notes: Option<&str>) -> St
             )
         );
     }
-    md.push_str("\nRaw data: [samples](benchmarks/samples.csv), [curves](benchmarks/curves.csv), [requests](benchmarks/requests.csv), [runs](benchmarks/runs.csv).\n");
+    md.push_str("\nRaw data: [samples](benchmarks/samples.csv), [curves](benchmarks/curves.csv), [requests](benchmarks/requests.csv), [runs](benchmarks/runs.csv), [(d) per size](benchmarks/d-scale.csv).\n");
     md
 }
 
@@ -390,6 +390,7 @@ pub fn write_csvs(results: &Results, dir: &Path) -> Result<(), BenchError> {
         );
     }
     for (name, text) in [
+        ("d-scale.csv", scale_csv(&results.samples)),
         ("samples.csv", samples),
         ("curves.csv", curves),
         ("requests.csv", requests),
@@ -398,6 +399,47 @@ pub fn write_csvs(results: &Results, dir: &Path) -> Result<(), BenchError> {
         write(&dir.join(name), &text)?;
     }
     Ok(())
+}
+
+/// (d)'s figures, one line per size, sidecar and round (the setup time is the size's).
+fn scale_csv(samples: &[Sample]) -> String {
+    let columns = [
+        stats::D_STEADY_RSS,
+        stats::D_PEAK_RSS,
+        stats::D_CPU,
+        stats::D_FIRST,
+        stats::D_SETTLE,
+    ];
+    let value = |id: &str, imp: Option<Impl>, round: Option<u32>| {
+        samples
+            .iter()
+            .find(|s| s.metric == id && s.imp == imp && round.is_none_or(|r| s.round == r))
+            .map_or(String::new(), |s| s.value.to_string())
+    };
+    let mut csv = String::from(
+        "pairs,sidecar,round,steady_rss_mib,peak_rss_mib,startup_cpu_s,first_provision_s,settle_s,setup_s\n",
+    );
+    for &pairs in stats::D_QUICK.iter().chain(&stats::D_FULL) {
+        let steady = stats::scale_metric(stats::D_STEADY_RSS, pairs).id;
+        let setup = value(stats::scale_metric(stats::D_SETUP, pairs).id, None, None);
+        for imp in Impl::BOTH {
+            let mut rounds: Vec<u32> = samples
+                .iter()
+                .filter(|s| s.metric == steady && s.imp == Some(imp))
+                .map(|s| s.round)
+                .collect();
+            rounds.sort_unstable();
+            rounds.dedup();
+            for round in rounds {
+                let figures: Vec<String> = columns
+                    .iter()
+                    .map(|&base| value(stats::scale_metric(base, pairs).id, Some(imp), Some(round)))
+                    .collect();
+                let _ = writeln!(csv, "{pairs},{imp},{round},{},{setup}", figures.join(","));
+            }
+        }
+    }
+    csv
 }
 
 pub fn write(path: &Path, text: &str) -> Result<(), BenchError> {
@@ -443,6 +485,26 @@ mod tests {
             .expect("row for b");
         assert!(line.contains("30.0") && line.contains("40.0") && line.contains("0.75"));
         assert!(line.contains("MISSED"), "{line}");
+    }
+
+    #[test]
+    fn scale_csv_has_a_line_per_size_sidecar_and_round() {
+        let mut results = Results::default();
+        let steady = stats::scale_metric(stats::D_STEADY_RSS, 10_000);
+        results.sample(steady, Some(Impl::Ours), 1, 20.0);
+        results.sample(steady, Some(Impl::Ours), 2, 22.0);
+        results.sample(
+            stats::scale_metric(stats::D_FIRST, 10_000),
+            Some(Impl::Ours),
+            2,
+            1.5,
+        );
+        results.sample(stats::scale_metric(stats::D_SETUP, 10_000), None, 1, 60.0);
+        let csv = scale_csv(&results.samples);
+        let lines: Vec<&str> = csv.lines().collect();
+        assert_eq!(lines.len(), 3, "{csv}");
+        assert_eq!(lines[1], "10000,ours,1,20,,,,,60");
+        assert_eq!(lines[2], "10000,ours,2,22,,,1.5,,60");
     }
 
     #[test]

@@ -9,7 +9,9 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::Api;
 use nix::sys::signal::Signal;
 
-use super::api::{self, ClaimWatch, Cluster, Delta, LEASE_NAMESPACE, NAMESPACE, VolumeWatch};
+use super::api::{
+    self, Binding, ClaimWatch, Cluster, Delta, FirstVolume, LEASE_NAMESPACE, NAMESPACE, VolumeWatch,
+};
 use super::proc::{self, CpuWindow, Proc, Spawn};
 use super::report::{Curve, RequestRow, Results};
 use super::stats::{self, Impl, median};
@@ -617,39 +619,94 @@ pub async fn lifecycle(
     Ok(())
 }
 
-/// (d)'s control plane, shared by all its runs: the sidecars only read these objects.
-pub struct IdleCluster {
+/// (d)'s control plane, shared by all its runs and grown size by size: the sidecars only read
+/// its pairs.
+pub struct ScaleCluster {
     cp: ControlPlane,
+    cluster: Cluster,
+    pairs: usize,
 }
 
-pub async fn idle_setup(b: &Bench) -> Result<IdleCluster, BenchError> {
-    let tag = "(d) setup";
-    let cp = start_control_plane(b, tag).await?;
-    let cluster = prepare_cluster(b, &cp).await?;
-    fill_bound_pairs(b, tag, &cluster, b.sizes.idle, |_, _| {}).await?;
-    Ok(IdleCluster { cp })
+impl ScaleCluster {
+    pub async fn start(b: &Bench) -> Result<ScaleCluster, BenchError> {
+        let cp = start_control_plane(b, "(d) setup").await?;
+        let cluster = prepare_cluster(b, &cp).await?;
+        Ok(ScaleCluster {
+            cp,
+            cluster,
+            pairs: 0,
+        })
+    }
+
+    /// Writes pairs, Bound, until there are `pairs`; records how long that took and how many
+    /// claim and PV writes the controller manager made meanwhile (0 when its binder found
+    /// nothing to change).
+    pub async fn grow(
+        &mut self,
+        b: &Bench,
+        pairs: usize,
+        results: &mut Results,
+    ) -> Result<(), BenchError> {
+        let tag = format!("(d) setup {}", stats::thousands(pairs));
+        let before = self.cluster.snapshot().await?;
+        let took = fill_bound_pairs(
+            b,
+            &tag,
+            &self.cluster,
+            self.pairs..pairs,
+            Binding::Written,
+            |_, _| {},
+        )
+        .await?;
+        self.pairs = pairs;
+        self.cluster
+            .wait_quiet(QUIET, SETTLE_CAP, |m| b.say(format!("{tag}: {m}")))
+            .await?;
+        let delta = self.cluster.snapshot().await?.since(&before);
+        let others = (delta.api.volume_writes() - delta.bench_writes).max(0.0);
+        b.say(format!(
+            "{tag}: {:.0}s; claim and PV writes by others than the benchmark meanwhile: {others:.0}",
+            took.as_secs_f64()
+        ));
+        results.sample(
+            stats::scale_metric(stats::D_SETUP, pairs),
+            None,
+            1,
+            took.as_secs_f64(),
+        );
+        results.sample(
+            stats::scale_metric(stats::D_SETUP_KCM, pairs),
+            None,
+            1,
+            others,
+        );
+        Ok(())
+    }
 }
 
-/// `n` claims in [`NAMESPACE`] bound to `n` PVs that look provisioned (shaped by `shape`, see
-/// [`Cluster::create_bound_pairs`]); returns once the controller manager has bound them all.
+/// Claims `pairs` (0-based) in [`NAMESPACE`] bound to as many PVs that look provisioned
+/// (shaped by `shape`, see [`Cluster::create_bound_pairs`]); returns, with the time taken, once
+/// a watch sees every claim so far Bound.
 pub(super) async fn fill_bound_pairs(
     b: &Bench,
     tag: &str,
     cluster: &Cluster,
-    n: usize,
+    pairs: std::ops::Range<usize>,
+    binding: Binding,
     shape: impl Fn(usize, &mut PersistentVolume),
-) -> Result<(), BenchError> {
+) -> Result<Duration, BenchError> {
     let claims = ClaimWatch::start(&cluster.client, NAMESPACE).await?;
+    let (n, total) = (pairs.len(), pairs.end);
     b.say(format!(
-        "{tag}: creating {n} PVs and {n} claims bound to them"
+        "{tag}: creating {n} PVs and {n} claims bound to them ({binding:?})"
     ));
     let t0 = Instant::now();
-    let create = cluster.create_bound_pairs(n, shape);
+    let create = cluster.create_bound_pairs(pairs, binding, shape);
     let progress = async {
         loop {
             tokio::time::sleep(PROGRESS_EVERY).await;
             b.say(format!(
-                "{tag}: {} claims Bound ({:.0}s)",
+                "{tag}: {}/{total} claims Bound ({:.0}s)",
                 claims.bound_count(),
                 t0.elapsed().as_secs_f64()
             ));
@@ -660,39 +717,45 @@ pub(super) async fn fill_bound_pairs(
         () = progress => {}
     }
     let deadline = Instant::now() + Duration::from_secs_f64(300.0 + n as f64 * 0.05);
-    while claims.bound_count() < n {
+    while claims.bound_count() < total {
         if Instant::now() > deadline {
             return Err(BenchError::Step {
-                step: format!("{tag}: waiting for the binder"),
-                detail: format!("{}/{n} claims Bound", claims.bound_count()),
+                step: format!("{tag}: waiting for the claims to be Bound"),
+                detail: format!("{}/{total} claims Bound", claims.bound_count()),
             });
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    let took = t0.elapsed();
     b.say(format!(
-        "{tag}: {n} bound pairs ready after {:.0}s",
-        t0.elapsed().as_secs_f64()
+        "{tag}: {total} bound pairs ready after {:.0}s",
+        took.as_secs_f64()
     ));
-    Ok(())
+    Ok(took)
 }
 
-/// (d): start-up with the objects present, then idle.
+/// (d) at the cluster's current size: one new claim, pre-annotated so that no binder is
+/// needed, waits when the sidecar starts; then start-up with the pairs present, then idle.
 pub async fn idle(
     b: &Bench,
-    idle: &IdleCluster,
+    scale: &ScaleCluster,
     imp: Impl,
     round: u32,
     results: &mut Results,
 ) -> Result<(), BenchError> {
-    let tag = format!("(d) {imp} round {round}");
-    let name = format!("d-{imp}-r{round}");
+    let pairs = scale.pairs;
+    let size = stats::thousands(pairs);
+    let tag = format!("(d) {size} {imp} round {round}");
+    let name = format!("d-{pairs}-{imp}-r{round}");
     let driver = Driver::start(b, &name).await?;
+    let probe = format!("new-{name}");
+    let pv_name = scale.cluster.create_claim_for_pv_name(&probe).await?;
+    let provisioned = FirstVolume::watch(&scale.cluster, &pv_name).await?;
     b.say(format!(
-        "{tag}: starting the sidecar with {} claims and PVs present",
-        b.sizes.idle
+        "{tag}: starting the sidecar with {size} claims and PVs present and one new claim"
     ));
     let t0 = Instant::now();
-    let mut sidecar = spawn_sidecar(b, imp, &driver, &idle.cp, &Extra::default(), &name)?;
+    let mut sidecar = spawn_sidecar(b, imp, &driver, &scale.cp, &Extra::default(), &name)?;
     let mut window = CpuWindow::new(IDLE_WINDOW);
     let mut last_report = Instant::now();
     let settled = loop {
@@ -717,6 +780,7 @@ pub async fn idle(
         }
     };
     let settle = t0.elapsed();
+    let startup_cpu = sidecar.now(b.ticks).cpu_secs;
     if !settled {
         b.say(format!(
             "{tag}: still busy after {}s; measuring anyway",
@@ -739,26 +803,63 @@ pub async fn idle(
         .map(|(_, s)| s.rss_mib())
         .collect();
     let steady = median(&steady).unwrap_or(end.rss_mib());
+    let first = provisioned.after(t0);
     let imp_ = Some(imp);
-    results.sample(stats::D_PEAK_RSS, imp_, round, end.hwm_mib());
-    results.sample(stats::D_STEADY_RSS, imp_, round, steady);
-    results.sample(stats::D_CPU, imp_, round, end.cpu_secs);
-    if settled {
-        results.sample(stats::D_SETTLE, imp_, round, settle.as_secs_f64());
+    let metric = |base| stats::scale_metric(base, pairs);
+    results.sample(metric(stats::D_PEAK_RSS), imp_, round, end.hwm_mib());
+    results.sample(metric(stats::D_STEADY_RSS), imp_, round, steady);
+    results.sample(metric(stats::D_CPU), imp_, round, startup_cpu);
+    if let Some(first) = first {
+        results.sample(metric(stats::D_FIRST), imp_, round, first);
     }
-    results.curves.push(Curve {
-        name: "d_rss",
-        imp,
-        round,
-        points: rss_points(&sidecar, t0),
-    });
+    if settled {
+        results.sample(metric(stats::D_SETTLE), imp_, round, settle.as_secs_f64());
+    }
+    if b.sizes.scale.last() == Some(&pairs) {
+        results.curves.push(Curve {
+            name: "d_rss",
+            imp,
+            round,
+            points: rss_points(&sidecar, t0),
+        });
+    }
     b.say(format!(
-        "{tag}: peak {:.0} MiB, steady {steady:.0} MiB, CPU {:.2}s",
+        "{tag}: first PV {}, peak {:.0} MiB, steady {steady:.0} MiB, start-up CPU {startup_cpu:.2}s",
+        first.map_or("never".to_owned(), |s| format!("after {s:.1}s")),
         end.hwm_mib(),
-        end.cpu_secs
     ));
+    // The new claim and its volume go, so that the next run starts from the same pairs.
+    let cleaned = remove_claim(&scale.cluster, &probe, &pv_name, &mut sidecar).await;
     sidecar.stop().await;
     driver.stop().await;
+    cleaned?;
+    first.map(drop).ok_or_else(|| BenchError::Step {
+        step: format!("{tag}: provisioning the new claim"),
+        detail: format!("no PV {pv_name} within the run"),
+    })
+}
+
+/// Deletes `claim` and waits until the sidecar has deleted its PV `pv_name`.
+async fn remove_claim(
+    cluster: &Cluster,
+    claim: &str,
+    pv_name: &str,
+    sidecar: &mut Proc,
+) -> Result<(), BenchError> {
+    cluster
+        .delete_claims(NAMESPACE, &[claim.to_owned()])
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while cluster.has_volume(pv_name).await? {
+        sidecar.check_alive()?;
+        if Instant::now() > deadline {
+            return Err(BenchError::Step {
+                step: format!("deleting claim {claim}"),
+                detail: format!("PV {pv_name} still there after 120s"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     Ok(())
 }
 

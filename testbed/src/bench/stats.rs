@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::LazyLock;
 
 /// Which sidecar a run measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -167,28 +168,6 @@ pub const C_CPU: Metric = metric(
     "c_cpu",
     "c",
     "CPU while deleting, default QPS",
-    "s",
-    Target::None,
-);
-pub const D_PEAK_RSS: Metric = metric(
-    "d_peak_rss",
-    "d",
-    "peak RSS, objects present at start",
-    "MiB",
-    Target::RatioAtMost(0.25),
-);
-pub const D_STEADY_RSS: Metric = metric(
-    "d_steady_rss",
-    "d",
-    "steady RSS, objects present",
-    "MiB",
-    Target::RatioAtMost(0.25),
-);
-pub const D_CPU: Metric = metric("d_cpu", "d", "CPU from start to steady", "s", Target::None);
-pub const D_SETTLE: Metric = metric(
-    "d_settle",
-    "d",
-    "start-up until idle, objects present",
     "s",
     Target::None,
 );
@@ -463,8 +442,180 @@ pub const CHAOS_UNBOUND: Metric = metric(
     Target::None,
 );
 
-/// Every metric in report order.
-pub const METRICS: [Metric; 61] = [
+/// One of (d)'s measurements, taken at every size of its cluster: [`scale_metric`] names it
+/// per size. Its target applies at [`D_TARGET_PAIRS`] only.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScaleBase {
+    pub id: &'static str,
+    pub label: &'static str,
+    pub unit: &'static str,
+    pub target: Target,
+}
+
+pub const D_STEADY_RSS: ScaleBase = ScaleBase {
+    id: "d_steady_rss",
+    label: "steady RSS",
+    unit: "MiB",
+    target: Target::RatioAtMost(0.20),
+};
+pub const D_PEAK_RSS: ScaleBase = ScaleBase {
+    id: "d_peak_rss",
+    label: "peak RSS",
+    unit: "MiB",
+    target: Target::RatioAtMost(0.25),
+};
+pub const D_CPU: ScaleBase = ScaleBase {
+    id: "d_startup_cpu",
+    label: "start-up CPU (start until idle)",
+    unit: "s",
+    target: Target::RatioAtMost(0.50),
+};
+pub const D_FIRST: ScaleBase = ScaleBase {
+    id: "d_first_provision",
+    label: "start → PV of the first new claim",
+    unit: "s",
+    target: Target::RatioAtMost(0.50),
+};
+pub const D_SETTLE: ScaleBase = ScaleBase {
+    id: "d_settle",
+    label: "start-up until idle",
+    unit: "s",
+    target: Target::None,
+};
+/// The benchmark client's time to write the pairs added at this size (no sidecar runs).
+pub const D_SETUP: ScaleBase = ScaleBase {
+    id: "d_setup_secs",
+    label: "setup: writing the pairs added at this size",
+    unit: "s",
+    target: Target::None,
+};
+/// The controller manager's API writes while the pairs were written and settled: 0 when its
+/// binder found nothing to change.
+pub const D_SETUP_KCM: ScaleBase = ScaleBase {
+    id: "d_setup_kcm_writes",
+    label: "setup: controller manager writes meanwhile",
+    unit: "req",
+    target: Target::None,
+};
+const D_BASES: [ScaleBase; 7] = [
+    D_STEADY_RSS,
+    D_PEAK_RSS,
+    D_CPU,
+    D_FIRST,
+    D_SETTLE,
+    D_SETUP,
+    D_SETUP_KCM,
+];
+
+/// (d)'s sizes, in claim + PV pairs: the cluster grows through them.
+pub const D_QUICK: [usize; 2] = [1_000, 5_000];
+pub const D_FULL: [usize; 3] = [10_000, 50_000, 100_000];
+/// The size (d)'s targets are set for.
+pub const D_TARGET_PAIRS: usize = 100_000;
+
+/// Derived: steady RSS growth between (d)'s smallest and largest size.
+pub const D_RSS_GROWTH: Metric = metric(
+    "d_rss_per_1k_pairs",
+    "d",
+    "steady RSS growth per 1,000 claim + PV pairs (smallest → largest size)",
+    "MiB",
+    Target::None,
+);
+
+/// `100k` for 100,000: the suffix of a per-size metric id.
+fn size_tag(pairs: usize) -> String {
+    if pairs.is_multiple_of(1_000) {
+        format!("{}k", pairs / 1_000)
+    } else {
+        pairs.to_string()
+    }
+}
+
+/// `100,000`.
+pub fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Ids and labels of the per-size metrics, made once: [`Metric`] borrows them for the
+/// program's lifetime.
+static SCALE_TEXT: LazyLock<Vec<(ScaleBase, usize, String, String)>> = LazyLock::new(|| {
+    D_QUICK
+        .iter()
+        .chain(&D_FULL)
+        .flat_map(|&pairs| {
+            D_BASES.iter().map(move |base| {
+                let n = thousands(pairs);
+                (
+                    *base,
+                    pairs,
+                    format!("{}_{}", base.id, size_tag(pairs)),
+                    format!("{}, {n} claims + {n} PVs", base.label),
+                )
+            })
+        })
+        .collect()
+});
+
+static SCALE_METRICS: LazyLock<Vec<Metric>> = LazyLock::new(|| {
+    let text: &'static [(ScaleBase, usize, String, String)] = &SCALE_TEXT;
+    text.iter()
+        .map(|(base, pairs, id, label)| Metric {
+            id,
+            scenario: "d",
+            label,
+            unit: base.unit,
+            target: if *pairs == D_TARGET_PAIRS {
+                base.target
+            } else {
+                Target::None
+            },
+        })
+        .collect()
+});
+
+/// `base` measured with `pairs` claim + PV pairs present, e.g. `d_steady_rss_100k`. A size
+/// outside [`D_QUICK`] and [`D_FULL`] gets the base id, without target.
+pub fn scale_metric(base: ScaleBase, pairs: usize) -> Metric {
+    SCALE_TEXT
+        .iter()
+        .position(|(b, p, _, _)| *b == base && *p == pairs)
+        .map_or(
+            metric(base.id, "d", base.label, base.unit, Target::None),
+            |i| SCALE_METRICS[i],
+        )
+}
+
+/// Slope of `(pairs, MiB)` between the smallest and the largest size, per 1,000 pairs.
+pub fn rss_per_thousand(points: &[(usize, f64)]) -> Option<f64> {
+    let first = points.iter().min_by_key(|(pairs, _)| *pairs)?;
+    let last = points.iter().max_by_key(|(pairs, _)| *pairs)?;
+    let span = last.0.checked_sub(first.0).filter(|&d| d > 0)? as f64 / 1_000.0;
+    Some((last.1 - first.1) / span)
+}
+
+/// Every metric in report order: (d)'s per-size ones and their growth row before (e).
+fn all_metrics() -> Vec<Metric> {
+    let at = METRICS
+        .iter()
+        .position(|m| m.scenario == "e")
+        .unwrap_or(METRICS.len());
+    let mut all = METRICS[..at].to_vec();
+    all.extend(SCALE_METRICS.iter().copied());
+    all.push(D_RSS_GROWTH);
+    all.extend_from_slice(&METRICS[at..]);
+    all
+}
+
+/// Every metric in report order, (d)'s aside (see [`all_metrics`]).
+const METRICS: [Metric; 57] = [
     A_BOUND,
     A_PVS,
     A_RATE,
@@ -480,10 +631,6 @@ pub const METRICS: [Metric; 61] = [
     C_GONE,
     C_GONE_FAST,
     C_CPU,
-    D_PEAK_RSS,
-    D_STEADY_RSS,
-    D_CPU,
-    D_SETTLE,
     E_WRITES,
     E_WRITES_PROVISION,
     E_WRITES_DELETE,
@@ -637,10 +784,13 @@ pub fn summarize(samples: &[Sample]) -> Vec<Row> {
             .push(s.value);
     }
     let med = |id: &str, imp: Option<Impl>| by_metric.get(&(id, imp)).and_then(|v| median(v));
-    let mut rows: Vec<Row> = METRICS
+    let mut rows: Vec<Row> = all_metrics()
         .iter()
         .filter(|m| !DERIVED.iter().any(|(d, _, _)| d.id == m.id))
         .filter_map(|m| {
+            if m.id == D_RSS_GROWTH.id {
+                return growth_row(&med);
+            }
             let ours = med(m.id, Some(Impl::Ours));
             let upstream = med(m.id, Some(Impl::Upstream));
             let neutral = med(m.id, None);
@@ -685,6 +835,33 @@ pub fn summarize(samples: &[Sample]) -> Vec<Row> {
         }
     }
     rows
+}
+
+/// [`D_RSS_GROWTH`] from the steady RSS medians at each size, per sidecar.
+fn growth_row(med: &dyn Fn(&str, Option<Impl>) -> Option<f64>) -> Option<Row> {
+    let growth = |imp: Impl| {
+        let points: Vec<(usize, f64)> = D_QUICK
+            .iter()
+            .chain(&D_FULL)
+            .filter_map(|&pairs| {
+                Some((pairs, med(scale_metric(D_STEADY_RSS, pairs).id, Some(imp))?))
+            })
+            .collect();
+        rss_per_thousand(&points)
+    };
+    let (ours, upstream) = (growth(Impl::Ours), growth(Impl::Upstream));
+    if ours.is_none() && upstream.is_none() {
+        return None;
+    }
+    Some(Row {
+        metric: D_RSS_GROWTH,
+        ours,
+        upstream,
+        neutral: None,
+        ratio: ratio(ours, upstream),
+        runs: 0,
+        verdict: Verdict::NoTarget,
+    })
 }
 
 fn verdict(target: Target, ours: Option<f64>, ratio: Option<f64>) -> Verdict {
@@ -772,9 +949,50 @@ mod tests {
 
     #[test]
     fn metric_ids_are_unique() {
-        let mut ids: Vec<_> = METRICS.iter().map(|m| m.id).collect();
+        let all = all_metrics();
+        let mut ids: Vec<_> = all.iter().map(|m| m.id).collect();
         ids.sort_unstable();
         ids.dedup();
-        assert_eq!(ids.len(), METRICS.len());
+        assert_eq!(ids.len(), all.len());
+    }
+
+    #[test]
+    fn scale_metrics_are_named_per_size_with_targets_at_100k_only() {
+        let m = scale_metric(D_STEADY_RSS, 100_000);
+        assert_eq!(m.id, "d_steady_rss_100k");
+        assert_eq!(m.label, "steady RSS, 100,000 claims + 100,000 PVs");
+        assert_eq!(m.target, Target::RatioAtMost(0.20));
+        let small = scale_metric(D_FIRST, 1_000);
+        assert_eq!(small.id, "d_first_provision_1k");
+        assert_eq!(small.target, Target::None);
+        assert_eq!(scale_metric(D_CPU, 7).id, "d_startup_cpu");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(thousands(999), "999");
+    }
+
+    #[test]
+    fn growth_is_the_slope_between_smallest_and_largest_size() {
+        let points = [(50_000, 70.0), (100_000, 120.0), (10_000, 30.0)];
+        assert_eq!(rss_per_thousand(&points), Some(1.0));
+        assert_eq!(rss_per_thousand(&[(10_000, 30.0)]), None);
+        assert_eq!(rss_per_thousand(&[]), None);
+        let samples: Vec<Sample> = [(10_000, 30.0), (100_000, 210.0)]
+            .into_iter()
+            .flat_map(|(pairs, mib)| {
+                let id = scale_metric(D_STEADY_RSS, pairs).id;
+                [
+                    sample(id, Some(Impl::Ours), mib / 2.0),
+                    sample(id, Some(Impl::Upstream), mib),
+                ]
+            })
+            .collect();
+        let rows = summarize(&samples);
+        let growth = rows
+            .iter()
+            .find(|r| r.metric.id == D_RSS_GROWTH.id)
+            .expect("growth row");
+        assert_eq!(growth.ours, Some(1.0));
+        assert_eq!(growth.upstream, Some(2.0));
+        assert_eq!(growth.ratio, Some(0.5));
     }
 }

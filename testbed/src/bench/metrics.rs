@@ -117,9 +117,29 @@ impl ApiCounts {
 
     /// Writes on claims and PVs (status included).
     pub fn volume_writes(&self) -> f64 {
-        self.sum(|verb, resource, _| {
-            is_write(verb) && matches!(resource, "persistentvolumes" | "persistentvolumeclaims")
-        })
+        self.volume_writes_by_request().values().sum()
+    }
+
+    /// [`ApiCounts::volume_writes`] by `VERB resource[/subresource]`.
+    pub fn volume_writes_by_request(&self) -> BTreeMap<String, f64> {
+        self.0
+            .iter()
+            .filter(|((verb, resource, _), _)| {
+                is_write(verb)
+                    && matches!(
+                        resource.as_str(),
+                        "persistentvolumes" | "persistentvolumeclaims"
+                    )
+            })
+            .map(|((verb, resource, sub), n)| {
+                let request = if sub.is_empty() {
+                    format!("{verb} {resource}")
+                } else {
+                    format!("{verb} {resource}/{sub}")
+                };
+                (request, *n)
+            })
+            .collect()
     }
 
     /// Single-object reads (GET) on API resources; lists and watches are not per-volume costs.

@@ -664,9 +664,17 @@ impl ScaleCluster {
             .await?;
         let delta = self.cluster.snapshot().await?.since(&before);
         let others = (delta.api.volume_writes() - delta.bench_writes).max(0.0);
+        let requests: Vec<String> = delta
+            .api
+            .volume_writes_by_request()
+            .iter()
+            .map(|(request, n)| format!("{request} {n:.0}"))
+            .collect();
         b.say(format!(
-            "{tag}: {:.0}s; claim and PV writes by others than the benchmark meanwhile: {others:.0}",
-            took.as_secs_f64()
+            "{tag}: {:.0}s; claim and PV writes by others than the benchmark meanwhile: \
+             {others:.0} (all clients' by request, the benchmark's are 4 per pair: {})",
+            took.as_secs_f64(),
+            requests.join(", ")
         ));
         results.sample(
             stats::scale_metric(stats::D_SETUP, pairs),

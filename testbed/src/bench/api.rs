@@ -438,6 +438,18 @@ impl Cluster {
             .find(|holder| identities.contains(&holder.as_str())))
     }
 
+    /// (d): claims in [`NAMESPACE`] and PVs whose phase is not Bound, read in pages.
+    pub async fn count_not_bound(&self) -> Result<(usize, usize), BenchError> {
+        let claims = not_bound(
+            Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), NAMESPACE),
+            |c| c.status.as_ref().and_then(|s| s.phase.clone()),
+        );
+        let volumes = not_bound(Api::<PersistentVolume>::all(self.client.clone()), |v| {
+            v.status.as_ref().and_then(|s| s.phase.clone())
+        });
+        futures::try_join!(claims, volumes)
+    }
+
     pub async fn has_volume(&self, name: &str) -> Result<bool, BenchError> {
         let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
         volumes
@@ -460,6 +472,33 @@ impl Cluster {
                 detail: e.to_string(),
             })?;
         Ok(list.items.len())
+    }
+}
+
+/// Objects of `api` whose `phase` is not Bound, listed 5,000 at a time.
+async fn not_bound<K>(
+    api: Api<K>,
+    phase: impl Fn(&K) -> Option<String>,
+) -> Result<usize, BenchError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = ListParams::default().limit(5_000);
+    let mut count = 0;
+    loop {
+        let page = api.list(&params).await.map_err(|e| BenchError::Step {
+            step: "listing claims or PVs".into(),
+            detail: e.to_string(),
+        })?;
+        count += page
+            .items
+            .iter()
+            .filter(|o| phase(o).as_deref() != Some("Bound"))
+            .count();
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(count),
+        }
     }
 }
 

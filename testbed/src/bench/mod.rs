@@ -566,10 +566,12 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
                  and the binder's annotations `pv.kubernetes.io/bind-completed` and \
                  `pv.kubernetes.io/bound-by-controller`), then the PV (looks provisioned: \
                  annotation, finalizer, CSI source; claimRef with the claim's uid), then both \
-                 statuses Bound through the status subresource ({c} pairs in flight); the \
-                 setup time per size and the controller manager's claim and PV writes \
-                 meanwhile (the apiserver's count less the benchmark's own: 0 when the binder \
-                 found nothing to change) are in the table. Before each sidecar starts, one \
+                 statuses Bound through the status subresource ({c} pairs in flight). The \
+                 binder may see a pair between two of these writes and write the same status \
+                 itself: the table gives the setup time per size and the controller \
+                 manager's claim and PV writes meanwhile (the apiserver's count less the \
+                 benchmark's own: 0 when the binder found nothing to change); once the API \
+                 writes have stopped, the setup checks that every claim and PV is Bound. Before each sidecar starts, one \
                  new claim of the class, pre-annotated with \
                  `volume.kubernetes.io/storage-provisioner` as in (b), is created; \
                  \"first new claim provisioned\" runs from the sidecar's spawn until a watch \

@@ -676,6 +676,14 @@ impl ScaleCluster {
             took.as_secs_f64(),
             requests.join(", ")
         ));
+        // The binder's racing writes (see the method) must leave every pair Bound.
+        let (claims, volumes) = self.cluster.count_not_bound().await?;
+        if claims + volumes > 0 {
+            return Err(BenchError::Step {
+                step: format!("{tag}: checking the pairs"),
+                detail: format!("{claims} claim(s) and {volumes} PV(s) are not Bound"),
+            });
+        }
         results.sample(
             stats::scale_metric(stats::D_SETUP, pairs),
             None,

@@ -540,7 +540,10 @@ pub async fn lifecycle(
     let cpu_deleted = sidecar.now(b.ticks).cpu_secs;
 
     results.sample(m_gone, imp_, round, to_gone.as_secs_f64());
-    if !fast {
+    if fast {
+        results.sample(stats::C_CPU_FAST, imp_, round, cpu_deleted - cpu_provisioned);
+        results.sample(stats::BC_CPU, imp_, round, cpu_deleted - cpu_before);
+    } else {
         results.sample(stats::C_CPU, imp_, round, cpu_deleted - cpu_provisioned);
     }
     let mut points = vec![(0.0, n as f64)];

@@ -9,6 +9,11 @@
 //! | 5     | `debug` everywhere; this crate, `kube_client` and `kube_runtime` at `trace` (CSI request and response bodies, secrets redacted); the noisy transport crates (h2, hyper, hyper_util, rustls, tower) stay at `info` |
 //! | ≥ 6   | `trace` everywhere |
 //!
+//! kube-runtime's `reconciling object` span, the context printed before a reconcile's lines,
+//! is written from `-v=4` only: our lines name their claim or volume themselves, and the span,
+//! created and formatted for every reconcile, cost 4 % of the sidecar's CPU at `-v=0`
+//! (docs/benchmarks.md, "CPU per provision").
+//!
 //! `--vmodule=pattern=N,...` raises the level of the lines written from the source files whose
 //! name without `.rs` (`claims` for src/controller/claims.rs, `mod` for every mod.rs) matches a
 //! glob pattern (`*`, `?`, `[a-z]`, `[^a]`, `\` escape), as klog does with Go file names: for
@@ -26,6 +31,8 @@ use crate::config::VModuleItem;
 const OURS: &str = "csi_provisioner";
 const KUBE_CLIENT: &str = "kube_client";
 const KUBE_RUNTIME: &str = "kube_runtime";
+/// From this `-v` on, kube-runtime's spans are written.
+const KUBE_RUNTIME_SPANS: i32 = 4;
 /// Transport crates kept at `info` at `-v=5`: their debug lines drown the rest.
 const NOISY: [&str; 5] = ["h2", "hyper", "hyper_util", "rustls", "tower"];
 
@@ -46,6 +53,9 @@ impl Verbosity {
     /// Whether a line (or span) with this metadata is written.
     pub fn enables(&self, meta: &Metadata<'_>) -> bool {
         let level = self.level_of_file(meta.file());
+        if meta.is_span() && in_crate(meta.target(), KUBE_RUNTIME) && level < KUBE_RUNTIME_SPANS {
+            return false;
+        }
         *meta.level() <= max_level(level, meta.target())
     }
 
@@ -281,5 +291,23 @@ mod tests {
             Verbosity::new(2, &[item("claim", 0)]).hint(),
             LevelFilter::DEBUG
         );
+    }
+
+    #[test]
+    fn kube_runtime_spans_are_written_from_v4_only() {
+        use tracing_subscriber::layer::{Layer, SubscriberExt};
+        for (v, written) in [(0, false), (3, false), (4, true), (6, true)] {
+            let layer = tracing_subscriber::fmt::layer()
+                .with_writer(std::io::sink)
+                .with_filter(Verbosity::new(v, &[]));
+            let subscriber = tracing_subscriber::registry().with(layer);
+            tracing::subscriber::with_default(subscriber, || {
+                let kube =
+                    tracing::info_span!(target: "kube_runtime::controller", "reconciling object");
+                let ours = tracing::info_span!(target: "csi_provisioner::controller", "ours");
+                assert_eq!(!kube.is_disabled(), written, "-v={v}");
+                assert!(!ours.is_disabled(), "-v={v}: our spans stay");
+            });
+        }
     }
 }

@@ -541,7 +541,12 @@ pub async fn lifecycle(
 
     results.sample(m_gone, imp_, round, to_gone.as_secs_f64());
     if fast {
-        results.sample(stats::C_CPU_FAST, imp_, round, cpu_deleted - cpu_provisioned);
+        results.sample(
+            stats::C_CPU_FAST,
+            imp_,
+            round,
+            cpu_deleted - cpu_provisioned,
+        );
         results.sample(stats::BC_CPU, imp_, round, cpu_deleted - cpu_before);
     } else {
         results.sample(stats::C_CPU, imp_, round, cpu_deleted - cpu_provisioned);

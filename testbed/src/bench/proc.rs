@@ -83,6 +83,27 @@ pub fn read_proc(pid: u32, ticks_per_sec: f64) -> Option<ProcStat> {
     })
 }
 
+/// The process whose command line holds every one of `needles` (e.g. a control plane's
+/// kube-apiserver by its `--secure-port=`), if exactly one does.
+pub fn find_pid(needles: &[&str]) -> Option<u32> {
+    let found: Vec<u32> = std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                needles
+                    .iter()
+                    .all(|needle| args.iter().any(|arg| arg.ends_with(needle.as_bytes())))
+            })
+        })
+        .collect();
+    match found[..] {
+        [pid] => Some(pid),
+        _ => None,
+    }
+}
+
 /// The share of a core a process used over the last `span`, from its cumulative CPU time read
 /// now and then.
 pub struct CpuWindow {
@@ -351,6 +372,13 @@ mod tests {
         // The reading at 0 leaves the window; 2 → 4.5 s with 0.0 s more is idle.
         assert_eq!(w.push(at(4500), 10.3), 1.0);
         assert!((w.push(at(5000), 10.3) - (0.2 / 3.0)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_process_is_found_by_its_command_line_only_when_unique() {
+        let exe = std::env::args().next().expect("argv[0]");
+        assert_eq!(find_pid(&[exe.as_str()]), Some(std::process::id()));
+        assert_eq!(find_pid(&[exe.as_str(), "--no-such-flag=1"]), None);
     }
 
     #[test]

@@ -758,6 +758,12 @@ pub(super) async fn fill_bound_pairs(
     Ok(took)
 }
 
+/// The control plane's kube-apiserver, found by its port.
+fn apiserver_pid(cp: &ControlPlane) -> Option<u32> {
+    let port = cp.apiserver_url().rsplit(':').next()?;
+    proc::find_pid(&["kube-apiserver", &format!("--secure-port={port}")])
+}
+
 /// (d) at the cluster's current size: one new claim, pre-annotated so that no binder is
 /// needed, waits when the sidecar starts; then start-up with the pairs present, then idle.
 pub async fn idle(
@@ -778,6 +784,9 @@ pub async fn idle(
     b.say(format!(
         "{tag}: starting the sidecar with {size} claims and PVs present and one new claim"
     ));
+    let apiserver = apiserver_pid(&scale.cp);
+    let apiserver_cpu = || apiserver.and_then(|pid| proc::read_proc(pid, b.ticks));
+    let apiserver_before = apiserver_cpu();
     let t0 = Instant::now();
     let mut sidecar = spawn_sidecar(b, imp, &driver, &scale.cp, &Extra::default(), &name)?;
     let mut window = CpuWindow::new(IDLE_WINDOW);
@@ -805,6 +814,9 @@ pub async fn idle(
     };
     let settle = t0.elapsed();
     let startup_cpu = sidecar.now(b.ticks).cpu_secs;
+    let apiserver_startup = apiserver_before
+        .zip(apiserver_cpu())
+        .map(|(before, after)| after.cpu_secs - before.cpu_secs);
     if !settled {
         b.say(format!(
             "{tag}: still busy after {}s; measuring anyway",
@@ -838,6 +850,10 @@ pub async fn idle(
     }
     if settled {
         results.sample(metric(stats::D_SETTLE), imp_, round, settle.as_secs_f64());
+    }
+    match apiserver_startup {
+        Some(cpu) => results.sample(metric(stats::D_APISERVER_CPU), imp_, round, cpu),
+        None => b.say(format!("{tag}: the API server's process was not found")),
     }
     if b.sizes.scale.last() == Some(&pairs) {
         results.curves.push(Curve {

@@ -27,6 +27,19 @@ for row in read("curves.csv"):
     )
 
 
+def finish(fig, ax, file, caption, xlabel, ylabel):
+    """Labels, grid and legend; writes the PNG and names it on stdout for the report."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(caption)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(f"{out_dir}/{file}")
+    plt.close(fig)
+    print(f"{file}\t{caption}")
+
+
 def line_plot(curve, file, caption, xlabel, ylabel, step=False):
     series = curves.get(curve)
     if not series:
@@ -42,15 +55,7 @@ def line_plot(curve, file, caption, xlabel, ylabel, step=False):
         kwargs = {"where": "post"} if step else {}
         draw(xs, ys, color=COLORS.get(impl, "gray"), alpha=0.8, linewidth=1.4,
              label=label, **kwargs)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(caption)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(f"{out_dir}/{file}")
-    plt.close(fig)
-    print(f"{file}\t{caption}")
+    finish(fig, ax, file, caption, xlabel, ylabel)
 
 
 line_plot("a_bound", "a-time-to-bound.png",
@@ -102,16 +107,8 @@ def scale_plot(file, caption):
         sizes = sorted(by_size)
         medians = [statistics.median(by_size[p]) for p in sizes]
         ax.plot(sizes, medians, color=color, linewidth=1.6, marker="o", label=f"{impl} (median)")
-    ax.set_xlabel("claim + PV pairs present")
-    ax.set_ylabel("steady RSS (MiB)")
-    ax.set_title(caption)
     ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(f"{out_dir}/{file}")
-    plt.close(fig)
-    print(f"{file}\t{caption}")
+    finish(fig, ax, file, caption, "claim + PV pairs present", "steady RSS (MiB)")
 
 
 scale_plot("d-rss-growth.png",

@@ -20,7 +20,7 @@ fn main() -> ExitCode {
         }
     };
     // One thread runs every task: the sidecar waits on the API server and the driver far more
-    // than it computes, and with a worker per core most of its CPU went to waking and parking
+    // than it computes, and with a worker per core a third of its CPU went to waking and parking
     // threads for each response (docs/benchmarks.md, "CPU per provision").
     match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -109,7 +109,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "capacity-poll-interval",
         &[
-            "src/controller/capacity.rs::capacity_poll_interval_spaces_the_queries",
+            "src/controller/capacity_publisher/tests.rs::capacity_poll_interval_spaces_the_queries",
             "tests/capacity.rs::without_topology_one_object_per_class_stays_across_polls",
         ],
     ),
@@ -120,7 +120,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "capacity-threads",
         &[
-            "src/controller/capacity.rs::capacity_threads_is_how_many_get_capacity_calls_run_at_once",
+            "src/controller/capacity_publisher/tests.rs::capacity_threads_is_how_many_get_capacity_calls_run_at_once",
         ],
     ),
     (
@@ -204,14 +204,14 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "cloning-protection-threads",
         &[
-            "src/controller/clone_protection.rs::the_finalizer_comes_off_once_nothing_reads_the_source",
+            "src/controller/clone_protection/tests.rs::the_finalizer_comes_off_once_nothing_reads_the_source",
         ],
     ),
     (
         "snapshot-orphan-sweep-interval",
         &[
-            "src/controller/snapshot_sweeper.rs::sweeps_come_one_interval_apart",
-            "src/controller/snapshot_sweeper.rs::a_snapshot_a_pending_claim_restores_is_kept_and_an_orphan_released",
+            "src/controller/snapshot_sweeper/tests.rs::sweeps_come_one_interval_apart",
+            "src/controller/snapshot_sweeper/tests.rs::a_snapshot_a_pending_claim_restores_is_kept_and_an_orphan_released",
             "tests/data_sources.rs::a_restore_whose_claim_is_deleted_mid_flight_leaks_nothing_and_frees_the_snapshot",
         ],
     ),

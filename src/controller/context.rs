@@ -13,13 +13,13 @@ use kube::runtime::reflector::Store;
 
 use super::backoff::{Backoff, InfeasibleSet};
 use super::cache::{CachedAttachment, CachedClaim, CachedVolume, listed};
-use super::capacity::{CapacityRefresh, CapacitySettings};
+use super::capacity_publisher::{CapacityRefresh, CapacitySettings};
 use super::events::EventRecorder;
 use super::grants::GrantCache;
 use super::limits::CallLimits;
 use super::lock;
 use super::ownership::Races;
-use super::topology::TopologyView;
+use super::topology_cache::TopologyView;
 use crate::csi_client::CsiController;
 use crate::fence::LeaseFence;
 use crate::journal::{Journal, JournalScope};

@@ -38,7 +38,7 @@ use super::context::NodeDeployment;
 use super::context::{Context, FencedDriver, Settings, Stores, TopologyFlags};
 use super::events::EventRecorder;
 use super::grants::GrantCache;
-use super::topology::{TopologyCache, TopologyView};
+use super::topology_cache::{TopologyCache, TopologyView};
 use crate::csi;
 use crate::csi_client::{CallError, CsiController};
 use crate::fence::LeaseFence;

@@ -11,7 +11,7 @@
 mod actions;
 pub mod backoff;
 pub mod cache;
-mod capacity;
+mod capacity_publisher;
 mod claims;
 mod clone_protection;
 mod context;
@@ -28,7 +28,7 @@ mod ownership;
 mod queue;
 mod snapshot_sweeper;
 mod sources;
-mod topology;
+mod topology_cache;
 mod volumes;
 
 use std::future::Future;
@@ -48,14 +48,14 @@ use crate::journal::{Journal, JournalError};
 use crate::kube_client::ApiClients;
 use crate::metrics::{CLAIMS_QUEUE, Metrics, VOLUMES_QUEUE};
 use crate::provision::{SingleNode, claim_class_name};
-pub use capacity::{CapacitySettings, SegmentSource};
+pub use capacity_publisher::{CapacitySettings, SegmentSource};
 use claims::ClaimReconciler;
 use clone_protection::CloneProtection;
 use context::{Context, FencedDriver, Stores};
 pub use context::{NodeDeployment, Settings, TopologyFlags};
 use events::EventRecorder;
 use measured::Measured;
-use topology::TopologyView;
+use topology_cache::TopologyView;
 use volumes::VolumeReconciler;
 
 /// Periodic re-examination of every claim and volume, as upstream's 15-minute resync.
@@ -140,7 +140,7 @@ pub async fn run(
             (Some(view), future::ready(()).boxed())
         }
         (None, true) => {
-            let (cache, nodes, csinodes) = topology::watch_topology(
+            let (cache, nodes, csinodes) = topology_cache::watch_topology(
                 &client,
                 initial_list,
                 &settings.config.driver_name,
@@ -160,19 +160,24 @@ pub async fn run(
     };
     // The capacity client exists exactly with --enable-capacity, as the settings do.
     let capacity = match (&settings.capacity, capacity_changes, capacity_client) {
-        (Some(capacity_settings), Some(changes), Some(capacity_client)) => Some(capacity::start(
-            capacity_settings,
-            changes,
-            capacity::CapacityInputs {
-                client: capacity_client,
-                driver: Arc::clone(&driver),
-                classes: classes.clone(),
-                segments: capacity::segments(&capacity_settings.segments, topology.as_ref()),
-                metrics: Arc::clone(&metrics),
-                retry_interval_start: settings.retry_interval_start,
-                retry_interval_max: settings.retry_interval_max,
-            },
-        )),
+        (Some(capacity_settings), Some(changes), Some(capacity_client)) => {
+            Some(capacity_publisher::start(
+                capacity_settings,
+                changes,
+                capacity_publisher::CapacityInputs {
+                    client: capacity_client,
+                    driver: Arc::clone(&driver),
+                    classes: classes.clone(),
+                    segments: capacity_publisher::segments(
+                        &capacity_settings.segments,
+                        topology.as_ref(),
+                    ),
+                    metrics: Arc::clone(&metrics),
+                    retry_interval_start: settings.retry_interval_start,
+                    retry_interval_max: settings.retry_interval_max,
+                },
+            ))
+        }
         _ => None,
     };
     // Upstream's two queues of claims share the name: their counts add up.

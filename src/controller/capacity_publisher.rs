@@ -28,8 +28,8 @@ use tracing::{debug, info, warn};
 
 use super::backoff::Backoff;
 use super::cache::listed;
-use super::lock;
 use super::queue::WorkQueue;
+use super::runner::lock;
 use super::topology_cache::{TopologyCache, TopologyView};
 use crate::csi_client::{CallError, CsiController};
 use crate::metrics::{CAPACITY_QUEUE, Metrics};

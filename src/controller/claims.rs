@@ -6,15 +6,18 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::ops::ControlFlow;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::measured::Next;
-use futures::future::{self, Either};
+use futures::future::{self, BoxFuture, Either, Shared};
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use thiserror::Error;
 use tracing::{debug, error, info, warn};
@@ -23,25 +26,32 @@ use super::actions::{
     ClaimFinalizerError, SecretReadError, claim_key, create_volume, delete_volume, read_secret,
     set_claim_finalizer,
 };
+use super::backoff::{Backoff, InfeasibleSet};
 use super::cache::CachedClaim;
 use super::context::{Context, NodeDeployment};
 use super::events::EventType;
-use super::ownership;
+use super::measured::{Measured, Next};
+use super::ownership::{self, Races};
+use super::runner::{
+    RESYNC_PERIOD, lock, log_result, never_fails, resync_with_work, until_drained_if_never_ready,
+    with_work,
+};
 use super::sources::{self, SourceError};
 use crate::csi;
 use crate::csi_client::{CallError, ErrorClass, migrated_calls};
 use crate::journal::{JournalError, Operation, Phase};
 use crate::kube_client::go_error_text;
+use crate::metrics::CLAIMS_QUEUE;
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{
     AttributesClassError, ClaimWork, CreateResponseError, DecisionError, DriverClass, ExistingPv,
-    Holding, MigrationError, NodeVerdict, ProvisionError, ProvisionPlan, RescheduleCause,
-    TopologyError, TopologyInputs, accessibility_requirements, build_create_volume_request,
-    build_persistent_volume, claim_class_name, claim_work, class_for_driver, drain_claim_work,
-    existing_pv, has_operation_in_flight, ignored_attributes_class, migrated_plugin,
-    mutable_parameters, names_may_collide, needs_finalizer, node_claim_work, node_verdict,
-    plan_provision, pv_holds_volume, pv_is_for_claim, recorded_class_moved, reschedule_patch,
-    selected_node, topology_missing,
+    Holding, InTreePlugin, MigrationError, NodeVerdict, ProvisionError, ProvisionPlan,
+    RescheduleCause, TopologyError, TopologyInputs, accessibility_requirements,
+    build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
+    class_for_driver, drain_claim_work, existing_pv, has_operation_in_flight,
+    ignored_attributes_class, migrated_plugin, mutable_parameters, names_may_collide,
+    needs_finalizer, node_claim_work, node_verdict, plan_provision, pv_holds_volume,
+    pv_is_for_claim, recorded_class_moved, reschedule_patch, selected_node, topology_missing,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -155,10 +165,133 @@ const ATTRIBUTES_CLASS_IGNORED: &str = "VolumeAttributesClassIgnored";
 /// claim no longer names (`provision::recorded_class_moved`).
 const ATTRIBUTES_CLASS_RECORDED: &str = "VolumeAttributesClassRecorded";
 
-/// The claim reconciler of one sidecar process.
-pub struct ClaimReconciler;
+/// The resync of claims under `--drain`: a claim whose operation the reaper finished (its PV
+/// already existed) may see no change of its own, and its finalizer must still come off.
+const DRAIN_RESYNC_PERIOD: Duration = Duration::from_secs(5);
+
+/// The claim controller: kube-runtime's controller over the claims with work, from the claim
+/// watch, the claims of a StorageClass that changed, and a periodic resync.
+pub(super) struct ClaimController<C, S> {
+    reconciler: Arc<ClaimReconciler>,
+    changed: C,
+    classes: S,
+    /// Whether the claim store has listed (see `cache::listed`).
+    listed: Shared<BoxFuture<'static, bool>>,
+    queue: Measured,
+}
+
+impl<C, S> ClaimController<C, S>
+where
+    C: Stream<Item = Result<CachedClaim, watcher::Error>> + Send + 'static,
+    S: Stream<Item = Result<StorageClass, watcher::Error>> + Send + 'static,
+{
+    /// `changed`: the claim watch's events; `classes`: the StorageClass watch's.
+    pub(super) fn new(
+        ctx: &Arc<Context>,
+        changed: C,
+        classes: S,
+        listed: Shared<BoxFuture<'static, bool>>,
+    ) -> Self {
+        ClaimController {
+            reconciler: Arc::new(ClaimReconciler::new(Arc::clone(ctx))),
+            changed,
+            classes,
+            listed,
+            queue: Measured::new(ctx.metrics.queue(CLAIMS_QUEUE)),
+        }
+    }
+
+    /// Runs until `drained`, letting the reconciles in flight finish.
+    pub(super) async fn run<D>(self, drained: impl Fn() -> D)
+    where
+        D: Future<Output = ()> + Send + Sync + 'static,
+    {
+        let ClaimController {
+            reconciler,
+            changed,
+            classes,
+            listed,
+            queue,
+        } = self;
+        let store = reconciler.ctx.claims.clone();
+        let resync = if reconciler.ctx.settings.draining {
+            DRAIN_RESYNC_PERIOD
+        } else {
+            RESYNC_PERIOD
+        };
+        let has_work = |reconciler: &Arc<ClaimReconciler>| {
+            let reconciler = Arc::clone(reconciler);
+            move |claim: &CachedClaim| reconciler.has_work(claim)
+        };
+        let results = Controller::for_stream(
+            queue.objects(with_work(changed, has_work(&reconciler))),
+            store.clone(),
+        )
+        .watches_stream(classes, claims_of_class(&reconciler, &queue))
+        .reconcile_on(queue.refs(resync_with_work(store, has_work(&reconciler), resync)))
+        .graceful_shutdown_on(drained())
+        .run(
+            queue.reconcile(ClaimReconciler::reconcile),
+            never_fails,
+            reconciler,
+        );
+        let controller = queue.results(results).for_each(log_result);
+        until_drained_if_never_ready(controller, listed, drained()).await;
+    }
+}
+
+/// The mapper of StorageClass events: the cached claims of the class that have work.
+fn claims_of_class(
+    reconciler: &Arc<ClaimReconciler>,
+    queue: &Measured,
+) -> impl Fn(StorageClass) -> Vec<ObjectRef<CachedClaim>> + Send + Sync + 'static {
+    let (reconciler, queue) = (Arc::clone(reconciler), queue.clone());
+    move |class: StorageClass| {
+        let name = class.metadata.name.unwrap_or_default();
+        let due = reconciler
+            .ctx
+            .claims
+            .state()
+            .into_iter()
+            // Nearly every claim has no work: deciding that first parses each cached claim
+            // once, and only the few with work a second time for their class.
+            .filter(|claim| {
+                reconciler.has_work(claim)
+                    && claim
+                        .to_claim()
+                        .is_ok_and(|pvc| claim_class_name(&pvc) == name)
+            })
+            .map(|claim| ObjectRef::from_obj(claim.as_ref()));
+        queue.mapped(due).collect::<Vec<_>>()
+    }
+}
+
+/// The claim reconciler of one sidecar process, and the per-claim state its reconciles keep
+/// (none of it is read by another controller).
+pub struct ClaimReconciler {
+    ctx: Arc<Context>,
+    /// Each failing claim's retry delay, by claim UID.
+    backoff: Mutex<Backoff<String>>,
+    /// Claims whose CreateVolume was infeasible in their class, retried slowly.
+    infeasible: Mutex<InfeasibleSet>,
+    /// Node mode: this node's wait before each try to own an Immediate claim (`ownership`).
+    races: Mutex<Races>,
+}
 
 impl ClaimReconciler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        let settings = &ctx.settings;
+        ClaimReconciler {
+            backoff: Mutex::new(Backoff::new(
+                settings.retry_interval_start,
+                settings.retry_interval_max,
+            )),
+            infeasible: Mutex::new(InfeasibleSet::new(settings.retry_interval_max)),
+            races: Mutex::new(Races::default()),
+            ctx,
+        }
+    }
+
     /// Entry point for the controller: never returns an error, because failures are reported
     /// (event + metric) and retried with the per-claim backoff here, in one place.
     ///
@@ -167,10 +300,10 @@ impl ClaimReconciler {
     /// allocates the provisioning future (16 KiB in a debug build).
     pub fn reconcile(
         cached: Arc<CachedClaim>,
-        ctx: Arc<Context>,
+        this: Arc<Self>,
     ) -> impl Future<Output = Result<Next, std::convert::Infallible>> + Send + 'static {
-        match triage(&cached, &ctx) {
-            Some((pvc, work)) => Either::Right(Box::pin(Self::act(pvc, ctx, work))),
+        match this.triage(&cached) {
+            Some((pvc, work)) => Either::Right(Box::pin(this.act(pvc, work))),
             None => Either::Left(future::ready(Ok(Next::Wait))),
         }
     }
@@ -178,22 +311,23 @@ impl ClaimReconciler {
     /// Whether a reconcile of this claim would have anything to do now. Nearly every cached
     /// claim has none; keeping them out of the controller's queue keeps that queue, whose
     /// memory is never given back, as small as the work.
-    pub fn has_work(cached: &CachedClaim, ctx: &Context) -> bool {
-        triage(cached, ctx).is_some()
+    pub fn has_work(&self, cached: &CachedClaim) -> bool {
+        self.triage(cached).is_some()
     }
 
     async fn act(
+        self: Arc<Self>,
         pvc: PersistentVolumeClaim,
-        ctx: Arc<Context>,
         work: Work,
     ) -> Result<Next, std::convert::Infallible> {
+        let ctx = &self.ctx;
         let uid = pvc.uid().unwrap_or_default();
         let started = Instant::now();
         let migrated = matches!(&work, Work::Provision(class)
-            if migrated_plugin(class, &ctx.config.driver_name).is_some());
-        match migrated_calls(migrated, provision_claim(&pvc, &ctx, work)).await {
+            if migrated_plugin(class, &ctx.settings.config.driver_name).is_some());
+        match migrated_calls(migrated, self.provision_claim(&pvc, work)).await {
             Ok(outcome) => {
-                ctx.claim_backoff().forget(&uid);
+                self.backoff().forget(&uid);
                 if let Outcome::Provisioned { volume } = &outcome {
                     ctx.metrics.provision_succeeded(
                         claim_class_name(&pvc),
@@ -207,12 +341,13 @@ impl ClaimReconciler {
                     Outcome::Provisioned { .. } | Outcome::Nothing => Next::Wait,
                 })
             }
-            Err(error) => Ok(Self::report_failure(&pvc, &ctx, error)),
+            Err(error) => Ok(self.report_failure(&pvc, error)),
         }
     }
 
     /// The single mapping of claim failures to events, metrics and retry timing.
-    fn report_failure(pvc: &PersistentVolumeClaim, ctx: &Context, error: ClaimError) -> Next {
+    fn report_failure(&self, pvc: &PersistentVolumeClaim, error: ClaimError) -> Next {
+        let ctx = &self.ctx;
         let class = claim_class_name(pvc);
         ctx.metrics.provision_failed(class, data_source_kind(pvc));
         let message = error.to_string();
@@ -238,11 +373,11 @@ impl ClaimReconciler {
         }
         if let ClaimError::Rescheduled { node, .. } = &error {
             // The claim waits for the scheduler now: its next selected node is a change.
-            ctx.claim_backoff().forget(&pvc.uid().unwrap_or_default());
+            self.backoff().forget(&pvc.uid().unwrap_or_default());
             info!(claim = %claim_key(pvc), node, error = %message, "selected node given back to the scheduler");
             return Next::Wait;
         }
-        let delay = ctx.claim_backoff().failure(pvc.uid().unwrap_or_default());
+        let delay = self.backoff().failure(pvc.uid().unwrap_or_default());
         warn!(claim = %claim_key(pvc), error = %message, retry_in = ?delay, "provisioning failed");
         Next::RetryIn(delay)
     }
@@ -266,119 +401,232 @@ enum Work {
     BecomeOwner(Arc<StorageClass>),
 }
 
-/// The claim and its work, or `None` (and its failure count forgotten) if it has none now.
-fn triage(cached: &CachedClaim, ctx: &Context) -> Option<(PersistentVolumeClaim, Work)> {
-    let pvc = cached
-        .to_claim()
-        .inspect_err(|error| error!(%error, "not reconciling"))
-        .ok()?;
-    let class = ctx.classes.get(&ObjectRef::new(claim_class_name(&pvc)));
-    let registry = ctx.journal.registry();
-    let in_flight = |volume: &str| registry.contains(volume);
-    let mut work = if ctx.draining {
-        drain_claim_work(&pvc, class, &ctx.config, in_flight)
-    } else {
-        claim_work(
-            &pvc,
-            class,
-            &ctx.config,
-            ctx.consistency_by_default,
-            in_flight,
-        )
-    };
-    if let Some(node) = ctx.node_scope() {
-        let in_flight = has_operation_in_flight(&pvc, &ctx.config, in_flight);
-        work = node_claim_work(work, &pvc, &node, in_flight);
-    }
-    let uid = pvc.uid().unwrap_or_default();
-    let work = match work {
-        ClaimWork::ReleaseFinalizer => Work::ReleaseFinalizer,
-        ClaimWork::Provision(class) => Work::Provision(class),
-        ClaimWork::Refuse(error) => Work::Refuse(error),
-        ClaimWork::BecomeOwner(class) => return Some((pvc, Work::BecomeOwner(class))),
-        ClaimWork::Nothing(reason) => {
-            if let Some(reason) = reason {
-                debug!(claim = %claim_key(&pvc), %reason, "not provisioning");
-            }
-            debug!(claim = %claim_key(&pvc), "nothing to do");
-            ctx.claim_backoff().forget(&uid);
-            ctx.races().forget(&uid);
-            return None;
-        }
-    };
-    // Node mode: a race this node was in is over once the claim has other work.
-    ctx.races().forget(&uid);
-    Some((pvc, work))
+/// What the plan stage leaves for the next: the plan, and the class as the driver reads it.
+struct Planned {
+    plan: ProvisionPlan,
+    /// The UID of the class the claim names, which an infeasible CreateVolume is held against.
+    class_uid: String,
+    class: Arc<StorageClass>,
+    /// A migrated claim's in-tree plugin, whose source its PV is given.
+    migration: Option<InTreePlugin>,
 }
 
-async fn provision_claim(
-    pvc: &PersistentVolumeClaim,
+/// What the create stage leaves for the last: CreateVolume's request (as sent) and answer.
+struct Created {
+    request: csi::CreateVolumeRequest,
+    response: csi::CreateVolumeResponse,
+}
+
+impl ClaimReconciler {
+    /// The claim and its work, or `None` (and its failure count forgotten) if it has none now.
+    fn triage(&self, cached: &CachedClaim) -> Option<(PersistentVolumeClaim, Work)> {
+        let ctx = &self.ctx;
+        let settings = &ctx.settings;
+        let pvc = cached
+            .to_claim()
+            .inspect_err(|error| error!(%error, "not reconciling"))
+            .ok()?;
+        let class = ctx.classes.get(&ObjectRef::new(claim_class_name(&pvc)));
+        let registry = ctx.journal.registry();
+        let in_flight = |volume: &str| registry.contains(volume);
+        let mut work = if settings.draining {
+            drain_claim_work(&pvc, class, &settings.config, in_flight)
+        } else {
+            claim_work(
+                &pvc,
+                class,
+                &settings.config,
+                settings.consistency_by_default,
+                in_flight,
+            )
+        };
+        if let Some(node) = ctx.node_scope() {
+            let in_flight = has_operation_in_flight(&pvc, &settings.config, in_flight);
+            work = node_claim_work(work, &pvc, &node, in_flight);
+        }
+        let uid = pvc.uid().unwrap_or_default();
+        let work = match work {
+            ClaimWork::ReleaseFinalizer => Work::ReleaseFinalizer,
+            ClaimWork::Provision(class) => Work::Provision(class),
+            ClaimWork::Refuse(error) => Work::Refuse(error),
+            ClaimWork::BecomeOwner(class) => return Some((pvc, Work::BecomeOwner(class))),
+            ClaimWork::Nothing(reason) => {
+                if let Some(reason) = reason {
+                    debug!(claim = %claim_key(&pvc), %reason, "not provisioning");
+                }
+                debug!(claim = %claim_key(&pvc), "nothing to do");
+                self.backoff().forget(&uid);
+                self.races().forget(&uid);
+                return None;
+            }
+        };
+        // Node mode: a race this node was in is over once the claim has other work.
+        self.races().forget(&uid);
+        Some((pvc, work))
+    }
+
+    /// The claim's work, and for a provisioning the stages `provision` names: plan, prepare
+    /// the request (recorded in the journal), create the volume, persist its PV.
+    async fn provision_claim(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        work: Work,
+    ) -> Result<Outcome, ClaimError> {
+        let ctx = &*self.ctx;
+        let class = match work {
+            Work::ReleaseFinalizer => {
+                set_claim_finalizer(&ctx.client, pvc, false).await?;
+                return Ok(Outcome::Nothing);
+            }
+            Work::Refuse(error) => return Err(error.into()),
+            Work::BecomeOwner(class) => {
+                let class = class_for_driver(class, &ctx.settings.config.driver_name)
+                    .map_err(ClaimError::ClassTranslation)?
+                    .class;
+                return Ok(ownership::compete(pvc, &class, ctx, &self.races)
+                    .await
+                    .map_or(Outcome::Nothing, Outcome::RetryIn));
+            }
+            Work::Provision(class) => class,
+        };
+        let mut planned = match self.plan(pvc, class).await? {
+            ControlFlow::Continue(planned) => planned,
+            ControlFlow::Break(outcome) => return Ok(outcome),
+        };
+        let request = prepare(ctx, pvc, &mut planned).await?;
+        let created = self.create(pvc, &planned, request).await?;
+        persist(ctx, pvc, planned, created).await
+    }
+
+    /// Plans the claim's volume, unless the claim waits out an infeasible CreateVolume or its
+    /// PV already exists; announces the provisioning, then fails if the plan did.
+    async fn plan(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        class: Arc<StorageClass>,
+    ) -> Result<ControlFlow<Outcome, Planned>, ClaimError> {
+        let ctx = &*self.ctx;
+        let settings = &ctx.settings;
+        let uid = pvc.uid().unwrap_or_default();
+        let class_uid = class.uid().unwrap_or_default();
+        if let Some(left) = self.infeasible().remaining(&uid, &class_uid, now()) {
+            return Ok(ControlFlow::Break(Outcome::RetryIn(left)));
+        }
+        let grants = sources::reference_grants(ctx, pvc).await?;
+        // A claim of an in-tree class migrated to our driver is provisioned with the class as
+        // the driver reads it (parameters, allowedTopologies), and its PV translated back.
+        let class = class_for_driver(class, &settings.config.driver_name);
+        let plan = match &class {
+            Ok(driver_class) => plan_provision(
+                pvc,
+                &driver_class.class,
+                &settings.config,
+                &settings.caps,
+                &grants,
+            )
+            .map_err(Into::into),
+            Err(error) => Err(ClaimError::ClassTranslation(error.clone())),
+        };
+        if let Ok(plan) = &plan
+            && ctx
+                .volumes
+                .get(&ObjectRef::new(&plan.volume_name))
+                .is_some()
+            && pv_of_the_name_is_ours(ctx, pvc, &plan.volume_name).await?
+        {
+            return Ok(ControlFlow::Break(Outcome::Nothing));
+        }
+        // Every attempt says so before anything about the claim is checked, as upstream's: a
+        // claim refused for its parameters, its source or a populator's kind shows it too.
+        ctx.events.publish(
+            &pvc.object_ref(&()),
+            EventType::Normal,
+            PROVISIONING,
+            &format!(
+                "External provisioner is provisioning volume for claim \"{}\"",
+                claim_key(pvc)
+            ),
+        );
+        let mut plan = plan?;
+        let DriverClass {
+            class,
+            plugin: migration,
+            provisioned_by,
+        } = class.map_err(ClaimError::ClassTranslation)?;
+        if let Some(provisioned_by) = provisioned_by {
+            plan.provisioned_by = provisioned_by;
+        }
+        Ok(ControlFlow::Continue(Planned {
+            plan,
+            class_uid,
+            class,
+            migration,
+        }))
+    }
+
+    /// CreateVolume with the recorded request. A failure settles the journal record (kept
+    /// while the volume may exist); an infeasible one slows the claim's retries, and one the
+    /// driver cannot satisfy on the selected node may give the node back to the scheduler.
+    async fn create(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        planned: &Planned,
+        request: csi::CreateVolumeRequest,
+    ) -> Result<Created, ClaimError> {
+        let ctx = &*self.ctx;
+        let plan = &planned.plan;
+        let error = match create_volume(ctx, &plan.class_name, request.clone()).await {
+            Ok(response) => return Ok(Created { request, response }),
+            Err(error) => error,
+        };
+        ctx.refresh_capacity(|| RefreshCause::ProvisionFailed {
+            class: plan.class_name.clone(),
+        });
+        let kept = ctx.journal.settle_failure(
+            &plan.volume_name,
+            Phase::Provisioning,
+            error.may_have_created(),
+            &error.to_string(),
+        );
+        if error.is_infeasible() {
+            let uid = pvc.uid().unwrap_or_default();
+            self.infeasible().insert(&uid, &planned.class_uid, now());
+            return Err(ClaimError::Infeasible(error));
+        }
+        if error.class() == ErrorClass::Reschedule {
+            let cause = RescheduleCause::DriverExhausted {
+                operation_kept: kept,
+            };
+            return Err(reschedule(ctx, pvc, cause, ClaimError::Driver(error)).await);
+        }
+        Err(ClaimError::Driver(error))
+    }
+
+    fn backoff(&self) -> MutexGuard<'_, Backoff<String>> {
+        lock(&self.backoff)
+    }
+
+    fn infeasible(&self) -> MutexGuard<'_, InfeasibleSet> {
+        lock(&self.infeasible)
+    }
+
+    fn races(&self) -> MutexGuard<'_, Races> {
+        lock(&self.races)
+    }
+}
+
+/// The CreateVolume request of a planned claim: its source protected, its topology, the
+/// claim's consistency finalizer, its secrets and mutable parameters, recorded in the journal
+/// before it may be sent. A claim already recorded gets the recorded request.
+async fn prepare(
     ctx: &Context,
-    work: Work,
-) -> Result<Outcome, ClaimError> {
-    let class = match work {
-        Work::ReleaseFinalizer => {
-            set_claim_finalizer(&ctx.client, pvc, false).await?;
-            return Ok(Outcome::Nothing);
-        }
-        Work::Refuse(error) => return Err(error.into()),
-        Work::BecomeOwner(class) => {
-            let class = class_for_driver(class, &ctx.config.driver_name)
-                .map_err(ClaimError::ClassTranslation)?
-                .class;
-            return Ok(ownership::compete(pvc, &class, ctx)
-                .await
-                .map_or(Outcome::Nothing, Outcome::RetryIn));
-        }
-        Work::Provision(class) => class,
-    };
-    let uid = pvc.uid().unwrap_or_default();
-    let class_uid = class.uid().unwrap_or_default();
-    if let Some(left) = ctx.infeasible().remaining(&uid, &class_uid, now()) {
-        return Ok(Outcome::RetryIn(left));
-    }
-    let grants = sources::reference_grants(ctx, pvc).await?;
-    // A claim of an in-tree class migrated to our driver is provisioned with the class as the
-    // driver reads it (parameters, allowedTopologies), and its PV translated back.
-    let class = class_for_driver(class, &ctx.config.driver_name);
-    let plan = match &class {
-        Ok(driver_class) => {
-            plan_provision(pvc, &driver_class.class, &ctx.config, &ctx.caps, &grants)
-                .map_err(Into::into)
-        }
-        Err(error) => Err(ClaimError::ClassTranslation(error.clone())),
-    };
-    if let Ok(plan) = &plan
-        && ctx
-            .volumes
-            .get(&ObjectRef::new(&plan.volume_name))
-            .is_some()
-        && pv_of_the_name_is_ours(ctx, pvc, &plan.volume_name).await?
-    {
-        return Ok(Outcome::Nothing);
-    }
-    // Every attempt says so before anything about the claim is checked, as upstream's: a claim
-    // refused for its parameters, its source or a populator's kind shows it too.
-    ctx.events.publish(
-        &pvc.object_ref(&()),
-        EventType::Normal,
-        PROVISIONING,
-        &format!(
-            "External provisioner is provisioning volume for claim \"{}\"",
-            claim_key(pvc)
-        ),
-    );
-    let mut plan = plan?;
-    let DriverClass {
-        class,
-        plugin: migration,
-        provisioned_by,
-    } = class.map_err(ClaimError::ClassTranslation)?;
-    if let Some(provisioned_by) = provisioned_by {
-        plan.provisioned_by = provisioned_by;
-    }
-    let content_source = data_source(ctx, pvc, &class, &plan).await?;
-    let requirements = match topology_requirements(ctx, pvc, &class, &plan).await {
+    pvc: &PersistentVolumeClaim,
+    planned: &mut Planned,
+) -> Result<csi::CreateVolumeRequest, ClaimError> {
+    let settings = &ctx.settings;
+    let plan = &mut planned.plan;
+    let content_source = data_source(ctx, pvc, &planned.class, plan).await?;
+    let requirements = match topology_requirements(ctx, pvc, &planned.class, plan).await {
         Ok(requirements) => requirements,
         Err(ClaimError::Topology(error)) if error.reschedules() => {
             let cause = RescheduleCause::NodeWithoutCsiNode;
@@ -391,20 +639,18 @@ async fn provision_claim(
     // journaled before the call (a claim found gone later gets its volume deleted), and a PV
     // create that meets another PV of that name deletes the new volume unless a PV uses it.
     // See docs/design.md and docs/journal.md.
-    if needs_finalizer(pvc, ctx.consistency_by_default, ctx.draining) {
+    if needs_finalizer(pvc, settings.consistency_by_default, settings.draining) {
         set_claim_finalizer(&ctx.client, pvc, true).await?;
     }
 
     let secrets = read_secret(&ctx.client, plan.secrets.provisioner.as_ref()).await?;
-    let mutable = attributes_class_parameters(ctx, &plan).await?;
-    let planned = build_create_volume_request(
-        &plan,
-        secrets.clone(),
-        requirements,
-        content_source,
-        mutable,
-    );
-    let (_busy, recorded) = ctx.journal.record(operation(pvc, &plan, &planned)).await?;
+    let mutable = attributes_class_parameters(ctx, plan).await?;
+    let planned_request =
+        build_create_volume_request(plan, secrets.clone(), requirements, content_source, mutable);
+    let (_busy, recorded) = ctx
+        .journal
+        .record(operation(pvc, plan, &planned_request))
+        .await?;
     // A retry sends what was recorded first, with that record's secret: the driver may hold a
     // volume made from it, and a changed request would only be answered ALREADY_EXISTS.
     let secrets = if recorded.provisioner_secret == plan.secrets.provisioner {
@@ -432,33 +678,21 @@ async fn provision_claim(
         );
     }
     plan.attributes_class = recorded.attributes_class;
+    Ok(request)
+}
 
-    let response = match create_volume(ctx, &plan.class_name, request.clone()).await {
-        Ok(response) => response,
-        Err(error) => {
-            ctx.refresh_capacity(|| RefreshCause::ProvisionFailed {
-                class: plan.class_name.clone(),
-            });
-            let kept = ctx.journal.settle_failure(
-                &plan.volume_name,
-                Phase::Provisioning,
-                error.may_have_created(),
-                &error.to_string(),
-            );
-            if error.is_infeasible() {
-                ctx.infeasible().insert(&uid, &class_uid, now());
-                return Err(ClaimError::Infeasible(error));
-            }
-            if error.class() == ErrorClass::Reschedule {
-                let cause = RescheduleCause::DriverExhausted {
-                    operation_kept: kept,
-                };
-                return Err(reschedule(ctx, pvc, cause, ClaimError::Driver(error)).await);
-            }
-            return Err(ClaimError::Driver(error));
-        }
-    };
-
+/// Saves the created volume in its PV (in-tree for a migrated claim) and ends the operation.
+/// A volume that cannot back a PV is deleted again.
+async fn persist(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    planned: Planned,
+    created: Created,
+) -> Result<Outcome, ClaimError> {
+    let Planned {
+        plan, migration, ..
+    } = planned;
+    let Created { request, response } = created;
     if let Some(volume) = response.volume.as_ref()
         && topology_missing(&request, volume)
     {
@@ -506,7 +740,7 @@ async fn provision_claim(
         PROVISIONING_SUCCEEDED,
         &format!("Successfully provisioned volume {}", plan.volume_name),
     );
-    if let Some(class) = ignored_attributes_class(pvc, &ctx.config) {
+    if let Some(class) = ignored_attributes_class(pvc, &ctx.settings.config) {
         ctx.events.publish(
             &pvc.object_ref(&()),
             EventType::Warning,
@@ -592,8 +826,8 @@ async fn topology_requirements(
         claim_name: &name,
         selected_node: selected_node(pvc),
         allowed_topologies: class.allowed_topologies.as_deref().unwrap_or_default(),
-        strict: ctx.topology_flags.strict,
-        immediate: ctx.topology_flags.immediate,
+        strict: ctx.settings.topology.strict,
+        immediate: ctx.settings.topology.immediate,
     };
     Ok(accessibility_requirements(&inputs, cluster)?)
 }
@@ -608,8 +842,8 @@ async fn reschedule(
     cause: RescheduleCause,
     error: ClaimError,
 ) -> ClaimError {
-    let this_node = ctx.node.as_ref().map(|node| node.name.as_str());
-    let node = match node_verdict(pvc, ctx.caps.topology, this_node, cause) {
+    let this_node = ctx.settings.node.as_ref().map(|node| node.name.as_str());
+    let node = match node_verdict(pvc, ctx.settings.caps.topology, this_node, cause) {
         NodeVerdict::Unchanged => return error,
         NodeVerdict::Keep(node) => {
             let ClaimError::Driver(error) = error else {
@@ -648,7 +882,7 @@ async fn pv_of_the_name_is_ours(
     pvc: &PersistentVolumeClaim,
     name: &str,
 ) -> Result<bool, ClaimError> {
-    if !names_may_collide(ctx.config.volume_name_uuid_length) {
+    if !names_may_collide(ctx.settings.config.volume_name_uuid_length) {
         return Ok(true);
     }
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
@@ -662,7 +896,11 @@ async fn pv_of_the_name_is_ours(
     match existing {
         None => Ok(false),
         Some(pv)
-            if pv_is_for_claim(&pv, &ctx.config.driver_name, &pvc.uid().unwrap_or_default()) =>
+            if pv_is_for_claim(
+                &pv,
+                &ctx.settings.config.driver_name,
+                &pvc.uid().unwrap_or_default(),
+            ) =>
         {
             Ok(true)
         }
@@ -749,9 +987,9 @@ async fn delete_unused(
             name: name.clone(),
             source,
         })?;
-    let node = ctx.node.as_ref().map(NodeDeployment::scope);
+    let node = ctx.settings.node.as_ref().map(NodeDeployment::scope);
     let holding = existing.as_ref().map_or(Holding::DoesNotHold, |pv| {
-        pv_holds_volume(pv, &ctx.config.driver_name, handle, node.as_ref())
+        pv_holds_volume(pv, &ctx.settings.config.driver_name, handle, node.as_ref())
     });
     match holding {
         Holding::DoesNotHold => {
@@ -799,7 +1037,7 @@ async fn save_volume(
                     name: name.clone(),
                     source,
                 })?;
-            let node = ctx.node.as_ref().map(NodeDeployment::scope);
+            let node = ctx.settings.node.as_ref().map(NodeDeployment::scope);
             let verdict = existing_pv(&existing, &pv, node.as_ref());
             if verdict == ExistingPv::Ours {
                 return Ok(());

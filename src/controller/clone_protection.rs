@@ -9,13 +9,18 @@
 //! only once the claim watch has listed, so an empty cache never passes for "no clone".
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::measured::Next;
+use futures::channel::mpsc::UnboundedReceiver;
+use futures::future::{BoxFuture, Shared};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::api::Api;
+use kube::runtime::controller::{Config, Controller};
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 use thiserror::Error;
 use tracing::{debug, info, warn};
 
@@ -23,7 +28,10 @@ use super::backoff::Backoff;
 use super::cache::{CacheError, CachedClaim};
 use super::context::Context;
 use super::finalizers::remove_finalizer;
+use super::measured::{Measured, Next};
+use super::runner::{RESYNC_PERIOD, lock, log_result, never_fails, resync_with_work};
 use crate::journal::JournalError;
+use crate::metrics::CLAIMS_QUEUE;
 use crate::provision::{
     CLONE_PROTECTION_FINALIZER, CloneHold, CloneVerdict, InFlightSources, SourceVolume,
     clone_verdict,
@@ -42,6 +50,90 @@ pub enum CloneProtectionError {
     Journal(#[from] JournalError),
 }
 
+/// The cloning-protection controller: kube-runtime's controller over the claims being
+/// deleted that carry the finalizer, as the claim watch (driven by the claim controller)
+/// reports them, and a periodic resync.
+pub(super) struct CloneProtectionController {
+    ctx: Arc<Context>,
+    /// The claims [`CloneProtection::tap`] passed on.
+    protected: UnboundedReceiver<CachedClaim>,
+    /// Whether the claim store has listed (see `cache::listed`).
+    listed: Shared<BoxFuture<'static, bool>>,
+    queue: Measured,
+}
+
+impl CloneProtectionController {
+    /// The controller, and the claim watch `changed` with the claims it wants tapped off for
+    /// it; the claim controller drives that watch.
+    pub(super) fn new<C>(
+        ctx: &Arc<Context>,
+        changed: C,
+        listed: Shared<BoxFuture<'static, bool>>,
+    ) -> (
+        impl Stream<Item = Result<CachedClaim, watcher::Error>> + Send + 'static + use<C>,
+        Self,
+    )
+    where
+        C: Stream<Item = Result<CachedClaim, watcher::Error>> + Send + 'static,
+    {
+        let (protected_tx, protected) = futures::channel::mpsc::unbounded();
+        let cloning = ctx.settings.caps.clone;
+        let changed = changed.inspect_ok(move |claim| {
+            if cloning && CloneProtection::has_work(claim) {
+                let _ = protected_tx.unbounded_send(claim.clone());
+            }
+        });
+        let controller = CloneProtectionController {
+            ctx: Arc::clone(ctx),
+            protected,
+            listed,
+            // Upstream's two queues of claims share the name: their counts add up.
+            queue: Measured::new(ctx.metrics.queue(CLAIMS_QUEUE)),
+        };
+        (changed, controller)
+    }
+
+    /// Runs until `drained` (only for a driver with CLONE_VOLUME), letting the reconciles in
+    /// flight finish.
+    pub(super) async fn run<D>(self, drained: impl Fn() -> D)
+    where
+        D: Future<Output = ()> + Send + Sync + 'static,
+    {
+        let CloneProtectionController {
+            ctx,
+            protected,
+            listed,
+            queue,
+        } = self;
+        // Started once the claims have listed: kube-runtime's controller would wait on the
+        // store itself, a second waiter beside the claim controller's (see `cache::listed`),
+        // and no decision may take a partial cache for "no clone".
+        if !ctx.settings.caps.clone {
+            return;
+        }
+        tokio::select! {
+            listed = listed => if !listed { return },
+            () = drained() => return,
+        }
+        let claims = ctx.claims.clone();
+        let resync = resync_with_work(claims.clone(), CloneProtection::has_work, RESYNC_PERIOD);
+        let threads = ctx.settings.cloning_protection_threads.max(1);
+        let results = Controller::for_stream(
+            queue.objects(protected.map(Ok::<_, watcher::Error>)),
+            claims,
+        )
+        .with_config(Config::default().concurrency(u16::try_from(threads).unwrap_or(u16::MAX)))
+        .reconcile_on(queue.refs(resync))
+        .graceful_shutdown_on(drained())
+        .run(
+            queue.reconcile(CloneProtection::reconcile),
+            never_fails,
+            Arc::new(CloneProtection::new(ctx)),
+        );
+        queue.results(results).for_each(log_result).await;
+    }
+}
+
 /// The controller's state: the shared context and its own per-claim backoff.
 pub struct CloneProtection {
     ctx: Arc<Context>,
@@ -50,7 +142,8 @@ pub struct CloneProtection {
 
 impl CloneProtection {
     pub fn new(ctx: Arc<Context>) -> Self {
-        let backoff = Backoff::new(ctx.retry_interval_start, ctx.retry_interval_max);
+        let settings = &ctx.settings;
+        let backoff = Backoff::new(settings.retry_interval_start, settings.retry_interval_max);
         CloneProtection {
             ctx,
             backoff: Mutex::new(backoff),
@@ -59,7 +152,7 @@ impl CloneProtection {
 
     /// Whether the claim is being deleted and carries the finalizer: only such claims are
     /// queued (upstream queues every claim being deleted and then finds most without it).
-    pub fn has_work(cached: &CachedClaim, _: &Context) -> bool {
+    pub fn has_work(cached: &CachedClaim) -> bool {
         cached.metadata.deletion_timestamp.is_some()
             && cached.to_claim().is_ok_and(|claim| {
                 claim
@@ -119,7 +212,7 @@ impl CloneProtection {
             &source,
             &claims,
             volume,
-            &ctx.config.driver_name,
+            &ctx.settings.config.driver_name,
             &in_flight,
         ) {
             CloneVerdict::Untouched => Ok(false),
@@ -136,9 +229,7 @@ impl CloneProtection {
     }
 
     fn backoff(&self) -> MutexGuard<'_, Backoff<String>> {
-        self.backoff
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.backoff)
     }
 }
 

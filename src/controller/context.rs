@@ -1,9 +1,8 @@
 //! What the reconcilers and the orphan reaper share: the API client, the driver, the caches,
-//! the journal, the event recorder and the per-object retry state, built once from
-//! [`Settings`].
+//! the journal, the event recorder, the call limits and the [`Settings`]. Each controller
+//! keeps its own per-object state (backoff and the like) in its own struct.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::{BoxFuture, Shared};
@@ -11,14 +10,11 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
 use kube::runtime::reflector::Store;
 
-use super::backoff::{Backoff, InfeasibleSet};
 use super::cache::{CachedAttachment, CachedClaim, CachedVolume, listed};
 use super::capacity_publisher::{CapacityRefresh, CapacitySettings};
 use super::events::EventRecorder;
 use super::grants::GrantCache;
 use super::limits::CallLimits;
-use super::lock;
-use super::ownership::Races;
 use super::topology_cache::TopologyView;
 use crate::csi_client::CsiController;
 use crate::fence::LeaseFence;
@@ -27,7 +23,7 @@ use crate::metrics::Metrics;
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{DriverCapabilities, NodeScope, ProvisionerConfig};
 
-/// Settings of [`run`] that come from flags.
+/// Settings of [`super::run`] that come from flags.
 pub struct Settings {
     pub config: ProvisionerConfig,
     pub caps: DriverCapabilities,
@@ -92,21 +88,16 @@ pub struct TopologyFlags {
     pub immediate: bool,
 }
 
-/// What the reconcilers share.
+/// What the reconcilers share: handles and settings, no per-object state.
 pub struct Context {
     pub client: Client,
     pub driver: FencedDriver,
-    pub caps: DriverCapabilities,
-    pub config: ProvisionerConfig,
     pub claims: Store<CachedClaim>,
     pub volumes: Store<CachedVolume>,
     pub classes: Store<StorageClass>,
     /// Nodes and CSINodes, watched only when the driver reports topology; this node alone in
     /// node mode.
     pub topology: Option<TopologyView>,
-    pub topology_flags: TopologyFlags,
-    /// `--node-deployment`: the node this sidecar serves.
-    pub node: Option<NodeDeployment>,
     /// ReferenceGrants, watched only with the CrossNamespaceVolumeDataSource gate on.
     pub grants: Option<GrantCache>,
     /// Only for a driver with PUBLISH_UNPUBLISH_VOLUME.
@@ -115,22 +106,10 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub limits: CallLimits,
     pub journal: Journal,
-    /// `--provisioning-consistency-default enable`.
-    pub consistency_by_default: bool,
-    /// `--drain`.
-    pub draining: bool,
-    pub retry_interval_start: Duration,
-    pub retry_interval_max: Duration,
     /// With `--enable-capacity`: where provisionings and deletions ask for a refresh.
     pub capacity_refresh: Option<CapacityRefresh>,
-    claim_backoff: Mutex<Backoff<String>>,
-    volume_backoff: Mutex<Backoff<String>>,
-    infeasible: Mutex<InfeasibleSet>,
-    /// Migrated PVs whose in-tree source could not be translated, by name, with the
-    /// resourceVersion that failed: left alone until they change (never retried in a loop).
-    untranslatable: Mutex<HashMap<String, String>>,
-    /// Node mode: this node's wait before each try to own an Immediate claim.
-    races: Mutex<Races>,
+    /// The flags, as [`super::run`] got them.
+    pub settings: Settings,
 }
 
 /// The CSI driver as the controllers reach it: through a fence that is closed while this
@@ -182,41 +161,23 @@ impl Context {
         events: EventRecorder,
         metrics: Arc<Metrics>,
         journal: Journal,
-        settings: &Settings,
+        settings: Settings,
     ) -> Self {
-        let backoff = || {
-            Mutex::new(Backoff::new(
-                settings.retry_interval_start,
-                settings.retry_interval_max,
-            ))
-        };
         Context {
             client,
             driver,
-            caps: settings.caps,
-            config: settings.config.clone(),
             claims: stores.claims,
             volumes: stores.volumes,
             classes: stores.classes,
             topology: stores.topology,
-            topology_flags: settings.topology,
-            node: settings.node.clone(),
             grants: stores.grants,
             attachments: stores.attachments.map(Attachments::new),
             events,
             metrics,
             limits: CallLimits::new(settings.worker_threads, settings.max_concurrent_per_class),
             journal,
-            consistency_by_default: settings.consistency_by_default,
-            draining: settings.draining,
-            retry_interval_start: settings.retry_interval_start,
-            retry_interval_max: settings.retry_interval_max,
             capacity_refresh: None,
-            claim_backoff: backoff(),
-            volume_backoff: backoff(),
-            infeasible: Mutex::new(InfeasibleSet::new(settings.retry_interval_max)),
-            untranslatable: Mutex::new(HashMap::new()),
-            races: Mutex::new(Races::default()),
+            settings,
         }
     }
 
@@ -233,28 +194,8 @@ impl Context {
         }
     }
 
-    pub(super) fn claim_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
-        lock(&self.claim_backoff)
-    }
-
-    pub(super) fn volume_backoff(&self) -> MutexGuard<'_, Backoff<String>> {
-        lock(&self.volume_backoff)
-    }
-
-    pub(super) fn infeasible(&self) -> MutexGuard<'_, InfeasibleSet> {
-        lock(&self.infeasible)
-    }
-
-    pub(super) fn untranslatable(&self) -> MutexGuard<'_, HashMap<String, String>> {
-        lock(&self.untranslatable)
-    }
-
-    pub(super) fn races(&self) -> MutexGuard<'_, Races> {
-        lock(&self.races)
-    }
-
     /// Node mode: this node as the decisions take it.
     pub(super) fn node_scope(&self) -> Option<NodeScope<'_>> {
-        self.node.as_ref().map(NodeDeployment::scope)
+        self.settings.node.as_ref().map(NodeDeployment::scope)
     }
 }

@@ -1,12 +1,15 @@
-//! `--drain`: tells when the hand-over to another provisioner is complete. The reconcilers
+//! When the controllers drain: at the sidecar's drain signal, or under `--drain` once the
+//! hand-over to another provisioner is complete. The reconcilers
 //! and the reaper do the work (with `provision::drain_claim_work` deciding for claims); this
 //! only watches the journal and the claim cache, and says what is still holding it up.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
-use tracing::info;
+use tracing::{Instrument, info, info_span};
 
 use super::context::Context;
 use crate::provision::holds_up_drain;
@@ -18,12 +21,71 @@ const PROGRESS_INTERVAL: Duration = Duration::from_secs(30);
 /// Volume names named in a progress line, at most.
 const NAMED: usize = 5;
 
+/// The controllers' drain: resolves at the sidecar's drain signal or, under `--drain`, once
+/// the hand-over is complete.
+#[derive(Clone)]
+pub(super) struct Drained(watch::Receiver<bool>);
+
+impl Drained {
+    /// Resolves once the controllers are to drain.
+    pub(super) fn wait(&self) -> impl Future<Output = ()> + Send + Sync + 'static + use<> {
+        let mut drained = self.0.clone();
+        async move {
+            let _ = drained.wait_for(|drained| *drained).await;
+        }
+    }
+}
+
+/// Whether the drain came from a complete hand-over (`--drain`), not the sidecar's signal.
+pub(super) struct HandedOver(oneshot::Receiver<()>);
+
+impl HandedOver {
+    /// Asked once every controller has ended, after the drain was sent.
+    pub(super) fn happened(mut self) -> bool {
+        self.0.try_recv().is_ok()
+    }
+}
+
+/// Starts the task that sends the drain: at `signal`, or under `--drain` once
+/// [`until_complete`] resolves.
+pub(super) fn start(
+    ctx: &Arc<Context>,
+    claims_listed: impl Future<Output = bool> + Send + 'static,
+    signal: impl Future<Output = ()> + Send + 'static,
+) -> (Drained, HandedOver) {
+    let draining = ctx.settings.draining;
+    if draining {
+        info!(
+            "--drain: no new provisioning; a claim without a recorded operation gets no CreateVolume and no finalizer. Finishing every recorded operation, removing the provisioning-protection finalizer from every claim, then exiting"
+        );
+    }
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let (handed_over_tx, handed_over) = oneshot::channel();
+    let ctx = Arc::clone(ctx);
+    let task = async move {
+        let complete = async {
+            if draining {
+                until_complete(&ctx, claims_listed).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            () = signal => {}
+            () = complete => { let _ = handed_over_tx.send(()); }
+        }
+        let _ = drain_tx.send(true);
+    };
+    tokio::spawn(task.instrument(info_span!("drain")));
+    (Drained(drain_rx), HandedOver(handed_over))
+}
+
 /// Resolves once the claim cache has listed (`claims_listed`), the journal holds no
 /// operation and no claim of this driver in the cache carries the provisioning-protection
 /// finalizer. The provisioner taking over may then start: nothing it cannot see is left in
 /// flight, and nothing it cannot remove is left on a claim. A cache that lags only delays
 /// this: nothing adds the finalizer while a drain leads.
-pub(super) async fn until_complete(ctx: &Context, claims_listed: impl Future<Output = bool>) {
+async fn until_complete(ctx: &Context, claims_listed: impl Future<Output = bool>) {
     // An empty cache before the first list would look drained.
     if !claims_listed.await {
         return std::future::pending().await;
@@ -68,7 +130,7 @@ struct Left {
 }
 
 fn left(ctx: &Context) -> Left {
-    let driver = &ctx.config.driver_name;
+    let driver = &ctx.settings.config.driver_name;
     Left {
         operations: ctx.journal.registry().len(),
         finalizers: ctx

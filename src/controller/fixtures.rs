@@ -34,11 +34,13 @@ use tokio::task::JoinHandle;
 use tonic::Status;
 use tower_test::mock;
 
+use super::claims::ClaimReconciler;
 use super::context::NodeDeployment;
 use super::context::{Context, FencedDriver, Settings, Stores, TopologyFlags};
 use super::events::EventRecorder;
 use super::grants::GrantCache;
 use super::topology_cache::{TopologyCache, TopologyView};
+use super::volumes::VolumeReconciler;
 use crate::csi;
 use crate::csi_client::{CallError, CsiController};
 use crate::fence::LeaseFence;
@@ -657,17 +659,19 @@ impl Cluster {
             csi: driver,
             fence: self.fence,
         };
-        let ctx = Context::new(
+        let ctx = Arc::new(Context::new(
             client,
             driver,
             stores,
             events,
             Arc::new(Metrics::new()),
             journal,
-            &settings,
-        );
+            settings,
+        ));
         Scenario {
-            ctx: Arc::new(ctx),
+            claims: Arc::new(ClaimReconciler::new(Arc::clone(&ctx))),
+            volumes: Arc::new(VolumeReconciler::new(Arc::clone(&ctx))),
+            ctx,
             finish,
         }
     }
@@ -708,6 +712,9 @@ where
 /// A running scenario.
 pub struct Scenario {
     ctx: Arc<Context>,
+    /// The reconcilers, each with its state kept from one reconcile to the next.
+    claims: Arc<ClaimReconciler>,
+    volumes: Arc<VolumeReconciler>,
     finish: Finish,
 }
 
@@ -716,13 +723,26 @@ impl Scenario {
         Arc::clone(&self.ctx)
     }
 
-    /// Ends the scenario: drops the context, so the journal writes the changes it held back
+    pub fn claims(&self) -> Arc<ClaimReconciler> {
+        Arc::clone(&self.claims)
+    }
+
+    pub fn volumes(&self) -> Arc<VolumeReconciler> {
+        Arc::clone(&self.volumes)
+    }
+
+    /// Ends the scenario: drops the context and the reconcilers, so the journal writes the changes it held back
     /// and the event writer the events it queued, then waits until every client is gone.
     /// Fails if a step was not taken. Returns the events written, as
     /// `<kind>/<name> <type> <reason>: <message>`.
     pub async fn finish(self) -> Vec<String> {
-        let Scenario { ctx, finish } = self;
-        drop(ctx);
+        let Scenario {
+            ctx,
+            claims,
+            volumes,
+            finish,
+        } = self;
+        drop((ctx, claims, volumes));
         finish.finish().await
     }
 }

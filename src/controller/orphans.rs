@@ -74,72 +74,89 @@ const DRAIN_BLOCKED: &str = "DrainBlocked";
 /// How often the reaper looks for orphans when nothing is waiting on a backoff.
 const SCAN_INTERVAL: Duration = Duration::from_secs(2);
 
-/// Runs until `stop` resolves, reaping up to `concurrency` operations at once. Once `stop`
-/// resolves no new reap starts; those already running finish (cancelling one would be safe,
-/// as every step is idempotent, but finishing it saves the next start a replay).
-pub(super) async fn reap_orphans(
+/// The reaper: finishes the operations in flight whose claim is gone, up to
+/// `--worker-threads` at once, each failing one retried with its own backoff.
+pub(super) struct Reaper {
     ctx: Arc<Context>,
-    concurrency: usize,
-    stop: impl Future<Output = ()>,
-) {
-    let stop = stop.shared();
-    let mut retries: Backoff<String> =
-        Backoff::new(ctx.retry_interval_start, ctx.retry_interval_max);
-    let mut not_before: HashMap<String, Instant> = HashMap::new();
-    // Orphans whose last reap failed for want of their secret (the gauge counts them).
-    let mut waiting_for_secret: HashSet<String> = HashSet::new();
-    loop {
-        tokio::select! {
-            () = stop.clone() => {
-                ctx.metrics.set_orphans_waiting_for_secret(0);
-                return;
-            }
-            () = tokio::time::sleep(SCAN_INTERVAL) => {}
+}
+
+impl Reaper {
+    pub(super) fn new(ctx: &Arc<Context>) -> Self {
+        Reaper {
+            ctx: Arc::clone(ctx),
         }
-        let now = Instant::now();
-        let due: Vec<Operation> = ctx
-            .journal
-            .registry()
-            .idle()
-            .into_iter()
-            .filter(|operation| {
-                not_before
-                    .get(&operation.volume_name)
-                    .is_none_or(|due| *due <= now)
-            })
-            .collect();
-        let ctx = &ctx;
-        let mut outcomes = stream::iter(due)
-            .take_until(stop.clone())
-            .map(|operation| async move {
-                let outcome = reap(ctx, &operation).await;
-                (operation, outcome)
-            })
-            .buffer_unordered(concurrency.max(1));
-        while let Some((operation, outcome)) = outcomes.next().await {
-            let waits = match outcome {
-                Ok(Reaped::NotAnOrphan) => false,
-                Ok(Reaped::Done) => {
-                    retries.forget(&operation.volume_name);
-                    not_before.remove(&operation.volume_name);
-                    false
+    }
+
+    /// Runs until `drained` resolves. Once it has, no new reap starts; those already running
+    /// finish (cancelling one would be safe, as every step is idempotent, but finishing it
+    /// saves the next start a replay).
+    pub(super) async fn run<D>(self, drained: impl Fn() -> D)
+    where
+        D: Future<Output = ()>,
+    {
+        let ctx = self.ctx;
+        let concurrency = ctx.settings.worker_threads;
+        let stop = drained().shared();
+        let mut retries: Backoff<String> = Backoff::new(
+            ctx.settings.retry_interval_start,
+            ctx.settings.retry_interval_max,
+        );
+        let mut not_before: HashMap<String, Instant> = HashMap::new();
+        // Orphans whose last reap failed for want of their secret (the gauge counts them).
+        let mut waiting_for_secret: HashSet<String> = HashSet::new();
+        loop {
+            tokio::select! {
+                () = stop.clone() => {
+                    ctx.metrics.set_orphans_waiting_for_secret(0);
+                    return;
                 }
-                Err(error) => {
-                    let delay = retries.failure(operation.volume_name.clone());
-                    not_before.insert(operation.volume_name.clone(), Instant::now() + delay);
-                    report_failure(ctx, &operation, &error, delay)
-                }
-            };
-            if waits {
-                waiting_for_secret.insert(operation.volume_name);
-            } else {
-                waiting_for_secret.remove(&operation.volume_name);
+                () = tokio::time::sleep(SCAN_INTERVAL) => {}
             }
+            let now = Instant::now();
+            let due: Vec<Operation> = ctx
+                .journal
+                .registry()
+                .idle()
+                .into_iter()
+                .filter(|operation| {
+                    not_before
+                        .get(&operation.volume_name)
+                        .is_none_or(|due| *due <= now)
+                })
+                .collect();
+            let ctx = &ctx;
+            let mut outcomes = stream::iter(due)
+                .take_until(stop.clone())
+                .map(|operation| async move {
+                    let outcome = reap(ctx, &operation).await;
+                    (operation, outcome)
+                })
+                .buffer_unordered(concurrency.max(1));
+            while let Some((operation, outcome)) = outcomes.next().await {
+                let waits = match outcome {
+                    Ok(Reaped::NotAnOrphan) => false,
+                    Ok(Reaped::Done) => {
+                        retries.forget(&operation.volume_name);
+                        not_before.remove(&operation.volume_name);
+                        false
+                    }
+                    Err(error) => {
+                        let delay = retries.failure(operation.volume_name.clone());
+                        not_before.insert(operation.volume_name.clone(), Instant::now() + delay);
+                        report_failure(ctx, &operation, &error, delay)
+                    }
+                };
+                if waits {
+                    waiting_for_secret.insert(operation.volume_name);
+                } else {
+                    waiting_for_secret.remove(&operation.volume_name);
+                }
+            }
+            not_before.retain(|name, _| ctx.journal.registry().contains(name));
+            waiting_for_secret.retain(|name| ctx.journal.registry().contains(name));
+            ctx.metrics
+                .set_orphans_waiting_for_secret(waiting_for_secret.len());
         }
-        not_before.retain(|name, _| ctx.journal.registry().contains(name));
-        waiting_for_secret.retain(|name| ctx.journal.registry().contains(name));
-        ctx.metrics
-            .set_orphans_waiting_for_secret(waiting_for_secret.len());
     }
 }
 
@@ -155,7 +172,7 @@ fn report_failure(
     ctx.journal
         .note_failure(&operation.volume_name, Phase::Orphaned, &error.to_string());
     warn!(volume = operation.volume_name, claim_uid = operation.claim_uid, %error, ?retry_in, "orphaned volume not cleaned up yet");
-    if ctx.draining {
+    if ctx.settings.draining {
         ctx.events.publish(
             &ctx.journal.shard_reference(&operation.volume_name),
             EventType::Warning,
@@ -270,7 +287,7 @@ async fn read_pv(
 
 /// Whether `pv` is the PV the operation created (see `provision::pv_is_for_claim`).
 fn holds(operation: &Operation, ctx: &Context, pv: &PersistentVolume) -> bool {
-    pv_is_for_claim(pv, &ctx.config.driver_name, &operation.claim_uid)
+    pv_is_for_claim(pv, &ctx.settings.config.driver_name, &operation.claim_uid)
 }
 
 /// Replays CreateVolume with the recorded name and inputs to learn the volume id, then
@@ -358,12 +375,17 @@ enum Holder {
 /// moments may be missed, but one the sidecar created (the only kind a replay of our own
 /// operation can return) is known before its operation is ever idle.
 fn volume_holder(ctx: &Context, volume_id: &str) -> Holder {
-    let node = ctx.node.as_ref().map(NodeDeployment::scope);
+    let node = ctx.settings.node.as_ref().map(NodeDeployment::scope);
     let mut holder = Holder::None;
     for cached in ctx.volumes.state() {
-        let holding = cached
-            .to_volume()
-            .map(|pv| pv_holds_volume(&pv, &ctx.config.driver_name, volume_id, node.as_ref()));
+        let holding = cached.to_volume().map(|pv| {
+            pv_holds_volume(
+                &pv,
+                &ctx.settings.config.driver_name,
+                volume_id,
+                node.as_ref(),
+            )
+        });
         let unknown = match holding {
             Ok(Holding::Holds) => return Holder::Pv(cached.name_any()),
             Ok(Holding::DoesNotHold) => continue,

@@ -11,6 +11,7 @@
 //! `--timeout` (A12) and works for a driver without topology (A13).
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -24,6 +25,7 @@ use tracing::{debug, info, warn};
 
 use super::actions::claim_key;
 use super::context::{Context, NodeDeployment};
+use super::runner::lock;
 use crate::csi;
 use crate::provision::{
     CapacityCheck, TopologyError, TopologyInputs, accessibility_requirements, capacity_check,
@@ -95,23 +97,25 @@ impl Races {
 }
 
 /// One step of this node's race for `pvc`: wait, or check the room and write this node's
-/// name. Returns when to look at the claim again (`None`: when it changes).
+/// name. Returns when to look at the claim again (`None`: when it changes). `races` is the
+/// claim reconciler's, which also ends a race when the claim's work changes.
 pub(super) async fn compete(
     pvc: &PersistentVolumeClaim,
     class: &StorageClass,
     ctx: &Context,
+    races: &Mutex<Races>,
 ) -> Option<Duration> {
-    let node = ctx.node.as_ref()?;
+    let node = ctx.settings.node.as_ref()?;
     let uid = pvc.uid().unwrap_or_default();
     let requirements = requirements_here(pvc, class, ctx, node);
     if left_out(class, &requirements) {
-        ctx.races().forget(&uid);
+        lock(races).forget(&uid);
         debug!(claim = %claim_key(pvc), "the claim's allowed topologies leave this node out");
         return None;
     }
     let delay = |attempt| ownership_delay(attempt, node.base_delay, node.max_delay, jitter());
     {
-        let mut races = ctx.races();
+        let mut races = lock(races);
         races.prune(|namespace, name, uid| {
             ctx.claims
                 .get(&ObjectRef::new(name).within(namespace))
@@ -123,12 +127,12 @@ pub(super) async fn compete(
         }
     }
     if !room_here(pvc, class, ctx, &requirements).await {
-        let wait = ctx.races().lost(&uid, Instant::now(), delay);
+        let wait = lock(races).lost(&uid, Instant::now(), delay);
         debug!(claim = %claim_key(pvc), retry_in = ?wait, "not enough capacity on this node");
         return Some(wait);
     }
     let Some(patch) = select_node_patch(pvc, &node.name) else {
-        let wait = ctx.races().lost(&uid, Instant::now(), delay);
+        let wait = lock(races).lost(&uid, Instant::now(), delay);
         warn!(claim = %claim_key(pvc), retry_in = ?wait, "the claim has no resourceVersion; not selecting this node");
         return Some(wait);
     };
@@ -140,12 +144,12 @@ pub(super) async fn compete(
         .await
     {
         Ok(_) => {
-            ctx.races().forget(&uid);
+            lock(races).forget(&uid);
             info!(claim = %claim_key(pvc), node = node.name, "selected this node for the claim");
             None
         }
         Err(error) => {
-            let wait = ctx.races().lost(&uid, Instant::now(), delay);
+            let wait = lock(races).lost(&uid, Instant::now(), delay);
             if matches!(&error, kube::Error::Api(status) if status.code == 409) {
                 debug!(claim = %claim_key(pvc), retry_in = ?wait, "the claim changed first (another node?)");
             } else {
@@ -172,8 +176,8 @@ fn requirements_here(
         claim_name: &name,
         selected_node: Some(&node.name),
         allowed_topologies: class.allowed_topologies.as_deref().unwrap_or_default(),
-        strict: ctx.topology_flags.strict,
-        immediate: ctx.topology_flags.immediate,
+        strict: ctx.settings.topology.strict,
+        immediate: ctx.settings.topology.immediate,
     };
     accessibility_requirements(&inputs, view)
 }
@@ -187,7 +191,7 @@ async fn room_here(
     ctx: &Context,
     requirements: &Result<Option<csi::TopologyRequirement>, TopologyError>,
 ) -> bool {
-    let plan = plan_provision(pvc, class, &ctx.config, &ctx.caps, &[]);
+    let plan = plan_provision(pvc, class, &ctx.settings.config, &ctx.settings.caps, &[]);
     if let Err(error) = &plan {
         debug!(claim = %claim_key(pvc), %error, "capacity not checked: the owner reports this");
     }

@@ -11,6 +11,7 @@
 //! informer of them all, for a sweep every five minutes); the claims come from the claim cache.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -55,6 +56,35 @@ pub enum SweepError {
 pub struct Swept {
     pub released: usize,
     pub kept: usize,
+}
+
+/// The sweeper, for a driver with CREATE_DELETE_SNAPSHOT and a sweep interval.
+pub(super) struct SnapshotSweeper {
+    ctx: Arc<Context>,
+    /// Whether the claim store has listed (see `cache::listed`).
+    claims_listed: Shared<BoxFuture<'static, bool>>,
+}
+
+impl SnapshotSweeper {
+    pub(super) fn new(ctx: &Arc<Context>, claims_listed: Shared<BoxFuture<'static, bool>>) -> Self {
+        SnapshotSweeper {
+            ctx: Arc::clone(ctx),
+            claims_listed,
+        }
+    }
+
+    /// Sweeps every `--snapshot-orphan-sweep-interval` until `drained` (see [`run`]); not at
+    /// all with a zero interval or a driver without snapshots.
+    pub(super) async fn run<D>(self, drained: impl Fn() -> D)
+    where
+        D: Future<Output = ()>,
+    {
+        let interval = self.ctx.settings.snapshot_orphan_sweep_interval;
+        if interval.is_zero() || !self.ctx.settings.caps.snapshot {
+            return;
+        }
+        run(&self.ctx, interval, self.claims_listed, drained()).await;
+    }
 }
 
 /// Sweeps at once, then `interval` after the end of each sweep, until `drained`, if the
@@ -200,7 +230,7 @@ pub(super) async fn sweep(
             &pending,
             &in_flight,
             content,
-            &ctx.config.driver_name,
+            &ctx.settings.config.driver_name,
         );
         match verdict {
             SnapshotVerdict::Release => {

@@ -41,7 +41,7 @@ pub(super) async fn reference_grants(
     ctx: &Context,
     pvc: &PersistentVolumeClaim,
 ) -> Result<Vec<ReferenceGrantSpec>, SourceError> {
-    let Some(namespace) = grant_namespace(pvc, &ctx.config) else {
+    let Some(namespace) = grant_namespace(pvc, &ctx.settings.config) else {
         return Ok(Vec::new());
     };
     let not_listed = || GrantsNotListed {
@@ -142,7 +142,7 @@ async fn restore_source(
         source,
         &snapshot,
         &content,
-        ctx.config.prevent_volume_mode_conversion,
+        ctx.settings.config.prevent_volume_mode_conversion,
     )?)
 }
 

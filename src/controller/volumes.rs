@@ -3,25 +3,34 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::measured::Next;
 use either::Either as DeleteResponse;
 use futures::future::{self, Either};
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Api, DeleteParams, Preconditions};
+use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use thiserror::Error;
 use tracing::{error, info, warn};
 
 use super::actions::{SecretReadError, delete_volume, read_secret};
-use super::cache::CachedVolume;
+use super::backoff::Backoff;
+use super::cache::{CachedAttachment, CachedVolume};
 use super::context::Context;
 use super::events::EventType;
 use super::finalizers::{add_finalizer, remove_finalizer};
+use super::measured::{Measured, Next};
+use super::runner::{
+    RESYNC_PERIOD, lock, log_result, never_fails, resync_with_work, until_drained_if_never_ready,
+    with_work,
+};
 use crate::csi_client::{CallError, migrated_calls};
+use crate::metrics::VOLUMES_QUEUE;
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{
     AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
@@ -61,39 +70,145 @@ const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
 /// volume watch may list first) before it is retried with backoff.
 const ATTACHMENTS_LIST_WAIT: Duration = Duration::from_secs(10);
 
-pub struct VolumeReconciler;
+/// The volume controller: kube-runtime's controller over the PVs with work, from the PV
+/// watch, a periodic resync and, for a driver that attaches volumes, the PVs whose last
+/// VolumeAttachment went.
+pub(super) struct VolumeController<V, A> {
+    reconciler: Arc<VolumeReconciler>,
+    changed: V,
+    /// The VolumeAttachment watch's events, for a driver with PUBLISH_UNPUBLISH_VOLUME.
+    detached: Option<A>,
+    queue: Measured,
+}
+
+impl<V, A> VolumeController<V, A>
+where
+    V: Stream<Item = Result<CachedVolume, watcher::Error>> + Send + 'static,
+    A: Stream<Item = Result<CachedAttachment, watcher::Error>> + Send + 'static,
+{
+    /// `changed`: the PV watch's events.
+    pub(super) fn new(ctx: &Arc<Context>, changed: V, detached: Option<A>) -> Self {
+        VolumeController {
+            reconciler: Arc::new(VolumeReconciler::new(Arc::clone(ctx))),
+            changed,
+            detached,
+            queue: Measured::new(ctx.metrics.queue(VOLUMES_QUEUE)),
+        }
+    }
+
+    /// Runs until `drained`, letting the reconciles in flight finish.
+    pub(super) async fn run<D>(self, drained: impl Fn() -> D)
+    where
+        D: Future<Output = ()> + Send + Sync + 'static,
+    {
+        let VolumeController {
+            reconciler,
+            changed,
+            detached,
+            queue,
+        } = self;
+        let store = reconciler.ctx.volumes.clone();
+        let has_work = |reconciler: &Arc<VolumeReconciler>| {
+            let reconciler = Arc::clone(reconciler);
+            move |pv: &CachedVolume| reconciler.has_work(pv)
+        };
+        let mut controller = Controller::for_stream(
+            queue.objects(with_work(changed, has_work(&reconciler))),
+            store.clone(),
+        );
+        if let Some(detached) = detached {
+            // Unlike upstream, a PV waiting for its attachment to go is retried as soon as it
+            // has gone, not at the next backoff step (up to --retry-interval-max later).
+            controller = controller.watches_stream(detached, volume_detached(&reconciler, &queue));
+        }
+        let results = controller
+            .reconcile_on(queue.refs(resync_with_work(
+                store.clone(),
+                has_work(&reconciler),
+                RESYNC_PERIOD,
+            )))
+            .graceful_shutdown_on(drained())
+            .run(
+                queue.reconcile(VolumeReconciler::reconcile),
+                never_fails,
+                reconciler,
+            );
+        let controller = queue.results(results).for_each(log_result);
+        let listed = async move { store.wait_until_ready().await.is_ok() };
+        until_drained_if_never_ready(controller, listed, drained()).await;
+    }
+}
+
+/// The mapper of VolumeAttachment events: the attachment's PV, if it has work.
+fn volume_detached(
+    reconciler: &Arc<VolumeReconciler>,
+    queue: &Measured,
+) -> impl Fn(CachedAttachment) -> Option<ObjectRef<CachedVolume>> + Send + Sync + 'static {
+    let (reconciler, queue) = (Arc::clone(reconciler), queue.clone());
+    move |attachment| {
+        let pv = ObjectRef::new(attachment.attachment().persistent_volume_name?);
+        let due = reconciler
+            .ctx
+            .volumes
+            .get(&pv)
+            .is_some_and(|cached| reconciler.has_work(&cached))
+            .then_some(pv);
+        queue.mapped(due).next()
+    }
+}
+
+/// The volume reconciler of one sidecar process, and the per-PV state its reconciles keep
+/// (none of it is read by another controller).
+pub struct VolumeReconciler {
+    ctx: Arc<Context>,
+    /// Each failing PV's retry delay, by PV name.
+    backoff: Mutex<Backoff<String>>,
+    /// Migrated PVs whose in-tree source could not be translated, by name, with the
+    /// resourceVersion that failed: left alone until they change (never retried in a loop).
+    untranslatable: Mutex<HashMap<String, String>>,
+}
 
 impl VolumeReconciler {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        let settings = &ctx.settings;
+        VolumeReconciler {
+            backoff: Mutex::new(Backoff::new(
+                settings.retry_interval_start,
+                settings.retry_interval_max,
+            )),
+            untranslatable: Mutex::new(HashMap::new()),
+            ctx,
+        }
+    }
+
     /// Entry point for the controller; failures are reported and retried here.
     ///
     /// As for claims (see `ClaimReconciler::reconcile`), a volume whose work is gone by the
     /// time it runs is answered at once, without allocating the full reconcile.
     pub fn reconcile(
         cached: Arc<CachedVolume>,
-        ctx: Arc<Context>,
+        this: Arc<Self>,
     ) -> impl Future<Output = Result<Next, std::convert::Infallible>> + Send + 'static {
-        match triage(&cached, &ctx) {
-            Some(pv) => Either::Right(Box::pin(Self::act(pv, ctx))),
+        match this.triage(&cached) {
+            Some(pv) => Either::Right(Box::pin(this.act(pv))),
             None => Either::Left(future::ready(Ok(Next::Wait))),
         }
     }
 
     /// Whether a reconcile of this PV would have anything to do now; see
     /// `ClaimReconciler::has_work`.
-    pub fn has_work(cached: &CachedVolume, ctx: &Context) -> bool {
-        triage(cached, ctx).is_some()
+    pub fn has_work(&self, cached: &CachedVolume) -> bool {
+        self.triage(cached).is_some()
     }
 
-    async fn act(
-        pv: PersistentVolume,
-        ctx: Arc<Context>,
-    ) -> Result<Next, std::convert::Infallible> {
+    async fn act(self: Arc<Self>, pv: PersistentVolume) -> Result<Next, std::convert::Infallible> {
+        let ctx = &self.ctx;
         let name = pv.name_any();
         let started = Instant::now();
-        let migrated = is_migrated(&pv, &ctx.config.driver_name);
-        match migrated_calls(migrated, reconcile_volume(&pv, &ctx)).await {
+        let migrated = is_migrated(&pv, &ctx.settings.config.driver_name);
+        match migrated_calls(migrated, self.reconcile_volume(&pv)).await {
             Ok(deleted) => {
-                ctx.volume_backoff().forget(&name);
+                self.backoff().forget(&name);
                 if deleted {
                     ctx.metrics
                         .delete_succeeded(&volume_class(&pv), started.elapsed());
@@ -128,7 +243,7 @@ impl VolumeReconciler {
                     warn!(volume = name, error = %message, "migrated volume left alone");
                     return Ok(Next::Wait);
                 }
-                let delay = ctx.volume_backoff().failure(name.clone());
+                let delay = self.backoff().failure(name.clone());
                 warn!(volume = name, error = %message, retry_in = ?delay, "volume deletion failed");
                 Ok(Next::RetryIn(delay))
             }
@@ -136,111 +251,141 @@ impl VolumeReconciler {
     }
 }
 
-/// The PV if it has work now; `None` (and its failure count forgotten) if not.
-fn triage(cached: &CachedVolume, ctx: &Context) -> Option<PersistentVolume> {
-    let pv = cached
-        .to_volume()
-        .inspect_err(|error| error!(%error, "not reconciling"))
-        .ok()?;
-    let name = pv.name_any();
-    let version = pv.resource_version();
-    if version.is_some() && ctx.untranslatable().get(&name) == version.as_ref() {
-        return None;
+impl VolumeReconciler {
+    /// The PV if it has work now; `None` (and its failure count forgotten) if not.
+    fn triage(&self, cached: &CachedVolume) -> Option<PersistentVolume> {
+        let ctx = &self.ctx;
+        let pv = cached
+            .to_volume()
+            .inspect_err(|error| error!(%error, "not reconciling"))
+            .ok()?;
+        let name = pv.name_any();
+        let version = pv.resource_version();
+        if version.is_some() && self.untranslatable().get(&name) == version.as_ref() {
+            return None;
+        }
+        // Node mode: another node's PV is left alone, silently (its own sidecar deletes it).
+        let on_this_node = ctx
+            .node_scope()
+            .is_none_or(|node| volume_on_node(&pv, &ctx.settings.config.driver_name, &node));
+        if on_this_node && volume_has_work(&pv, &ctx.settings.config.driver_name) {
+            Some(pv)
+        } else {
+            self.backoff().forget(&name);
+            self.untranslatable().remove(&name);
+            None
+        }
     }
-    // Node mode: another node's PV is left alone, silently (its own sidecar deletes it).
-    let on_this_node = ctx
-        .node_scope()
-        .is_none_or(|node| volume_on_node(&pv, &ctx.config.driver_name, &node));
-    if on_this_node && volume_has_work(&pv, &ctx.config.driver_name) {
-        Some(pv)
-    } else {
-        ctx.volume_backoff().forget(&name);
-        ctx.untranslatable().remove(&name);
-        None
-    }
-}
 
-/// Returns whether the backend volume and the PV were deleted by this call. Called only for
-/// a PV that [`volume_has_work`].
-async fn reconcile_volume(cached: &PersistentVolume, ctx: &Context) -> Result<bool, VolumeError> {
-    let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
-    let driver = ctx.config.driver_name.as_str();
-    let whole;
-    let pv = if is_migrated(cached, driver) {
-        match read_migrated(&api, cached).await? {
-            Some(read) => {
-                whole = read;
-                &whole
+    /// Returns whether the backend volume and the PV were deleted by this call. Called only for
+    /// a PV that [`volume_has_work`].
+    async fn reconcile_volume(&self, cached: &PersistentVolume) -> Result<bool, VolumeError> {
+        let ctx = &*self.ctx;
+        let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
+        let driver = ctx.settings.config.driver_name.as_str();
+        let whole;
+        let pv = if is_migrated(cached, driver) {
+            match read_migrated(&api, cached).await? {
+                Some(read) => {
+                    whole = read;
+                    &whole
+                }
+                None => return Ok(false),
             }
-            None => return Ok(false),
-        }
-    } else {
-        cached
-    };
-    match volume_finalizer_action(pv, driver) {
-        FinalizerAction::Add => add_finalizer(&api, pv, PV_FINALIZER).await,
-        FinalizerAction::Remove => remove_finalizer(&api, pv, PV_FINALIZER).await,
-        FinalizerAction::None => Ok(()),
-    }
-    .map_err(|source| finalizer_error(pv, source))?;
-    // Only after the finalizer: an untranslatable PV keeps it, the only trace of its volume
-    // once the PV is deleted, as upstream.
-    if is_migrated(cached, driver) {
-        check_translatable(pv, cached, ctx)?;
-    }
-    if !should_delete(pv) || !has_deletable_source(pv, driver) {
-        return Ok(false);
-    }
-    // A PV this sidecar cannot delete the volume of (no volume handle, a driver without
-    // CREATE_DELETE_VOLUME) is reported before anything irrevocable happens to it.
-    deletion_target(pv, &ctx.caps, driver)?;
-    let Some(stored) = commit_deletion(&api, pv).await? else {
-        return Ok(false);
-    };
-    let target = deletion_target(&stored, &ctx.caps, driver)?;
-    let secrets = deletion_secrets(ctx, &stored, &target.secrets).await?;
-    // Last, as upstream: the PV stays Terminating, held by our finalizer, until no
-    // VolumeAttachment names it.
-    check_attachments(ctx, &stored.name_any()).await?;
-    delete_volume(ctx, &volume_class(&stored), &target.volume_handle, secrets)
-        .await
-        .map_err(VolumeError::Driver)?;
-    ctx.refresh_capacity(|| RefreshCause::Deleted {
-        affinity: stored
-            .spec
-            .as_ref()
-            .and_then(|spec| spec.node_affinity.clone()),
-    });
-    let name = pv.name_any();
-    let terminating = if stored.metadata.deletion_timestamp.is_some() {
-        stored
-    } else {
-        let uid_precondition = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: stored.uid(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
+        } else {
+            cached
         };
-        match api.delete(&name, &uid_precondition).await {
-            Ok(DeleteResponse::Left(terminating)) => terminating,
-            Ok(DeleteResponse::Right(_)) => return Ok(true),
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
-                return Ok(true);
-            }
-            Err(source) => {
-                return Err(VolumeError::Api {
-                    action: "delete",
-                    name,
-                    source,
-                });
-            }
+        match volume_finalizer_action(pv, driver) {
+            FinalizerAction::Add => add_finalizer(&api, pv, PV_FINALIZER).await,
+            FinalizerAction::Remove => remove_finalizer(&api, pv, PV_FINALIZER).await,
+            FinalizerAction::None => Ok(()),
         }
-    };
-    remove_finalizer(&api, &terminating, PV_FINALIZER)
-        .await
-        .map_err(|source| finalizer_error(&terminating, source))?;
-    Ok(true)
+        .map_err(|source| finalizer_error(pv, source))?;
+        // Only after the finalizer: an untranslatable PV keeps it, the only trace of its volume
+        // once the PV is deleted, as upstream.
+        if is_migrated(cached, driver) {
+            self.check_translatable(pv, cached)?;
+        }
+        if !should_delete(pv) || !has_deletable_source(pv, driver) {
+            return Ok(false);
+        }
+        // A PV this sidecar cannot delete the volume of (no volume handle, a driver without
+        // CREATE_DELETE_VOLUME) is reported before anything irrevocable happens to it.
+        deletion_target(pv, &ctx.settings.caps, driver)?;
+        let Some(stored) = commit_deletion(&api, pv).await? else {
+            return Ok(false);
+        };
+        let target = deletion_target(&stored, &ctx.settings.caps, driver)?;
+        let secrets = deletion_secrets(ctx, &stored, &target.secrets).await?;
+        // Last, as upstream: the PV stays Terminating, held by our finalizer, until no
+        // VolumeAttachment names it.
+        check_attachments(ctx, &stored.name_any()).await?;
+        delete_volume(ctx, &volume_class(&stored), &target.volume_handle, secrets)
+            .await
+            .map_err(VolumeError::Driver)?;
+        ctx.refresh_capacity(|| RefreshCause::Deleted {
+            affinity: stored
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.node_affinity.clone()),
+        });
+        let name = pv.name_any();
+        let terminating = if stored.metadata.deletion_timestamp.is_some() {
+            stored
+        } else {
+            let uid_precondition = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: stored.uid(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &uid_precondition).await {
+                Ok(DeleteResponse::Left(terminating)) => terminating,
+                Ok(DeleteResponse::Right(_)) => return Ok(true),
+                Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => {
+                    return Ok(true);
+                }
+                Err(source) => {
+                    return Err(VolumeError::Api {
+                        action: "delete",
+                        name,
+                        source,
+                    });
+                }
+            }
+        };
+        remove_finalizer(&api, &terminating, PV_FINALIZER)
+            .await
+            .map_err(|source| finalizer_error(&terminating, source))?;
+        Ok(true)
+    }
+
+    /// A migrated PV whose handle cannot be translated is not deleted. The failure is remembered
+    /// for this version of the PV, so it is not retried until the PV changes.
+    fn check_translatable(
+        &self,
+        stored: &PersistentVolume,
+        cached: &PersistentVolume,
+    ) -> Result<(), VolumeError> {
+        let ctx = &self.ctx;
+        match deletion_target(stored, &ctx.settings.caps, &ctx.settings.config.driver_name) {
+            Err(error @ DeletionError::Migration(_)) => {
+                let version = cached.resource_version().unwrap_or_default();
+                self.untranslatable().insert(cached.name_any(), version);
+                Err(VolumeError::Untranslatable(error))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn backoff(&self) -> MutexGuard<'_, Backoff<String>> {
+        lock(&self.backoff)
+    }
+
+    fn untranslatable(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        lock(&self.untranslatable)
+    }
 }
 
 /// A migrated PV as stored (its handle is translated from fields the cache does not keep:
@@ -260,23 +405,6 @@ async fn read_migrated(
             source,
         })?;
     Ok(stored.filter(|stored| stored.uid() == cached.uid()))
-}
-
-/// A migrated PV whose handle cannot be translated is not deleted. The failure is remembered
-/// for this version of the PV, so it is not retried until the PV changes.
-fn check_translatable(
-    stored: &PersistentVolume,
-    cached: &PersistentVolume,
-    ctx: &Context,
-) -> Result<(), VolumeError> {
-    match deletion_target(stored, &ctx.caps, &ctx.config.driver_name) {
-        Err(error @ DeletionError::Migration(_)) => {
-            let version = cached.resource_version().unwrap_or_default();
-            ctx.untranslatable().insert(cached.name_any(), version);
-            Err(VolumeError::Untranslatable(error))
-        }
-        _ => Ok(()),
-    }
 }
 
 /// Checks the cached decision to delete against the API server before DeleteVolume, and
@@ -333,7 +461,7 @@ async fn check_attachments(ctx: &Context, pv_name: &str) -> Result<(), Attachmen
     };
     check_detached(
         pv_name,
-        &ctx.caps,
+        &ctx.settings.caps,
         attachments
             .as_ref()
             .map(|listed| listed.iter().map(|cached| cached.attachment())),
@@ -352,7 +480,8 @@ async fn deletion_secrets(
         DeletionSecrets::Fetch(reference) => reference.clone(),
         DeletionSecrets::FromStorageClass { class_name } => {
             let class = ctx.classes.get(&ObjectRef::new(class_name));
-            match deletion_secret_from_class(pv, class.as_deref(), &ctx.config.driver_name) {
+            match deletion_secret_from_class(pv, class.as_deref(), &ctx.settings.config.driver_name)
+            {
                 Ok(Some(reference)) => reference,
                 Ok(None) => return Ok(HashMap::new()),
                 Err(source) => {

@@ -103,7 +103,7 @@ fn failed(message: &str) -> String {
 async fn reconcile(scenario: &Scenario, pvc: PersistentVolumeClaim) -> Next {
     let Ok(action) = bounded(ClaimReconciler::reconcile(
         Arc::new(cached(&pvc)),
-        scenario.ctx(),
+        scenario.claims(),
     ))
     .await;
     action
@@ -295,7 +295,7 @@ async fn a_drain_sends_nothing_for_a_claim_it_has_not_recorded() {
         .annotation(ANN_PROVISIONING_CONSISTENCY, "enable")
         .build();
     let scenario = cluster().draining().start([]).await;
-    assert!(!ClaimReconciler::has_work(&cached(&pvc), &scenario.ctx()));
+    assert!(!scenario.claims().has_work(&cached(&pvc)));
     assert_eq!(reconcile(&scenario, pvc).await, Next::Wait);
     assert_eq!(scenario.finish().await, Vec::<String>::new());
 }
@@ -1551,10 +1551,11 @@ async fn a_claim_selected_to_another_node_gets_no_request() {
         reconcile(&scenario, on_node("node-a").build()).await,
         Next::Wait
     );
-    assert!(!ClaimReconciler::has_work(
-        &cached(&on_node("node-a").build()),
-        &scenario.ctx()
-    ));
+    assert!(
+        !scenario
+            .claims()
+            .has_work(&cached(&on_node("node-a").build()))
+    );
     assert!(scenario.finish().await.is_empty(), "no event either");
 }
 
@@ -1630,14 +1631,14 @@ async fn a_lost_write_or_no_room_waits_longer_and_another_nodes_name_ends_the_ra
         &reconcile(&scenario, immediate_claim().build()).await,
         Duration::from_millis(1001)..=Duration::from_secs(2),
     );
-    assert_eq!(scenario.ctx().races().attempts(PVC_UID), Some(3));
+    assert_eq!(scenario.claims().races().attempts(PVC_UID), Some(3));
     sleep_past(wait).await;
     // The winner's name is in the cache now: nothing is sent and the race is over.
     let taken = immediate_claim()
         .annotation(ANN_SELECTED_NODE, "node-a")
         .build();
     assert_eq!(reconcile(&scenario, taken).await, Next::Wait);
-    assert_eq!(scenario.ctx().races().attempts(PVC_UID), None);
+    assert_eq!(scenario.claims().races().attempts(PVC_UID), None);
     assert!(scenario.finish().await.is_empty());
 }
 

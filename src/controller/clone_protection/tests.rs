@@ -62,10 +62,7 @@ async fn the_finalizer_stays_while_a_pending_clone_exists() {
         .volume(source_pv())
         .start([])
         .await;
-    assert!(CloneProtection::has_work(
-        &cached(&source()),
-        &scenario.ctx()
-    ));
+    assert!(CloneProtection::has_work(&cached(&source())));
     assert_eq!(reconcile(&scenario).await, Next::RetryIn(RETRY_START));
     assert_eq!(scenario.finish().await, Vec::<String>::new(), "no events");
 }
@@ -119,7 +116,7 @@ async fn a_claim_not_being_deleted_is_not_queued() {
         .finalizer(CLONE_PROTECTION_FINALIZER)
         .build();
     let scenario = Cluster::new().start([]).await;
-    assert!(!CloneProtection::has_work(&cached(&alive), &scenario.ctx()));
+    assert!(!CloneProtection::has_work(&cached(&alive)));
     scenario.finish().await;
 }
 

@@ -46,7 +46,7 @@ fn finalizer_removed(pv: PvBuilder) -> Step {
 async fn reconcile(scenario: &Scenario, pv: PersistentVolume) -> Next {
     let Ok(action) = bounded(VolumeReconciler::reconcile(
         Arc::new(cached(&pv)),
-        scenario.ctx(),
+        scenario.volumes(),
     ))
     .await;
     action
@@ -177,10 +177,7 @@ fn node_b() -> Cluster {
 async fn a_pv_of_another_node_gets_no_request() {
     let scenario = node_b().start([]).await;
     let theirs = released().on(NODE_KEY, "node-a").build();
-    assert!(!VolumeReconciler::has_work(
-        &cached(&theirs),
-        &scenario.ctx()
-    ));
+    assert!(!scenario.volumes().has_work(&cached(&theirs)));
     assert_eq!(reconcile(&scenario, theirs).await, Next::Wait);
     assert_eq!(scenario.finish().await, Vec::<String>::new());
 }
@@ -218,20 +215,11 @@ async fn a_pv_without_affinity_is_deleted_only_by_the_node_that_created_it() {
         pv
     };
     let scenario = node_b().start([]).await;
-    let ctx = scenario.ctx();
-    assert!(!VolumeReconciler::has_work(
-        &cached(&with_identity("node-a")),
-        &ctx
-    ));
-    assert!(!VolumeReconciler::has_work(
-        &cached(&released().build()),
-        &ctx
-    ));
-    assert!(VolumeReconciler::has_work(
-        &cached(&with_identity("node-b")),
-        &ctx
-    ));
-    drop(ctx);
+    let volumes = scenario.volumes();
+    assert!(!volumes.has_work(&cached(&with_identity("node-a"))));
+    assert!(!volumes.has_work(&cached(&released().build())));
+    assert!(volumes.has_work(&cached(&with_identity("node-b"))));
+    drop(volumes);
     assert_eq!(scenario.finish().await, Vec::<String>::new());
 }
 
@@ -301,13 +289,10 @@ async fn a_migrated_pv_that_cannot_be_translated_gets_our_finalizer_and_no_retry
         .await;
     assert_eq!(reconcile(&scenario, bound().build()).await, Next::Wait);
     // The same version is not looked at again, not even at a resync.
-    let ctx = scenario.ctx();
-    assert!(!VolumeReconciler::has_work(&cached(&bound().build()), &ctx));
-    assert!(VolumeReconciler::has_work(
-        &cached(&bound().resource_version("6").build()),
-        &ctx
-    ));
-    drop(ctx);
+    let volumes = scenario.volumes();
+    assert!(!volumes.has_work(&cached(&bound().build())));
+    assert!(volumes.has_work(&cached(&bound().resource_version("6").build())));
+    drop(volumes);
     assert_eq!(scenario.finish().await, vec![UNTRANSLATABLE]);
 }
 
@@ -343,11 +328,8 @@ async fn an_in_tree_pv_this_driver_cannot_name_only_loses_our_finalizer() {
         .start([finalizer_removed(ebs())])
         .await;
     assert_eq!(reconcile(&scenario, ebs().build()).await, Next::Wait);
-    let ctx = scenario.ctx();
-    assert!(!VolumeReconciler::has_work(
-        &cached(&ebs().no_finalizer().build()),
-        &ctx
-    ));
-    drop(ctx);
+    let volumes = scenario.volumes();
+    assert!(!volumes.has_work(&cached(&ebs().no_finalizer().build())));
+    drop(volumes);
     assert_eq!(scenario.finish().await, Vec::<String>::new());
 }

@@ -23,7 +23,7 @@ use crate::metrics::Metrics;
 use crate::provision::capacity::RefreshCause;
 use crate::provision::{DriverCapabilities, NodeScope, ProvisionerConfig};
 
-/// Settings of [`super::run`] that come from flags.
+/// Settings of `controller::run` that come from flags.
 pub struct Settings {
     pub config: ProvisionerConfig,
     pub caps: DriverCapabilities,
@@ -108,7 +108,7 @@ pub struct Context {
     pub journal: Journal,
     /// With `--enable-capacity`: where provisionings and deletions ask for a refresh.
     pub capacity_refresh: Option<CapacityRefresh>,
-    /// The flags, as [`super::run`] got them.
+    /// The flags, as `controller::run` got them.
     pub settings: Settings,
 }
 

@@ -185,8 +185,8 @@ pub async fn run(
     let ctx = Arc::new(ctx);
 
     let claims_listed = cache::listed(&ctx.claims);
-    let (drained, handed_over) = drain::start(&ctx, claims_listed.clone(), drain);
-    let drained = || drained.wait();
+    let (drain_signal, handed_over) = drain::start(&ctx, claims_listed.clone(), drain);
+    let drained = || drain_signal.wait();
     let (claim_stream, clone_protection) =
         CloneProtectionController::new(&ctx, claim_stream, claims_listed.clone());
     let claim_controller =

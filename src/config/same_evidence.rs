@@ -3,7 +3,8 @@
 //! listed here (and nothing else), and that each named test exists in the source tree, so a
 //! row cannot claim "same" without evidence and evidence cannot silently disappear.
 //!
-//! A name is `path::function` from the package root; the function must carry `#[test]` or
+//! A name is `path::function` from the repository root (the sidecar package's root, which also
+//! holds the decision layer's crate, `provision/`); the function must carry `#[test]` or
 //! `#[tokio::test]` and not `#[ignore]`. Parsing and defaults are covered for every flag by
 //! `src/config/tests.rs` (`defaults_equal_upstream`, `every_flag_parses`); the tests named
 //! here exercise what the flag does.
@@ -60,38 +61,38 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "extra-create-metadata",
         &[
-            "src/provision/plan.rs::extra_create_metadata_adds_claim_and_volume_names",
-            "src/provision/parameters.rs::extra_create_metadata_is_added_after_stripping",
+            "provision/src/plan.rs::extra_create_metadata_adds_claim_and_volume_names",
+            "provision/src/parameters.rs::extra_create_metadata_is_added_after_stripping",
         ],
     ),
     (
         "default-fstype",
-        &["src/provision/plan.rs::default_fstype_applies_and_block_claims_get_none"],
+        &["provision/src/plan.rs::default_fstype_applies_and_block_claims_get_none"],
     ),
     (
         "controller-publish-readonly",
         &[
-            "src/provision/plan.rs::read_only_only_for_a_single_rox_mode_with_the_flag",
-            "src/provision/volume.rs::read_only_rox_volume_is_marked_read_only",
+            "provision/src/plan.rs::read_only_only_for_a_single_rox_mode_with_the_flag",
+            "provision/src/volume.rs::read_only_rox_volume_is_marked_read_only",
         ],
     ),
     (
         "prevent-volume-mode-conversion",
         &[
-            "src/provision/data_source.rs::a_restore_into_another_volume_mode_needs_the_contents_permission",
+            "provision/src/data_source.rs::a_restore_into_another_volume_mode_needs_the_contents_permission",
         ],
     ),
     (
         "strict-topology",
         &[
-            "src/provision/topology.rs::strict_topology_sends_only_the_selected_nodes_term",
+            "provision/src/topology.rs::strict_topology_sends_only_the_selected_nodes_term",
             "tests/topology.rs::wffc_strict_topology_requires_only_the_chosen_nodes_zone",
         ],
     ),
     (
         "immediate-topology",
         &[
-            "src/provision/topology.rs::immediate_topology_off_sends_nothing_without_node_or_allowed_topologies",
+            "provision/src/topology.rs::immediate_topology_off_sends_nothing_without_node_or_allowed_topologies",
             "tests/topology.rs::immediate_topology_off_sends_no_requirements",
         ],
     ),
@@ -134,7 +135,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "node-deployment-base-delay",
         &[
-            "src/provision/node.rs::ownership_delay_has_upstreams_numbers",
+            "provision/src/node.rs::ownership_delay_has_upstreams_numbers",
             "src/controller/ownership.rs::jitter_stays_in_its_range",
             "tests/node_deployment.rs::immediate_claims_get_one_node_each_and_fill_the_nodes_with_room_exactly",
         ],
@@ -142,7 +143,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "node-deployment-max-delay",
         &[
-            "src/provision/node.rs::ownership_delay_has_upstreams_numbers",
+            "provision/src/node.rs::ownership_delay_has_upstreams_numbers",
             "src/controller/ownership.rs::a_race_waits_then_each_lost_try_waits_longer_and_forget_resets_it",
         ],
     ),

@@ -327,7 +327,7 @@ mod tests {
     use super::*;
     use crate::api::VolumeSnapshotStatus;
     use crate::csi::volume_content_source::{SnapshotSource, VolumeSource};
-    use crate::provision::fixtures::{DRIVER, PvcBuilder};
+    use crate::fixtures::{DRIVER, PvcBuilder};
 
     fn ours(handle: &str) -> Option<SourceVolume<'_>> {
         Some(SourceVolume {
@@ -357,7 +357,7 @@ mod tests {
     fn source() -> PersistentVolumeClaim {
         PvcBuilder::new()
             .name("src")
-            .annotation(crate::provision::ANN_STORAGE_PROVISIONER, DRIVER)
+            .annotation(crate::ANN_STORAGE_PROVISIONER, DRIVER)
             .finalizer(CLONE_PROTECTION_FINALIZER)
             .deleting()
             .build()
@@ -473,7 +473,7 @@ mod tests {
         let mut foreign_claim = source();
         foreign_claim.metadata.annotations = Some(
             [(
-                crate::provision::ANN_STORAGE_PROVISIONER.to_owned(),
+                crate::ANN_STORAGE_PROVISIONER.to_owned(),
                 "other.example.com".to_owned(),
             )]
             .into(),

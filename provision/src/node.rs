@@ -372,8 +372,8 @@ fn requirement_matches(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::fixtures::{ClassBuilder, DRIVER, PvBuilder, PvcBuilder, caps, config};
-    use crate::provision::{
+    use crate::fixtures::{ClassBuilder, DRIVER, PvBuilder, PvcBuilder, caps, config};
+    use crate::{
         DecisionError, TopologyInputs, accessibility_requirements, claim_work, plan_provision,
     };
     use k8s_openapi::api::core::v1::{NodeSelector, VolumeNodeAffinity};
@@ -449,7 +449,7 @@ mod tests {
     fn only_the_ga_key_selects_a_node() {
         let segment = segment();
         let alpha = claim()
-            .annotation(crate::provision::ANN_ALPHA_SELECTED_NODE, NODE)
+            .annotation(crate::ANN_ALPHA_SELECTED_NODE, NODE)
             .build();
         assert_eq!(
             check_node(&alpha, &immediate(), &scope(&segment)),
@@ -470,7 +470,7 @@ mod tests {
     }
 
     fn ours() -> PvcBuilder {
-        claim().annotation(crate::provision::ANN_STORAGE_PROVISIONER, DRIVER)
+        claim().annotation(crate::ANN_STORAGE_PROVISIONER, DRIVER)
     }
 
     #[test]
@@ -520,7 +520,7 @@ mod tests {
 
     #[test]
     fn the_finalizer_comes_off_on_the_owner_or_from_a_deleted_claim_never_selected_or_bound() {
-        let finalized = || ours().finalizer(crate::provision::PROVISIONING_FINALIZER);
+        let finalized = || ours().finalizer(crate::PROVISIONING_FINALIZER);
         let bound = || finalized().volume_name("pvc-x");
         let mine = bound().annotation(ANN_SELECTED_NODE, NODE).build();
         assert_eq!(node_work(&mine, &wffc(), false), "release");
@@ -564,7 +564,7 @@ mod tests {
     }
 
     fn plan_for(pvc: &PersistentVolumeClaim, class: &StorageClass) -> ProvisionPlan {
-        let caps = crate::provision::DriverCapabilities {
+        let caps = crate::DriverCapabilities {
             topology: true,
             ..caps()
         };
@@ -574,7 +574,7 @@ mod tests {
     fn requirements(
         class: &StorageClass,
         strict: bool,
-    ) -> Result<Option<csi::TopologyRequirement>, crate::provision::TopologyError> {
+    ) -> Result<Option<csi::TopologyRequirement>, crate::TopologyError> {
         let view = SingleNode {
             name: NODE.into(),
             segment: segment(),

@@ -100,7 +100,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::provision::fixtures::{DRIVER, PvcBuilder, config};
+    use crate::fixtures::{DRIVER, PvcBuilder, config};
 
     fn class(driver: &str, parameters: &[(&str, &str)]) -> VolumeAttributesClass {
         VolumeAttributesClass {

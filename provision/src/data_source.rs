@@ -474,7 +474,7 @@ mod tests {
     use crate::api::{
         VolumeSnapshotContentSpec, VolumeSnapshotContentStatus, VolumeSnapshotStatus,
     };
-    use crate::provision::fixtures::{ClassBuilder, DRIVER, PvBuilder, PvcBuilder, deletion_time};
+    use crate::fixtures::{ClassBuilder, DRIVER, PvBuilder, PvcBuilder, deletion_time};
 
     const SOURCE_UID: &str = "5c1c8b4e-0000-4000-8000-00000000000a";
     const SNAPSHOT_UID: &str = "5c1c8b4e-0000-4000-8000-00000000000b";

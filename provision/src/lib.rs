@@ -24,7 +24,16 @@
 //! [`pv_finalizer_action`] and [`should_delete`]), then [`deletion_target`] (and
 //! [`deletion_secret_from_class`] when the PV does not record its deletion secret), and right
 //! before DeleteVolume [`check_detached`] (no VolumeAttachment names the PV).
+//!
+//! A crate of its own so that the compiler keeps it pure: it depends on the API types
+//! (k8s-openapi, [`api`]), the CSI messages (csi-spec) and serialization only, never on tokio or
+//! a kube client. The sidecar re-exports it as `csi_provisioner::provision` (and [`api`] as
+//! `csi_provisioner::api`).
 
+/// The sidecar's name for the CSI messages, so the decisions read `csi::...` as the sidecar does.
+use csi_spec as csi;
+
+pub mod api;
 mod attachment;
 mod attributes_class;
 mod capabilities;
@@ -51,8 +60,11 @@ mod validation;
 mod volume;
 mod work;
 
-#[cfg(test)]
-pub(crate) mod fixtures;
+// The sidecar's controller tests build claims and volumes with these too; `cfg(test)` of this
+// crate is not theirs, so they reach the builders through the `test-fixtures` feature, which
+// only the sidecar's [dev-dependencies] enable.
+#[cfg(any(test, feature = "test-fixtures"))]
+pub mod fixtures;
 #[cfg(test)]
 mod proptests;
 

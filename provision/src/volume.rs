@@ -231,10 +231,8 @@ mod tests {
 
     use super::*;
     use crate::api::{ReferenceGrantFrom, ReferenceGrantSpec, ReferenceGrantTo};
-    use crate::provision::fixtures::{
-        ClassBuilder, DRIVER, IDENTITY, PVC_UID, PvcBuilder, caps, config,
-    };
-    use crate::provision::{DriverCapabilities, ProvisionerConfig, plan_provision};
+    use crate::fixtures::{ClassBuilder, DRIVER, IDENTITY, PVC_UID, PvcBuilder, caps, config};
+    use crate::{DriverCapabilities, ProvisionerConfig, plan_provision};
 
     fn plan_with(
         pvc: PvcBuilder,

@@ -60,7 +60,7 @@ pub fn check_detached<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::fixtures::caps;
+    use crate::fixtures::caps;
 
     fn attaching() -> DriverCapabilities {
         DriverCapabilities {

@@ -147,8 +147,8 @@ pub fn volume_has_work(pv: &PersistentVolume, driver_name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::fixtures::{ClassBuilder, DRIVER, PvBuilder, PvcBuilder, config};
-    use crate::provision::{
+    use crate::fixtures::{ClassBuilder, DRIVER, PvBuilder, PvcBuilder, config};
+    use crate::{
         ANN_BETA_STORAGE_PROVISIONER, ANN_PROVISIONING_CONSISTENCY, ANN_STORAGE_PROVISIONER,
         PROVISIONING_FINALIZER,
     };

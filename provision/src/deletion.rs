@@ -381,7 +381,7 @@ fn phase(pv: &PersistentVolume) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvBuilder, caps};
+    use crate::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvBuilder, caps};
 
     #[test]
     fn provisioned_by_annotation_decides_responsibility() {

@@ -240,7 +240,7 @@ pub(super) fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::fixtures::{ClassBuilder, DRIVER, PvcBuilder};
+    use crate::fixtures::{ClassBuilder, DRIVER, PvcBuilder};
 
     fn ours() -> PvcBuilder {
         PvcBuilder::new().annotation(ANN_STORAGE_PROVISIONER, DRIVER)

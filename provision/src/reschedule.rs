@@ -94,8 +94,8 @@ pub fn reschedule_patch(pvc: &PersistentVolumeClaim, node: &str) -> Patch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::fixtures::PvcBuilder;
-    use crate::provision::names::ANN_ALPHA_SELECTED_NODE;
+    use crate::fixtures::PvcBuilder;
+    use crate::names::ANN_ALPHA_SELECTED_NODE;
 
     const EXHAUSTED: RescheduleCause = RescheduleCause::DriverExhausted {
         operation_kept: false,

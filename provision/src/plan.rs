@@ -357,10 +357,10 @@ fn claim_source(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::SecretRef;
     use crate::api::{ReferenceGrantFrom, ReferenceGrantTo};
     use crate::csi::volume_capability::{AccessMode, AccessType, MountVolume};
-    use crate::provision::SecretRef;
-    use crate::provision::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvcBuilder, caps, config};
+    use crate::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvcBuilder, caps, config};
 
     fn plan(pvc: &PersistentVolumeClaim, class: &StorageClass) -> Result<ProvisionPlan, String> {
         plan_provision(pvc, class, &config(), &caps(), &[]).map_err(|e| e.to_string())

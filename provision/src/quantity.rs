@@ -187,7 +187,7 @@ fn ceil_scaled(digits: &[u8], exp10: i64) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::fixtures::PvcBuilder;
+    use crate::fixtures::PvcBuilder;
 
     fn bytes(value: &str) -> i64 {
         match parse_quantity_bytes(value) {

@@ -1,4 +1,6 @@
-//! Whether a claim is ours to provision now (upstream's shouldProvision chain).
+//! Whether a claim is ours to provision now (upstream's shouldProvision chain), and the kinds of
+//! work a claim may need ([`ClaimWork`]): defined here, below `work` (which finds the work) and
+//! `node` (which narrows it to one node), so neither imports the other.
 
 use std::fmt;
 use std::sync::Arc;
@@ -9,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use thiserror::Error;
 
 use super::migration::{InTreePlugin, MigrationError};
-use super::names::{
+use super::well_known::{
     ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_CLASS, ANN_BETA_STORAGE_PROVISIONER, ANN_MIGRATED_TO,
     ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER,
 };
@@ -25,6 +27,23 @@ pub enum ProvisionDecision {
     Skip(SkipReason),
     /// Ours, but it cannot proceed: count a failure and retry with backoff.
     Error(DecisionError),
+}
+
+/// The work a claim needs now. `C` is how the caller holds the claim's StorageClass (a
+/// reference, or the cache's `Arc`), handed back with [`ClaimWork::Provision`].
+#[derive(Debug, PartialEq)]
+pub enum ClaimWork<C> {
+    /// Nothing now; the reason, when the claim is not ours to provision (for the debug log).
+    Nothing(Option<SkipReason>),
+    /// Take the provisioning-consistency finalizer off.
+    ReleaseFinalizer,
+    /// Plan and provision a volume with this class.
+    Provision(C),
+    /// Ours, but it cannot proceed: a failure to report and retry.
+    Refuse(DecisionError),
+    /// `--node-deployment`: an Immediate claim no node owns yet; compete for it with this
+    /// class (see `provision::node`). Never returned by [`claim_work`](super::claim_work) itself.
+    BecomeOwner(C),
 }
 
 /// Why a claim is left alone.

@@ -10,13 +10,13 @@ use thiserror::Error;
 use super::capabilities::{CapabilityError, check_create_delete_capabilities};
 use super::claim::{annotation, migrated_plugin};
 use super::migration::{Holding, InTreePlugin, MigrationError, same_in_tree_volume};
-use super::names::{
-    ANN_BETA_STORAGE_CLASS, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
-    ANN_MIGRATED_TO, ANN_PROVISIONED_BY, PV_FINALIZER,
-};
 use super::node::{NodeScope, VolumePlace, volume_place};
 use super::secrets::{SecretError, SecretKind, SecretRef, TemplateContext, resolve_secret_ref};
 use super::settings::DriverCapabilities;
+use super::well_known::{
+    ANN_BETA_STORAGE_CLASS, ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE,
+    ANN_MIGRATED_TO, ANN_PROVISIONED_BY, PV_FINALIZER,
+};
 
 const POLICY_DELETE: &str = "Delete";
 const POLICY_RETAIN: &str = "Retain";
@@ -738,7 +738,7 @@ mod tests {
             let mut pv = PvBuilder::new().build();
             if let Some(csi) = pv.spec.as_mut().and_then(|spec| spec.csi.as_mut()) {
                 csi.volume_attributes = Some(BTreeMap::from([(
-                    super::super::names::PROVISIONER_IDENTITY_KEY.to_owned(),
+                    super::super::well_known::PROVISIONER_IDENTITY_KEY.to_owned(),
                     format!("1-2-{DRIVER}-{node}"),
                 )]));
             }

@@ -15,9 +15,9 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 
-use super::names::PV_FINALIZER;
+use super::accessibility::ClusterTopology;
 use super::settings::{DriverCapabilities, ProvisionerConfig};
-use super::topology::ClusterTopology;
+use super::well_known::PV_FINALIZER;
 
 pub const DRIVER: &str = "hostpath.csi.k8s.io";
 pub const PVC_UID: &str = "0b2c9f8e-1d3a-4e5f-8a7b-6c5d4e3f2a1b";

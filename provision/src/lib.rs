@@ -33,19 +33,17 @@
 /// The sidecar's name for the CSI messages, so the decisions read `csi::...` as the sidecar does.
 use csi_spec as csi;
 
+mod accessibility;
 pub mod api;
 mod attachment;
 mod attributes_class;
 mod capabilities;
-pub mod capacity;
 mod claim;
 mod consistency;
 mod data_source;
 mod deletion;
 mod finalizers;
 mod migration;
-mod names;
-mod naming;
 mod node;
 mod parameters;
 mod plan;
@@ -55,9 +53,11 @@ mod reference_grant;
 mod reschedule;
 mod secrets;
 mod settings;
-mod topology;
+pub mod storage_capacity;
 mod validation;
 mod volume;
+mod volume_name;
+mod well_known;
 mod work;
 
 // The sidecar's controller tests build claims and volumes with these too; `cfg(test)` of this
@@ -68,6 +68,9 @@ pub mod fixtures;
 #[cfg(test)]
 mod proptests;
 
+pub use accessibility::{
+    ClusterTopology, TopologyError, TopologyInputs, TopologyTerm, accessibility_requirements,
+};
 pub use attachment::{Attachment, AttachmentError, check_detached};
 pub use attributes_class::{
     AttributesClassError, ignored_attributes_class, mutable_parameters, recorded_class_moved,
@@ -78,9 +81,9 @@ pub use capabilities::{
     volume_capabilities,
 };
 pub use claim::{
-    DecisionError, DriverClass, NotOwner, ProvisionDecision, SkipReason, claim_class_name,
-    claim_is_for_driver, class_for_driver, class_is_for_driver, migrated_plugin, selected_node,
-    should_provision, storage_provisioner,
+    ClaimWork, DecisionError, DriverClass, NotOwner, ProvisionDecision, SkipReason,
+    claim_class_name, claim_is_for_driver, class_for_driver, class_is_for_driver, migrated_plugin,
+    selected_node, should_provision, storage_provisioner,
 };
 pub use consistency::{
     ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER, consistency_enabled,
@@ -99,13 +102,6 @@ pub use deletion::{
 };
 pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
 pub use migration::{Holding, InTreePlugin, MigrationError};
-pub use names::{
-    ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_CLASS, ANN_BETA_STORAGE_PROVISIONER,
-    ANN_CONTROLLER_MODIFY_SECRET_NAME, ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE,
-    ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE, ANN_MIGRATED_TO, ANN_PROVISIONED_BY,
-    ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER, PROVISIONER_IDENTITY_KEY, PV_FINALIZER,
-};
-pub use naming::{VolumeNameError, check_volume_name_flags, names_may_collide, volume_name};
 pub use node::{
     CapacityCheck, NodeScope, Ownership, SingleNode, VolumePlace, capacity_check, check_node,
     has_room, left_out, node_claim_work, ownership_delay, select_node_patch, volume_on_node,
@@ -128,11 +124,14 @@ pub use secrets::{
     resolve_secret_refs, secret_data,
 };
 pub use settings::{DriverCapabilities, ProvisionerConfig, provisioner_identity};
-pub use topology::{
-    ClusterTopology, TopologyError, TopologyInputs, TopologyTerm, accessibility_requirements,
-};
 pub use volume::{CreateResponseError, build_persistent_volume, topology_missing};
+pub use volume_name::{VolumeNameError, check_volume_name_flags, names_may_collide, volume_name};
+pub use well_known::{
+    ANN_ALPHA_SELECTED_NODE, ANN_BETA_STORAGE_CLASS, ANN_BETA_STORAGE_PROVISIONER,
+    ANN_CONTROLLER_MODIFY_SECRET_NAME, ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE,
+    ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE, ANN_MIGRATED_TO, ANN_PROVISIONED_BY,
+    ANN_SELECTED_NODE, ANN_STORAGE_PROVISIONER, PROVISIONER_IDENTITY_KEY, PV_FINALIZER,
+};
 pub use work::{
-    ClaimWork, claim_work, drain_claim_work, has_operation_in_flight, holds_up_drain,
-    volume_has_work,
+    claim_work, drain_claim_work, has_operation_in_flight, holds_up_drain, volume_has_work,
 };

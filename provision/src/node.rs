@@ -21,11 +21,10 @@ use serde_json::{Value, json};
 
 use crate::csi;
 
-use super::claim::{NotOwner, SkipReason, annotation};
-use super::names::{ANN_SELECTED_NODE, PROVISIONER_IDENTITY_KEY};
+use super::accessibility::{ClusterTopology, TopologyError};
+use super::claim::{ClaimWork, NotOwner, SkipReason, annotation};
 use super::plan::ProvisionPlan;
-use super::topology::{ClusterTopology, TopologyError};
-use super::work::ClaimWork;
+use super::well_known::{ANN_SELECTED_NODE, PROVISIONER_IDENTITY_KEY};
 
 const IMMEDIATE: &str = "Immediate";
 

@@ -15,7 +15,6 @@ use super::attributes_class::requested_attributes_class;
 use super::capabilities::{self, CapabilityError, SourceKind, check_provisioning_capabilities};
 use super::claim::claim_class_name;
 use super::data_source::{CLAIM_KIND, DataSource, SNAPSHOT_API_GROUP, SNAPSHOT_KIND};
-use super::naming::{VolumeNameError, volume_name};
 use super::parameters::{
     ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,
 };
@@ -23,6 +22,7 @@ use super::quantity::{QuantityError, requested_bytes};
 use super::reference_grant::{GrantedObject, reference_granted};
 use super::secrets::{SecretError, SecretRefs, TemplateContext, resolve_secret_refs};
 use super::settings::{DriverCapabilities, ProvisionerConfig};
+use super::volume_name::{VolumeNameError, volume_name};
 
 /// Why a claim cannot be provisioned. Every variant is raised before CreateVolume, so nothing
 /// exists on the backend yet.

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use serde_json::Value;
 
 use super::claim::{annotation, selected_node};
-use super::names::ANN_SELECTED_NODE;
+use super::well_known::ANN_SELECTED_NODE;
 
 /// Why an attempt may give up its node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +95,7 @@ pub fn reschedule_patch(pvc: &PersistentVolumeClaim, node: &str) -> Patch {
 mod tests {
     use super::*;
     use crate::fixtures::PvcBuilder;
-    use crate::names::ANN_ALPHA_SELECTED_NODE;
+    use crate::well_known::ANN_ALPHA_SELECTED_NODE;
 
     const EXHAUSTED: RescheduleCause = RescheduleCause::DriverExhausted {
         operation_kept: false,

@@ -12,14 +12,14 @@ use thiserror::Error;
 
 use crate::csi;
 
-use super::names::{
+use super::plan::ProvisionPlan;
+use super::quantity::format_binary_si;
+use super::secrets::SecretRef;
+use super::well_known::{
     ANN_CONTROLLER_MODIFY_SECRET_NAME, ANN_CONTROLLER_MODIFY_SECRET_NAMESPACE,
     ANN_DELETION_SECRET_NAME, ANN_DELETION_SECRET_NAMESPACE, ANN_PROVISIONED_BY,
     PROVISIONER_IDENTITY_KEY, PV_FINALIZER,
 };
-use super::plan::ProvisionPlan;
-use super::quantity::format_binary_si;
-use super::secrets::SecretRef;
 
 /// Why a successful CreateVolume answer cannot become a PV.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]

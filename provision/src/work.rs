@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::claim::{
-    DecisionError, ProvisionDecision, SkipReason, claim_class_name, claim_is_for_driver,
+    ClaimWork, DecisionError, ProvisionDecision, SkipReason, claim_class_name, claim_is_for_driver,
     should_provision,
 };
 use super::consistency::{has_provisioning_finalizer, may_release_finalizer};
@@ -16,25 +16,8 @@ use super::deletion::{
     FinalizerAction, has_deletable_source, is_provisioner_for_volume, should_delete,
     volume_finalizer_action,
 };
-use super::naming::volume_name;
 use super::settings::ProvisionerConfig;
-
-/// The work a claim needs now. `C` is how the caller holds the claim's StorageClass (a
-/// reference, or the cache's `Arc`), handed back with [`ClaimWork::Provision`].
-#[derive(Debug, PartialEq)]
-pub enum ClaimWork<C> {
-    /// Nothing now; the reason, when the claim is not ours to provision (for the debug log).
-    Nothing(Option<SkipReason>),
-    /// Take the provisioning-consistency finalizer off.
-    ReleaseFinalizer,
-    /// Plan and provision a volume with this class.
-    Provision(C),
-    /// Ours, but it cannot proceed: a failure to report and retry.
-    Refuse(DecisionError),
-    /// `--node-deployment`: an Immediate claim no node owns yet; compete for it with this
-    /// class (see `provision::node`). Never returned by [`claim_work`] itself.
-    BecomeOwner(C),
-}
+use super::volume_name::volume_name;
 
 /// The work of a claim, from the claim, the class it names (`None` if that class does not
 /// exist), this sidecar's settings and whether an operation is in flight under a volume name

@@ -85,14 +85,14 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "strict-topology",
         &[
-            "provision/src/topology.rs::strict_topology_sends_only_the_selected_nodes_term",
+            "provision/src/accessibility.rs::strict_topology_sends_only_the_selected_nodes_term",
             "tests/topology.rs::wffc_strict_topology_requires_only_the_chosen_nodes_zone",
         ],
     ),
     (
         "immediate-topology",
         &[
-            "provision/src/topology.rs::immediate_topology_off_sends_nothing_without_node_or_allowed_topologies",
+            "provision/src/accessibility.rs::immediate_topology_off_sends_nothing_without_node_or_allowed_topologies",
             "tests/topology.rs::immediate_topology_off_sends_no_requirements",
         ],
     ),

@@ -33,7 +33,7 @@ use super::queue::WorkQueue;
 use super::topology::{TopologyCache, TopologyView};
 use crate::csi_client::{CallError, CsiController};
 use crate::metrics::{CAPACITY_QUEUE, Metrics};
-use crate::provision::capacity::{
+use crate::provision::storage_capacity::{
     Capacity, Matching, ObjectTemplate, Obsolete, PendingCreates, RefreshCause, Segment,
     SyncTarget, WorkItem, being_deleted, desired_items, get_capacity_request, match_objects,
     object_of, refreshed_items, still_obsolete,
@@ -615,7 +615,7 @@ mod tests {
         Finish, RETRY_MAX, RETRY_START, Step, bounded, delete, get, listed, post, put, scripted,
     };
     use crate::csi;
-    use crate::provision::capacity::{MANAGED_BY, selector};
+    use crate::provision::storage_capacity::{MANAGED_BY, selector};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
     use k8s_openapi::jiff::Timestamp;
     use serde_json::{Value, json};

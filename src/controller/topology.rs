@@ -20,7 +20,7 @@ use serde::Deserialize;
 use tokio::sync::Notify;
 
 use super::cache::{InitialList, listed, watch_signalling};
-use crate::provision::capacity::{Segment, cluster_segments};
+use crate::provision::storage_capacity::{Segment, cluster_segments};
 use crate::provision::{ClusterTopology, SingleNode};
 
 /// A Node as cached: its name (in `metadata`) and its labels.

@@ -22,7 +22,7 @@ use super::context::Context;
 use super::events::EventType;
 use super::finalizers::{add_finalizer, remove_finalizer};
 use crate::csi_client::{CallError, migrated_calls};
-use crate::provision::capacity::RefreshCause;
+use crate::provision::storage_capacity::RefreshCause;
 use crate::provision::{
     AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
     check_detached, deletion_secret_from_class, deletion_target, has_deletable_source, is_migrated,

@@ -11,7 +11,7 @@ use tracing::info;
 use crate::config::CapacityArgs;
 use crate::controller::{CapacitySettings, NodeDeployment, SegmentSource};
 use crate::csi_client::DriverInfo;
-use crate::provision::capacity::{ObjectTemplate, Segment, managed_by};
+use crate::provision::storage_capacity::{ObjectTemplate, Segment, managed_by};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CapacityStartError {

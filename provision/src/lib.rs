@@ -33,37 +33,43 @@
 /// The sidecar's name for the CSI messages, so the decisions read `csi::...` as the sidecar does.
 use csi_spec as csi;
 
-mod accessibility;
+// Public, so a caller can name a decision by its module (`provision::node::check_node`); the
+// flat re-exports below are what today's callers import. `validation` and `reference_grant`
+// are helpers of the other modules only.
+pub mod accessibility;
 pub mod api;
-mod attachment;
-mod attributes_class;
-mod capabilities;
-mod claim;
-mod consistency;
-mod data_source;
-mod deletion;
-mod finalizers;
-mod migration;
-mod node;
-mod parameters;
-mod plan;
-mod protection;
-mod quantity;
+pub mod attachment;
+pub mod attributes_class;
+pub mod capabilities;
+pub mod claim;
+pub mod consistency;
+pub mod data_source;
+pub mod deletion;
+pub mod finalizers;
+pub mod migration;
+pub mod node;
+pub mod parameters;
+pub mod plan;
+pub mod protection;
+pub mod quantity;
 mod reference_grant;
-mod reschedule;
-mod secrets;
-mod settings;
+pub mod reschedule;
+pub mod secrets;
+pub mod settings;
 pub mod storage_capacity;
 mod validation;
-mod volume;
-mod volume_name;
-mod well_known;
-mod work;
+pub mod volume;
+pub mod volume_name;
+pub mod well_known;
+pub mod work;
 
 // The sidecar's controller tests build claims and volumes with these too; `cfg(test)` of this
 // crate is not theirs, so they reach the builders through the `test-fixtures` feature, which
 // only the sidecar's [dev-dependencies] enable.
+// Public now, so clippy asks the builders for a `Default`: `PvcBuilder::new()` starts a chain of
+// setters, and a `default()` beside it would be a second name for the same start.
 #[cfg(any(test, feature = "test-fixtures"))]
+#[allow(clippy::new_without_default)]
 pub mod fixtures;
 #[cfg(test)]
 mod proptests;

@@ -4,7 +4,13 @@
 /// The CSI messages, clients and servers (the csi-spec crate, shared with the reference driver).
 pub use csi_spec as csi;
 
-pub mod api;
+/// The pure decision layer: the csi-provision crate, a crate of its own so that the compiler
+/// keeps it free of IO (it cannot reach tokio or the kube client).
+pub use csi_provision as provision;
+
+/// The API types k8s-openapi lacks; they live in csi-provision, whose decisions read them.
+pub use csi_provision::api;
+
 pub mod app;
 pub mod config;
 pub mod controller;
@@ -18,5 +24,4 @@ pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod profiling;
-pub mod provision;
 pub mod shutdown;

@@ -54,7 +54,7 @@ pub enum AppError {
     )]
     DrainIncomplete,
     #[error(transparent)]
-    Capacity(Box<super::capacity::CapacityStartError>),
+    Capacity(Box<super::capacity_start::CapacityStartError>),
     #[error("a task of the sidecar ended abnormally: {0}")]
     Task(#[source] tokio::task::JoinError),
 }

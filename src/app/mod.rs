@@ -4,7 +4,7 @@
 //! Tasks never end the process themselves: the HTTP server and the other background tasks
 //! report their failure here, which drains (the first shutdown stage) and then exits 1.
 
-mod capacity;
+mod capacity_start;
 mod driver;
 mod error;
 mod lease;
@@ -82,7 +82,7 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
     settings::check_attributes_classes_served(&mut settings, &args, &clients.client).await;
     // The capacity client exists exactly with --enable-capacity.
     if let Some(client) = clients.capacity.as_ref() {
-        let capacity = capacity::capacity_settings(
+        let capacity = capacity_start::capacity_settings(
             &args.capacity,
             &info,
             settings.caps.topology,

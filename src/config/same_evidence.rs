@@ -3,7 +3,8 @@
 //! listed here (and nothing else), and that each named test exists in the source tree, so a
 //! row cannot claim "same" without evidence and evidence cannot silently disappear.
 //!
-//! A name is `path::function` from the package root; the function must carry `#[test]` or
+//! A name is `path::function` from the repository root (the sidecar package's root, which also
+//! holds the decision layer's crate, `provision/`); the function must carry `#[test]` or
 //! `#[tokio::test]` and not `#[ignore]`. Parsing and defaults are covered for every flag by
 //! `src/config/tests.rs` (`defaults_equal_upstream`, `every_flag_parses`); the tests named
 //! here exercise what the flag does.
@@ -23,31 +24,31 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "kubeconfig",
         &[
-            "src/kube_client.rs::config_source_rules",
-            "src/kube_client.rs::kubeconfig_with_master_override",
+            "src/kube_client/tests.rs::config_source_rules",
+            "src/kube_client/tests.rs::kubeconfig_with_master_override",
         ],
     ),
     (
         "master",
         &[
-            "src/kube_client.rs::master_only_config_and_bad_inputs",
-            "src/kube_client.rs::kubeconfig_with_master_override",
+            "src/kube_client/tests.rs::master_only_config_and_bad_inputs",
+            "src/kube_client/tests.rs::kubeconfig_with_master_override",
         ],
     ),
     (
         "kube-api-qps",
         &[
-            "src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags",
-            "src/kube_client.rs::bucket_starts_full_then_refills_at_qps",
-            "src/kube_client.rs::kube_client_requests_are_throttled",
+            "src/kube_client/tests.rs::the_capacity_client_is_limited_by_its_own_flags",
+            "src/kube_client/tests.rs::bucket_starts_full_then_refills_at_qps",
+            "src/kube_client/tests.rs::kube_client_requests_are_throttled",
         ],
     ),
     (
         "kube-api-burst",
         &[
-            "src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags",
-            "src/kube_client.rs::layer_delays_requests_beyond_the_burst",
-            "src/kube_client.rs::flag_defaults_follow_client_go",
+            "src/kube_client/tests.rs::the_capacity_client_is_limited_by_its_own_flags",
+            "src/kube_client/tests.rs::layer_delays_requests_beyond_the_burst",
+            "src/kube_client/tests.rs::flag_defaults_follow_client_go",
         ],
     ),
     (
@@ -60,38 +61,38 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "extra-create-metadata",
         &[
-            "src/provision/plan.rs::extra_create_metadata_adds_claim_and_volume_names",
-            "src/provision/parameters.rs::extra_create_metadata_is_added_after_stripping",
+            "provision/src/plan/tests.rs::extra_create_metadata_adds_claim_and_volume_names",
+            "provision/src/parameters.rs::extra_create_metadata_is_added_after_stripping",
         ],
     ),
     (
         "default-fstype",
-        &["src/provision/plan.rs::default_fstype_applies_and_block_claims_get_none"],
+        &["provision/src/plan/tests.rs::default_fstype_applies_and_block_claims_get_none"],
     ),
     (
         "controller-publish-readonly",
         &[
-            "src/provision/plan.rs::read_only_only_for_a_single_rox_mode_with_the_flag",
-            "src/provision/volume.rs::read_only_rox_volume_is_marked_read_only",
+            "provision/src/plan/tests.rs::read_only_only_for_a_single_rox_mode_with_the_flag",
+            "provision/src/volume/tests.rs::read_only_rox_volume_is_marked_read_only",
         ],
     ),
     (
         "prevent-volume-mode-conversion",
         &[
-            "src/provision/data_source.rs::a_restore_into_another_volume_mode_needs_the_contents_permission",
+            "provision/src/data_source/tests.rs::a_restore_into_another_volume_mode_needs_the_contents_permission",
         ],
     ),
     (
         "strict-topology",
         &[
-            "src/provision/topology.rs::strict_topology_sends_only_the_selected_nodes_term",
+            "provision/src/accessibility/tests.rs::strict_topology_sends_only_the_selected_nodes_term",
             "tests/topology.rs::wffc_strict_topology_requires_only_the_chosen_nodes_zone",
         ],
     ),
     (
         "immediate-topology",
         &[
-            "src/provision/topology.rs::immediate_topology_off_sends_nothing_without_node_or_allowed_topologies",
+            "provision/src/accessibility/tests.rs::immediate_topology_off_sends_nothing_without_node_or_allowed_topologies",
             "tests/topology.rs::immediate_topology_off_sends_no_requirements",
         ],
     ),
@@ -125,16 +126,16 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     ),
     (
         "kube-api-capacity-qps",
-        &["src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags"],
+        &["src/kube_client/tests.rs::the_capacity_client_is_limited_by_its_own_flags"],
     ),
     (
         "kube-api-capacity-burst",
-        &["src/kube_client.rs::the_capacity_client_is_limited_by_its_own_flags"],
+        &["src/kube_client/tests.rs::the_capacity_client_is_limited_by_its_own_flags"],
     ),
     (
         "node-deployment-base-delay",
         &[
-            "src/provision/node.rs::ownership_delay_has_upstreams_numbers",
+            "provision/src/node/tests.rs::ownership_delay_has_upstreams_numbers",
             "src/controller/ownership.rs::jitter_stays_in_its_range",
             "tests/node_deployment.rs::immediate_claims_get_one_node_each_and_fill_the_nodes_with_room_exactly",
         ],
@@ -142,32 +143,32 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "node-deployment-max-delay",
         &[
-            "src/provision/node.rs::ownership_delay_has_upstreams_numbers",
+            "provision/src/node/tests.rs::ownership_delay_has_upstreams_numbers",
             "src/controller/ownership.rs::a_race_waits_then_each_lost_try_waits_longer_and_forget_resets_it",
         ],
     ),
     (
         "leader-election-namespace",
-        &["src/leader.rs::namespace_resolution_order"],
+        &["src/leader/tests.rs::namespace_resolution_order"],
     ),
     (
         "leader-election-lease-duration",
         &[
-            "src/leader.rs::foreign_lease_waits_until_unchanged_for_its_duration",
+            "src/leader/tests.rs::foreign_lease_waits_until_unchanged_for_its_duration",
             "tests/leader_election.rs::a_leader_paused_past_its_lease_sends_nothing_when_it_wakes_up",
         ],
     ),
     (
         "leader-election-renew-deadline",
-        &["src/leader.rs::renewal_failures_past_the_deadline_lose_leadership"],
+        &["src/leader/tests.rs::renewal_failures_past_the_deadline_lose_leadership"],
     ),
     (
         "leader-election-retry-period",
-        &["src/leader.rs::create_renew_release_against_a_mock_apiserver"],
+        &["src/leader/tests.rs::create_renew_release_against_a_mock_apiserver"],
     ),
     (
         "leader-election-labels",
-        &["src/leader.rs::apply_record_sets_spec_and_merges_labels"],
+        &["src/leader/tests.rs::apply_record_sets_spec_and_merges_labels"],
     ),
     (
         "http-endpoint",

@@ -417,7 +417,7 @@ fn every_same_row_names_existing_tests() {
     assert!(test_exists("src/nowhere.rs::x").is_err());
 }
 
-/// Whether `path::function` is a test function (not ignored) of this package.
+/// Whether `path::function` is a test function (not ignored) under the repository root.
 fn test_exists(name: &str) -> Result<(), String> {
     let (path, function) = name.rsplit_once("::").ok_or("not path::function")?;
     let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);

@@ -1,7 +1,7 @@
 //! The CSIStorageCapacity controller (`--enable-capacity`): publishes what GetCapacity reports
 //! for every (topology segment, StorageClass of our driver) as upstream's objects, in
 //! `NAMESPACE`, and deletes the objects with our labels that no item wants. What to publish
-//! and which object is whose is decided by `provision::capacity`; this module does the IO.
+//! and which object is whose is decided by `provision::storage_capacity`; this module does the IO.
 //!
 //! One loop decides, `--capacity-threads` workers act. The loop recomputes the wanted items and
 //! matches them with the watched objects whenever a class or one of our objects changes, or a
@@ -33,13 +33,13 @@ use super::runner::lock;
 use super::topology_cache::{TopologyCache, TopologyView};
 use crate::csi_client::{CallError, CsiController};
 use crate::metrics::{CAPACITY_QUEUE, Metrics};
-use crate::provision::capacity::{
+use crate::provision::storage_capacity::{
     Capacity, Matching, ObjectTemplate, Obsolete, PendingCreates, RefreshCause, Segment,
     SyncTarget, WorkItem, being_deleted, desired_items, get_capacity_request, match_objects,
     object_of, refreshed_items, still_obsolete,
 };
 
-/// `--enable-capacity` settings, from flags, env and the owner lookup (`app::capacity`).
+/// `--enable-capacity` settings, from flags, env and the owner lookup (`app::capacity_start`).
 #[derive(Clone, Debug)]
 pub struct CapacitySettings {
     pub template: ObjectTemplate,
@@ -474,7 +474,7 @@ pub fn segments(source: &SegmentSource, topology: Option<&TopologyView>) -> Segm
         (SegmentSource::Cluster, Some(TopologyView::Watched(cache))) => {
             Segments::Cluster(cache.clone())
         }
-        // Not reached: the settings (`app::capacity`) ask for `Cluster` only for a central
+        // Not reached: the settings (`app::capacity_start`) ask for `Cluster` only for a central
         // provisioner whose driver has topology, which is exactly when the cache is watched
         // (node mode's settings give `Fixed`, a driver without topology `Fixed(nil)`). Should
         // that change, the nil segment, one object for all nodes, is what "no topology" means.

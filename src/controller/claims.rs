@@ -42,7 +42,7 @@ use crate::csi_client::{CallError, ErrorClass, migrated_calls};
 use crate::journal::{JournalError, Operation, Phase};
 use crate::kube_client::go_error_text;
 use crate::metrics::CLAIMS_QUEUE;
-use crate::provision::capacity::RefreshCause;
+use crate::provision::storage_capacity::RefreshCause;
 use crate::provision::{
     AttributesClassError, ClaimWork, CreateResponseError, DecisionError, DriverClass, ExistingPv,
     Holding, InTreePlugin, MigrationError, NodeVerdict, ProvisionError, ProvisionPlan,

@@ -20,7 +20,7 @@ use crate::csi_client::CsiController;
 use crate::fence::LeaseFence;
 use crate::journal::{Journal, JournalScope};
 use crate::metrics::Metrics;
-use crate::provision::capacity::RefreshCause;
+use crate::provision::storage_capacity::RefreshCause;
 use crate::provision::{DriverCapabilities, NodeScope, ProvisionerConfig};
 
 /// Settings of `controller::run` that come from flags.

@@ -27,7 +27,7 @@ use super::context::{Context, NodeDeployment};
 use super::events::EventType;
 use crate::csi_client::CallError;
 use crate::journal::{Operation, Phase};
-use crate::provision::capacity::RefreshCause;
+use crate::provision::storage_capacity::RefreshCause;
 use crate::provision::{Holding, has_provisioning_finalizer, pv_holds_volume, pv_is_for_claim};
 
 /// Why reaping one operation did not finish; it is retried with a backoff, and the text is

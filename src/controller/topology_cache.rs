@@ -20,7 +20,7 @@ use serde::Deserialize;
 use tokio::sync::Notify;
 
 use super::cache::{InitialList, listed, watch_signalling};
-use crate::provision::capacity::{Segment, cluster_segments};
+use crate::provision::storage_capacity::{Segment, cluster_segments};
 use crate::provision::{ClusterTopology, SingleNode};
 
 /// A Node as cached: its name (in `metadata`) and its labels.
@@ -233,7 +233,7 @@ impl TopologyCache {
         self.nodes_listed.clone().await && self.csinodes_listed.clone().await
     }
 
-    /// The capacity segments of a central provisioner (`provision::capacity::cluster_segments`):
+    /// The capacity segments of a central provisioner (`provision::storage_capacity::cluster_segments`):
     /// one per distinct set of our keys' values among the nodes whose CSINode lists our driver.
     pub fn capacity_segments(&self) -> BTreeSet<Segment> {
         let csinodes = self.csinodes.state();

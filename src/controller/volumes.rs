@@ -31,7 +31,7 @@ use super::runner::{
 };
 use crate::csi_client::{CallError, migrated_calls};
 use crate::metrics::VOLUMES_QUEUE;
-use crate::provision::capacity::RefreshCause;
+use crate::provision::storage_capacity::RefreshCause;
 use crate::provision::{
     AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
     check_detached, deletion_secret_from_class, deletion_target, has_deletable_source, is_migrated,

@@ -2,84 +2,29 @@
 //! alerts keep working.
 //!
 //! One [`Metrics`] value is created in `main` and shared (`Arc<Metrics>`) by everything that
-//! records; nothing is global, so tests create their own. `workqueue` records the work queues,
-//! `process` reads the process figures at each scrape.
+//! records; nothing is global, so tests create their own. Each owner's module registers its
+//! families and records them (`csi`: the CSI calls; `controller`: provisioning and deletion;
+//! `orphans`: the orphan reaper; `leader`: leader election; `workqueue`: the work queues;
+//! `process`: the process figures, read at each scrape; `capacity`: the CSIStorageCapacity
+//! gauges); [`Metrics::new`] composes them and keeps the method names callers use.
 
+mod capacity;
+mod controller;
+mod csi;
+mod leader;
+mod orphans;
 mod process;
 mod workqueue;
 
+pub use csi::{NON_GRPC_STATUS, UNKNOWN_DRIVER};
 pub use workqueue::{QueueKey, QueueMetrics};
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::prometheus_text;
-use prometheus_client::encoding::{EncodeLabel, EncodeLabelSet, LabelSetEncoder};
-use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::sync::atomic::AtomicU64;
-
-/// `driver_name` of CSI calls made before GetPluginInfo told us the driver's name.
-pub const UNKNOWN_DRIVER: &str = "unknown-driver";
-
-/// `grpc_status_code` of a CSI call that failed without any gRPC status.
-pub const NON_GRPC_STATUS: &str = "unknown-non-grpc";
-
-/// Buckets of `csi_sidecar_operations_seconds` (csi-lib-utils' values).
-const CSI_OPERATION_BUCKETS: [f64; 13] = [
-    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
-];
-
-/// Prometheus' default buckets, used by the provisioning library's duration histograms.
-const DEFAULT_BUCKETS: [f64; 11] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-/// Labels of `csi_sidecar_operations_seconds`, in upstream's order; `migrated` ("true" or
-/// "false") only for a driver that is a CSI migration target, as upstream's.
-#[derive(Clone, Debug, Hash, PartialEq, Eq)]
-struct CsiOperationLabels {
-    driver_name: String,
-    method_name: &'static str,
-    grpc_status_code: &'static str,
-    migrated: Option<bool>,
-}
-
-impl EncodeLabelSet for CsiOperationLabels {
-    fn encode(&self, encoder: &mut LabelSetEncoder<'_>) -> Result<(), std::fmt::Error> {
-        ("driver_name", self.driver_name.as_str()).encode(encoder.encode_label())?;
-        ("method_name", self.method_name).encode(encoder.encode_label())?;
-        ("grpc_status_code", self.grpc_status_code).encode(encoder.encode_label())?;
-        match self.migrated {
-            Some(migrated) => ("migrated", migrated).encode(encoder.encode_label()),
-            None => Ok(()),
-        }
-    }
-}
-
-/// Labels of the PVC provisioning metrics.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ProvisionLabels {
-    class: String,
-    source: String,
-}
-
-/// Labels of the PV deletion metrics.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DeleteLabels {
-    class: String,
-}
-
-/// Labels of the leader-election metrics: client-go's `name`, the elector's name, which
-/// csi-lib-utils never sets (upstream quirk A16: always `""`, kept so queries match).
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ElectorLabels {
-    name: &'static str,
-}
-
-const ELECTOR: ElectorLabels = ElectorLabels { name: "" };
 
 /// `name` of the claim queue's series (and of the cloning-protection queue's, as upstream).
 pub const CLAIMS_QUEUE: &str = "claims";
@@ -90,40 +35,18 @@ pub const CAPACITY_QUEUE: &str = "csistoragecapacity";
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
-fn csi_operation_histogram() -> Histogram {
-    Histogram::new(CSI_OPERATION_BUCKETS)
-}
-
-fn default_histogram() -> Histogram {
-    Histogram::new(DEFAULT_BUCKETS)
-}
-
-/// The sidecar's metrics registry and every metric in it.
+/// The sidecar's metrics registry and every metric in it, each family registered by the
+/// module of its owner (`csi`, `controller`, `orphans`, `leader`, `workqueue`, `process`,
+/// `capacity`).
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    csi_operations: HistogramFamily<CsiOperationLabels>,
-    provision: Family<ProvisionLabels, Counter>,
-    provision_failed: Family<ProvisionLabels, Counter>,
-    provision_duration: HistogramFamily<ProvisionLabels>,
-    delete: Family<DeleteLabels, Counter>,
-    delete_failed: Family<DeleteLabels, Counter>,
-    delete_duration: HistogramFamily<DeleteLabels>,
-    orphans_deleted: Counter,
-    orphans_waiting_for_secret: Gauge,
-    leader: Family<ElectorLabels, Gauge>,
-    leader_slowpath: Family<ElectorLabels, Counter>,
+    csi: csi::CsiMetrics,
+    controller: controller::ControllerMetrics,
+    orphans: orphans::OrphanMetrics,
+    leader: leader::LeaderMetrics,
     workqueues: workqueue::Workqueues,
-    capacity: CapacityGauges,
-}
-
-/// The gauges of the CSIStorageCapacity controller, registered only with `--enable-capacity`
-/// ([`Metrics::register_capacity`]), as upstream registers them only then.
-#[derive(Debug, Default)]
-struct CapacityGauges {
-    goal: Gauge,
-    current: Gauge,
-    obsolete: Gauge,
+    capacity: capacity::CapacityGauges,
 }
 
 impl Metrics {
@@ -132,121 +55,27 @@ impl Metrics {
     pub const CONTENT_TYPE: &'static str = prometheus_text::CONTENT_TYPE;
 
     /// Creates the registry with every metric registered. `process_start_time_seconds` is set
-    /// to now, so call this once, early in `main`.
+    /// to now, so call this once, early in `main`. The order of registration is the order of
+    /// the exposition.
     pub fn new() -> Self {
         let mut registry = Registry::default();
-
-        let csi_operations: HistogramFamily<CsiOperationLabels> =
-            Family::new_with_constructor(csi_operation_histogram);
-        registry.register(
-            "csi_sidecar_operations_seconds",
-            "Duration of CSI calls from the sidecar to the driver, by gRPC status code",
-            csi_operations.clone(),
-        );
-
-        // prometheus-client appends `_total` to counters, so they are registered without it.
-        let provision = Family::<ProvisionLabels, Counter>::default();
-        registry.register(
-            "controller_persistentvolumeclaim_provision",
-            "Number of persistent volume claims provisioned successfully",
-            provision.clone(),
-        );
-        let provision_failed = Family::<ProvisionLabels, Counter>::default();
-        registry.register(
-            "controller_persistentvolumeclaim_provision_failed",
-            "Number of failed attempts to provision a persistent volume claim",
-            provision_failed.clone(),
-        );
-        let provision_duration: HistogramFamily<ProvisionLabels> =
-            Family::new_with_constructor(default_histogram);
-        registry.register(
-            "controller_persistentvolumeclaim_provision_duration_seconds",
-            "Duration of successful provisioning of a persistent volume claim",
-            provision_duration.clone(),
-        );
-        let delete = Family::<DeleteLabels, Counter>::default();
-        registry.register(
-            "controller_persistentvolume_delete",
-            "Number of persistent volumes deleted successfully",
-            delete.clone(),
-        );
-        let delete_failed = Family::<DeleteLabels, Counter>::default();
-        registry.register(
-            "controller_persistentvolume_delete_failed",
-            "Number of failed attempts to delete a persistent volume",
-            delete_failed.clone(),
-        );
-        let delete_duration: HistogramFamily<DeleteLabels> =
-            Family::new_with_constructor(default_histogram);
-        registry.register(
-            "controller_persistentvolume_delete_duration_seconds",
-            "Duration of successful deletion of a persistent volume",
-            delete_duration.clone(),
-        );
-
-        // Ours, not upstream's: upstream has no journal of operations in flight.
-        let orphans_deleted = Counter::default();
-        registry.register(
-            "csi_provisioner_orphaned_volumes_deleted",
-            "Volumes deleted because the claim they were created for no longer exists",
-            orphans_deleted.clone(),
-        );
-        let orphans_waiting_for_secret = Gauge::default();
-        registry.register(
-            "csi_provisioner_orphaned_volumes_waiting_for_secret",
-            "Volumes of claims that no longer exist, not deleted yet because their provisioner secret cannot be read",
-            orphans_waiting_for_secret.clone(),
-        );
-
-        // client-go's, registered with every replica; their series appear only with
-        // --leader-election (`leader_election_started`).
-        let leader = Family::<ElectorLabels, Gauge>::default();
-        registry.register(
-            "leader_election_master_status",
-            "[ALPHA] Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name",
-            leader.clone(),
-        );
-        let leader_slowpath = Family::<ElectorLabels, Counter>::default();
-        registry.register(
-            "leader_election_slowpath",
-            "[ALPHA] Total number of slow path exercised in renewing leader leases. 'name' is the string used to identify the lease. Please make sure to group by name",
-            leader_slowpath.clone(),
-        );
-
+        let csi = csi::CsiMetrics::register(&mut registry);
+        let controller = controller::ControllerMetrics::register(&mut registry);
+        let orphans = orphans::OrphanMetrics::register(&mut registry);
+        let leader = leader::LeaderMetrics::register(&mut registry);
         let workqueues = workqueue::Workqueues::register(&mut registry);
         // Upstream's provisioning library creates both queues at start, on every replica.
         workqueues.declare(CLAIMS_QUEUE);
         workqueues.declare(VOLUMES_QUEUE);
-
-        let process_start_time = Gauge::<f64, AtomicU64>::default();
-        process_start_time.set(
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs_f64(),
-        );
-        registry.register(
-            "process_start_time_seconds",
-            "Start time of the process since unix epoch in seconds",
-            process_start_time,
-        );
-        registry.register_collector(Box::new(process::ProcessCollector));
-
+        process::register(&mut registry);
         Metrics {
             registry,
-            csi_operations,
-            provision,
-            provision_failed,
-            provision_duration,
-            delete,
-            delete_failed,
-            delete_duration,
-            orphans_deleted,
-            orphans_waiting_for_secret,
+            csi,
+            controller,
+            orphans,
             leader,
-            leader_slowpath,
             workqueues,
-            capacity: CapacityGauges::default(),
+            capacity: capacity::CapacityGauges::default(),
         }
     }
 
@@ -256,63 +85,43 @@ impl Metrics {
         self.workqueues.queue(name)
     }
 
-    /// Registers the CSIStorageCapacity gauges, with upstream's names and help texts (the
-    /// registry appends the final period), and the
-    /// capacity queue's series (upstream creates that queue at start).
+    /// Registers the CSIStorageCapacity gauges and the capacity queue's series (upstream
+    /// creates that queue at start).
     pub fn register_capacity(&mut self) {
         self.workqueues.declare(CAPACITY_QUEUE);
-        self.registry.register(
-            "csistoragecapacities_desired_goal",
-            "[ALPHA] Number of CSIStorageCapacity objects that are supposed to be managed automatically",
-            self.capacity.goal.clone(),
-        );
-        self.registry.register(
-            "csistoragecapacities_desired_current",
-            "[ALPHA] Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically",
-            self.capacity.current.clone(),
-        );
-        self.registry.register(
-            "csistoragecapacities_obsolete",
-            "[ALPHA] Number of CSIStorageCapacity objects that exist and will be deleted automatically. Objects that exist and may need an update are not considered obsolete and therefore not included in this value",
-            self.capacity.obsolete.clone(),
-        );
+        self.capacity.register(&mut self.registry);
     }
 
     /// Sets the CSIStorageCapacity gauges: objects wanted, wanted objects that exist, and
     /// objects of ours that no item wants.
     pub fn set_capacity_objects(&self, goal: usize, current: usize, obsolete: usize) {
-        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-        self.capacity.goal.set(count(goal));
-        self.capacity.current.set(count(current));
-        self.capacity.obsolete.set(count(obsolete));
+        self.capacity.set(goal, current, obsolete);
     }
 
     /// Creates the leader-election series (at 0), as client-go does when the elector is made.
     pub fn leader_election_started(&self) {
-        self.leader.get_or_create(&ELECTOR).set(0);
-        drop(self.leader_slowpath.get_or_create(&ELECTOR));
+        self.leader.started();
     }
 
     /// Records whether this replica leads, as client-go's `leader_election_master_status`.
     pub fn set_leading(&self, leading: bool) {
-        self.leader.get_or_create(&ELECTOR).set(i64::from(leading));
+        self.leader.set_leading(leading);
     }
 
     /// Counts a renewal of our own Lease through the slow path (a fresh GET, then the
     /// update), as client-go's `leader_election_slowpath_total`.
     pub fn leader_slowpath(&self) {
-        self.leader_slowpath.get_or_create(&ELECTOR).inc();
+        self.leader.slowpath();
     }
 
     /// Counts a volume deleted by the orphan reaper.
     pub fn orphan_deleted(&self) {
-        self.orphans_deleted.inc();
+        self.orphans.deleted();
     }
 
     /// Sets how many orphans wait for their provisioner secret to be readable again.
     pub fn set_orphans_waiting_for_secret(&self, waiting: usize) {
-        self.orphans_waiting_for_secret
-            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
+        self.orphans.set_waiting_for_secret(waiting);
     }
 
     /// Records one CSI call. `method_name` is the full gRPC path
@@ -327,57 +136,34 @@ impl Metrics {
         migrated: Option<bool>,
         elapsed: Duration,
     ) {
-        self.csi_operations
-            .get_or_create(&CsiOperationLabels {
-                driver_name: driver_name.to_string(),
-                method_name,
-                grpc_status_code,
-                migrated,
-            })
-            .observe(elapsed.as_secs_f64());
+        self.csi.observe(
+            driver_name,
+            method_name,
+            grpc_status_code,
+            migrated,
+            elapsed,
+        );
     }
 
     /// Records a successful provisioning of a PVC of StorageClass `class` whose data source
     /// kind is `source` ("" without a data source).
     pub fn provision_succeeded(&self, class: &str, source: &str, elapsed: Duration) {
-        let labels = ProvisionLabels {
-            class: class.to_string(),
-            source: source.to_string(),
-        };
-        self.provision.get_or_create(&labels).inc();
-        self.provision_duration
-            .get_or_create(&labels)
-            .observe(elapsed.as_secs_f64());
+        self.controller.provision_succeeded(class, source, elapsed);
     }
 
     /// Records a failed provisioning attempt (any error, including ones that stop retries).
     pub fn provision_failed(&self, class: &str, source: &str) {
-        self.provision_failed
-            .get_or_create(&ProvisionLabels {
-                class: class.to_string(),
-                source: source.to_string(),
-            })
-            .inc();
+        self.controller.provision_failed(class, source);
     }
 
     /// Records a successful deletion of a PV of StorageClass `class`.
     pub fn delete_succeeded(&self, class: &str, elapsed: Duration) {
-        let labels = DeleteLabels {
-            class: class.to_string(),
-        };
-        self.delete.get_or_create(&labels).inc();
-        self.delete_duration
-            .get_or_create(&labels)
-            .observe(elapsed.as_secs_f64());
+        self.controller.delete_succeeded(class, elapsed);
     }
 
     /// Records a failed deletion attempt of a PV of StorageClass `class`.
     pub fn delete_failed(&self, class: &str) {
-        self.delete_failed
-            .get_or_create(&DeleteLabels {
-                class: class.to_string(),
-            })
-            .inc();
+        self.controller.delete_failed(class);
     }
 
     /// Every metric in Prometheus text format ([`Metrics::CONTENT_TYPE`]).

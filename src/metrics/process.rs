@@ -7,11 +7,14 @@
 //! runtime's: goroutines, GC, memstats), which have no Rust counterpart.
 
 use std::fmt;
+use std::sync::atomic::AtomicU64;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Registry;
 
 /// Clock ticks per second of `/proc/<pid>/stat`: the kernel's USER_HZ, 100 on every Linux
 /// ABI (Go's procfs uses the same constant).
@@ -79,9 +82,28 @@ fn soft_limit(limits: &str, key: &str) -> Option<f64> {
     }
 }
 
+/// Registers `process_start_time_seconds`, set to now (so call this once, early), and the
+/// collector of the other `process_*`. Nothing to keep: the start time never changes and the
+/// collector reads `/proc/self` by itself, so this returns no metrics struct.
+pub(super) fn register(registry: &mut Registry) {
+    let process_start_time = Gauge::<f64, AtomicU64>::default();
+    process_start_time.set(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64(),
+    );
+    registry.register(
+        "process_start_time_seconds",
+        "Start time of the process since unix epoch in seconds",
+        process_start_time,
+    );
+    registry.register_collector(Box::new(ProcessCollector));
+}
+
 /// Registered with the registry; reads the figures at each scrape.
 #[derive(Debug)]
-pub(super) struct ProcessCollector;
+struct ProcessCollector;
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {

@@ -3,7 +3,7 @@ use crate::controller::fixtures::{
     Finish, RETRY_MAX, RETRY_START, Step, bounded, delete, get, listed, post, put, scripted,
 };
 use crate::csi;
-use crate::provision::capacity::{MANAGED_BY, selector};
+use crate::provision::storage_capacity::{MANAGED_BY, selector};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};

@@ -2,7 +2,7 @@
 //! names the CRD and the command installing it (not kube's "Failed to parse error data" dump).
 //! This binary runs its own control plane, without the CRD the shared one installs.
 
-mod support;
+use csi_test_support as support;
 
 use std::process::Command;
 

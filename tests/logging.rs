@@ -3,7 +3,7 @@
 //! sidecar connects to a reference driver (an INFO line), then fails for want of a kubeconfig
 //! (an ERROR line) and exits 1; or, without a driver, logs an INFO line every second.
 
-mod support;
+use csi_test_support as support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};

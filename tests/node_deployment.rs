@@ -6,7 +6,7 @@
 //! Isolation: every test has its own driver name (the three drivers of a test are twins of
 //! one name), its own Nodes and namespace (support::topology).
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::BTreeSet;
 

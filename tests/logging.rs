@@ -16,7 +16,7 @@ const GATE: &str = "--feature-gates=LoggingAlphaOptions=true";
 const NO_KUBECONFIG: &str = "--kubeconfig=/nonexistent/kubeconfig";
 
 fn sidecar() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"));
+    let mut command = Command::new(support::peers::sidecar_program());
     command.env_remove("KUBECONFIG").env_remove("RUST_LOG");
     command
 }

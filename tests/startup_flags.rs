@@ -10,7 +10,7 @@ use support::peers::Driver;
 
 /// Runs the sidecar with `flags` and returns its output; it must exit on its own.
 fn sidecar(flags: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+    Command::new(support::peers::sidecar_program())
         .args(flags)
         .env_remove("KUBECONFIG")
         .env_remove("RUST_LOG")

@@ -564,10 +564,12 @@ impl CreateRequest {
 
 // ------------------------------------------------------------------------------ sidecar
 
-/// This package's `csi-provisioner`, the program under test. Cargo builds it for the root
-/// package's integration tests and puts it in the profile directory, above the `deps/` holding
-/// the test binary that runs this: where `env!("CARGO_BIN_EXE_csi-provisioner")` points in a
-/// test target (cargo sets that variable for the test targets only, not for a library they use).
+/// This package's `csi-provisioner`, the program under test, for every test that runs it (through
+/// [`Sidecar`] or on its own). Cargo builds it for the root package's integration tests and puts
+/// it in the profile directory, above the `deps/` holding the test binary that runs this: where
+/// `env!("CARGO_BIN_EXE_csi-provisioner")` points in a test target (cargo sets that variable for
+/// the test targets only, not for a library they use). Found next to the running test binary,
+/// it is the one built with it, also when the binaries are run from a copy of that layout.
 pub fn sidecar_program() -> PathBuf {
     static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let found = FOUND.get_or_init(|| {

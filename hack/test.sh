@@ -19,8 +19,8 @@ cache_root=${CSI_PROVISIONER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/csi-provisio
 # tree, so a fresh clone compiles only the workspace's own crates and not every dependency again
 # (each build below has its own: clippy's check build, the debug build of the tests, the demo's
 # `cargo build`, the static release build). Wiped at the start of a run once it has grown past
-# CSI_PROVISIONER_TARGET_CAP_GB (default 40; a full run adds about 12 GB, each clone at another
-# path adds its own build of the workspace crates).
+# CSI_PROVISIONER_TARGET_CAP_GB (default 40; one run's builds take about 20 GB, and what changed
+# dependencies or toolchains leave behind accumulates).
 if [ -z "${CARGO_TARGET_DIR:-}" ]; then
   export CARGO_TARGET_DIR="$cache_root/cargo-target"
   cap_gb=${CSI_PROVISIONER_TARGET_CAP_GB:-40}

@@ -23,5 +23,6 @@ export CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="-C force-frame-pointers
 step "cargo build --release --locked --target $target (csi-provisioner, csi-reference-driver)"
 cargo build --release --locked --target "$target" --bin csi-provisioner --bin csi-reference-driver
 mkdir -p "$out"
-cp "target/$target/release/csi-provisioner" "target/$target/release/csi-reference-driver" "$out/"
+target_dir=${CARGO_TARGET_DIR:-target}
+cp "$target_dir/$target/release/csi-provisioner" "$target_dir/$target/release/csi-reference-driver" "$out/"
 step "static binaries in $out"

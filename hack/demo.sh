@@ -19,12 +19,13 @@ trap cleanup EXIT
 
 say "building the sidecar, the reference driver and the testbed (cargo build)"
 cargo build
+built=${CARGO_TARGET_DIR:-target}/debug  # where cargo build put them
 bin_dir=$(bash hack/build-control-plane.sh | tail -n 1)
 kubectl="$bin_dir/kubectl"
 export CSI_TESTBED_BIN_DIR="$bin_dir"
 
 say "starting the local control plane (etcd + kube-apiserver + kube-controller-manager)"
-target/debug/testbed up >"$work/testbed.log" 2>&1 &
+"$built/testbed" up >"$work/testbed.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 120); do
   grep -q '^export KUBECONFIG=' "$work/testbed.log" && break
@@ -40,10 +41,10 @@ k apply -f deploy/base/crd.yaml
 k wait --for=condition=Established crd/provisioningjournals.provisioner.csi-rs.dev --timeout=60s
 
 say "starting the reference driver and the sidecar"
-target/debug/csi-reference-driver --endpoint "$work/csi.sock" --state-dir "$work/driver" >"$work/driver.log" 2>&1 &
+"$built/csi-reference-driver" --endpoint "$work/csi.sock" --state-dir "$work/driver" >"$work/driver.log" 2>&1 &
 pids+=($!)
 start_sidecar() {
-  target/debug/csi-provisioner --csi-address "$work/csi.sock" --kubeconfig "$KUBECONFIG" -v=1 >>"$work/sidecar.log" 2>&1 &
+  "$built/csi-provisioner" --csi-address "$work/csi.sock" --kubeconfig "$KUBECONFIG" -v=1 >>"$work/sidecar.log" 2>&1 &
   sidecar=$!
   pids+=("$sidecar")
 }

@@ -4,7 +4,7 @@
 //! with upstream's VolumeFailedDelete event, and goes with its volume once the attachment is
 //! gone. Without the capability, attachments are not looked at.
 
-mod support;
+use csi_test_support as support;
 
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, PostParams};

@@ -6,7 +6,7 @@
 //! Isolation: each test has its own driver (so its own drivername label), zone key, Nodes and
 //! namespace; the objects of other tests' sidecars are never looked at.
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::BTreeMap;
 
@@ -484,6 +484,9 @@ async fn start_up_errors_name_what_is_missing() {
 /// its UID across polls, counted by the GetCapacity calls the sidecar reports.
 #[tokio::test]
 async fn without_topology_one_object_per_class_stays_across_polls() {
+    // No Nodes here, but the binary's other tests need kube-scheduler: whichever test comes
+    // first starts it.
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("capacity-flat").await;
     let driver = Driver::start(&["--capacity=5Gi"]).await;
     let class = cluster.class("flat", &driver, "Delete", &[]).await;

@@ -11,11 +11,11 @@
 //! stuck.
 //!
 //! ```sh
-//! cargo test --test chaos -- --nocapture                                 # 200 claims, as CI runs it
-//! CHAOS_CLAIMS=1000 cargo test --release --test chaos -- --nocapture     # the larger run
-//! CHAOS_SEED=12345 cargo test --release --test chaos -- --nocapture      # replay a plan
-//! CHAOS_FAULTS=all cargo test --test chaos -- --nocapture                # every fault below
-//! CHAOS_FAULTS=leader-paused,class-recreated cargo test --test chaos     # only these ones
+//! cargo test --test cluster chaos:: -- --nocapture                       # 200 claims, as CI runs it
+//! CHAOS_CLAIMS=1000 cargo test --release --test cluster chaos:: -- --nocapture   # the larger run
+//! CHAOS_SEED=12345 cargo test --release --test cluster chaos:: -- --nocapture    # replay a plan
+//! CHAOS_FAULTS=all cargo test --test cluster chaos:: -- --nocapture      # every fault below
+//! CHAOS_FAULTS=leader-paused,class-recreated cargo test --test cluster chaos::  # only these
 //! ```
 //!
 //! `CHAOS_FAULTS` picks the faults beyond the base plan (driver faults, claims deleted
@@ -31,7 +31,7 @@
 //! deleted); the interleaving with the processes still varies. Timing is never asserted: the
 //! waits are only generous bounds against a hang.
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

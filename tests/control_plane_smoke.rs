@@ -2,7 +2,7 @@
 //! the PV controller marks a PVC of an external provisioner's StorageClass, binds a pre-bound
 //! CSI PV to it, and releases the PV once the PVC is deleted.
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -8,7 +8,7 @@
 //! Last, a restore from a VolumeSnapshot of the other namespace (the snapshot machinery of
 //! support::snapshots), whose protection finalizer comes off again (upstream leaves it, A4).
 
-mod support;
+use csi_test_support as support;
 
 use csi_provisioner::api::ReferenceGrant;
 use csi_provisioner::provision::SNAPSHOT_PROTECTION_FINALIZER;

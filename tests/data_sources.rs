@@ -5,7 +5,7 @@
 //! clone or a restore is interrupted (claim deleted, sidecar SIGKILLed, source deleted), and
 //! every bad input as an event with nothing created.
 
-mod support;
+use csi_test_support as support;
 
 use csi_provisioner::api::VolumeSnapshotContent;
 use csi_provisioner::provision::{CLONE_PROTECTION_FINALIZER, SNAPSHOT_PROTECTION_FINALIZER};
@@ -88,8 +88,24 @@ fn has_finalizer(finalizers: Option<&Vec<String>>, finalizer: &str) -> bool {
     finalizers.is_some_and(|f| f.iter().any(|f| f == finalizer))
 }
 
-impl Cluster {
+/// Data-source helpers on top of the shared cluster helpers (a trait: `Cluster` is
+/// csi-test-support's).
+trait DataSourceCluster {
     /// Waits until the snapshot `name` carries (`present`) or lacks the restore finalizer.
+    async fn wait_snapshot_protected(&self, name: &str, present: bool);
+
+    /// A bound 1Gi source claim `src` and the driver volume's handle.
+    async fn bound_source(&self, class: &str, volume_mode: Option<&str>) -> String;
+
+    /// Deletes a VolumeSnapshot and waits until it is gone.
+    async fn delete_snapshot_and_wait(&self, name: &str, content: &str);
+
+    /// Waits for a ProvisioningFailed event on `claim` whose message contains `text`, and
+    /// checks that no PV was created for it.
+    async fn wait_refused(&self, claim: &str, text: &str);
+}
+
+impl DataSourceCluster for Cluster {
     async fn wait_snapshot_protected(&self, name: &str, present: bool) {
         support::eventually(
             &format!("snapshot {name} protected: {present}"),
@@ -111,20 +127,16 @@ impl Cluster {
         .await;
     }
 
-    /// A bound 1Gi source claim `src` and the driver volume's handle.
     async fn bound_source(&self, class: &str, volume_mode: Option<&str>) -> String {
         create_claim(&self.claims, &claim("src", class, "1Gi", volume_mode)).await;
         handle_of(self, "src").await
     }
 
-    /// Deletes a VolumeSnapshot and waits until it is gone.
     async fn delete_snapshot_and_wait(&self, name: &str, content: &str) {
         self.delete_snapshot(name).await;
         self.wait_snapshot_gone(name, content).await;
     }
 
-    /// Waits for a ProvisioningFailed event on `claim` whose message contains `text`, and
-    /// checks that no PV was created for it.
     async fn wait_refused(&self, claim: &str, text: &str) {
         wait_event(&self.client, self.ns(), claim, FAILED, |m| m.contains(text)).await;
         let pvc = self
@@ -170,6 +182,8 @@ async fn snapshot_of_source(
 
 #[tokio::test]
 async fn a_clone_reads_its_source_volume_and_the_source_goes_once_deleted() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("clone").await;
     let (driver, mut sidecar, class, source_handle) = peers(&cluster, &[], &[]).await;
 
@@ -211,6 +225,8 @@ async fn a_clone_reads_its_source_volume_and_the_source_goes_once_deleted() {
 /// (Terminating) until the clone is Bound, then goes; nothing leaks.
 #[tokio::test]
 async fn a_source_deleted_during_its_clone_waits_for_the_clone() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("clone-src-deleted").await;
     let (driver, mut sidecar, class, source_handle) =
         peers(&cluster, &["--delay", "CreateVolume/volume=3s"], &[]).await;
@@ -250,6 +266,8 @@ async fn a_source_deleted_during_its_clone_waits_for_the_clone() {
 /// volume, and then the source goes with its volume.
 #[tokio::test]
 async fn a_clone_whose_claim_is_deleted_mid_flight_leaks_nothing() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("clone-claim-deleted").await;
     // Debug logs say why the source is kept.
     let (driver, mut sidecar, class, _) = peers(&cluster, &[], &["-v=5"]).await;
@@ -300,6 +318,8 @@ async fn a_clone_whose_claim_is_deleted_mid_flight_leaks_nothing() {
 
 #[tokio::test]
 async fn a_restore_reads_the_snapshot_and_releases_it_once_bound() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("restore").await;
     let (driver, mut sidecar, class, _) = peers(&cluster, &[], &[]).await;
     let (_snapshotter, content) = snapshot_of_source(&cluster, &driver).await;
@@ -331,6 +351,8 @@ async fn a_restore_reads_the_snapshot_and_releases_it_once_bound() {
 /// snapshot carries the restore's finalizer), binds, and then the snapshot goes.
 #[tokio::test]
 async fn a_snapshot_deleted_during_its_restore_lets_the_restore_finish() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("restore-snap-deleted").await;
     let (driver, mut sidecar, class, _) =
         peers(&cluster, &["--delay", "CreateVolume/snapshot=3s"], &[]).await;
@@ -355,6 +377,8 @@ async fn a_snapshot_deleted_during_its_restore_lets_the_restore_finish() {
 /// restored volume, the sweeper then takes the finalizer off the snapshot, which can go.
 #[tokio::test]
 async fn a_restore_whose_claim_is_deleted_mid_flight_leaks_nothing_and_frees_the_snapshot() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("restore-claim-deleted").await;
     // Debug logs show each sweep's verdicts.
     let (driver, mut sidecar, class, _) = peers(&cluster, &[], &["-v=5"]).await;
@@ -416,6 +440,8 @@ async fn a_restore_whose_claim_is_deleted_mid_flight_leaks_nothing_and_frees_the
 /// volume and frees the snapshot.
 #[tokio::test]
 async fn a_restore_in_flight_when_the_sidecar_is_killed_leaks_nothing() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("restore-sigkill").await;
     let (driver, mut sidecar, class, _) = peers(&cluster, &[], &[]).await;
     let (_snapshotter, _) = snapshot_of_source(&cluster, &driver).await;
@@ -450,6 +476,8 @@ async fn a_restore_in_flight_when_the_sidecar_is_killed_leaks_nothing() {
 
 #[tokio::test]
 async fn bad_input_clones_smaller_than_or_of_another_mode_than_their_source() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("clone-bad").await;
     let (driver, mut sidecar, class, _) = peers(&cluster, &[], &[]).await;
     let prefix = "error getting handle for DataSource Type PersistentVolumeClaim by Name";
@@ -485,6 +513,8 @@ async fn bad_input_clones_smaller_than_or_of_another_mode_than_their_source() {
 
 #[tokio::test]
 async fn bad_input_a_driver_without_clone_volume_is_named() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("clone-nocap").await;
     let (_driver, mut sidecar, class, _) = peers(&cluster, &["--no-clone"], &[]).await;
     create_claim(
@@ -511,6 +541,8 @@ async fn bad_input_a_driver_without_clone_volume_is_named() {
 
 #[tokio::test]
 async fn bad_input_restores_the_snapshot_does_not_allow() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("restore-bad").await;
     let (driver, mut sidecar, class, _) = peers(&cluster, &[], &[]).await;
     let (_snapshotter, _) = snapshot_of_source(&cluster, &driver).await;
@@ -591,6 +623,8 @@ async fn bad_input_restores_the_snapshot_does_not_allow() {
 /// and so is a snapshot of another driver.
 #[tokio::test]
 async fn bad_input_a_snapshot_not_ready_or_of_another_driver() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("restore-notready").await;
     let driver = Driver::start(&[]).await;
     let other = Driver::start(&[]).await;

@@ -5,7 +5,7 @@
 //! every PV created and what the sidecar did to the claims (selected-node annotation, its
 //! events) are normalised (names and UIDs that differ by construction) and compared field by
 //! field. A difference fails the test unless [`ALLOWED`] lists it, citing docs/flags.md.
-//! `cargo test --test differential -- --nocapture` prints the table of compared fields.
+//! `cargo test --test scheduler differential:: -- --nocapture` prints the table of compared fields.
 //!
 //! Drivers: the Kubernetes e2e mock (its own log gives the requests as protojson) for the
 //! provisioning cases without topology; the reference driver (its `--request-log`) for
@@ -26,7 +26,7 @@
 //! In-tree migration: a `kubernetes.io/gce-pd` claim provisioned through a driver named
 //! `pd.csi.storage.gke.io` (the translated CreateVolume, the in-tree PV), then deleted.
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -1533,6 +1533,7 @@ async fn attributes_classes(side: Side) -> Observed {
 /// one scenario using it.
 async fn migration(side: Side) -> Observed {
     const GCE_DRIVER: &str = "pd.csi.storage.gke.io";
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new(&format!("diff-migration-{}", side.label())).await;
     let driver = Driver::start_as(
         GCE_DRIVER,

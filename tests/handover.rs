@@ -7,7 +7,7 @@
 //! takes over (an orphan of a deleted claim) leaks, and our finalizer stays on the claim for
 //! good. The drain must leave neither.
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::BTreeSet;
 

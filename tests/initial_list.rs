@@ -3,7 +3,7 @@
 //! provision and delete as usual. The other test binaries run against the default API server,
 //! which streams them.
 
-mod support;
+use csi_test_support as support;
 
 use support::cluster::{Cluster, pv_name, wait_bound};
 use support::peers::{Driver, Sidecar};

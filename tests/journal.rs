@@ -7,7 +7,7 @@
 //! Every sidecar runs with `--leader-election-namespace=<test namespace>`, so its journal shards
 //! live in the test's namespace; each test has its own driver, so its shards are its own.
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::BTreeMap;
 
@@ -40,9 +40,40 @@ const ORPHANS_METRIC: &str = "csi_provisioner_orphaned_volumes_deleted_total";
 const ORPHAN_WAITING_FOR_SECRET: &str = "OrphanWaitingForSecret";
 const WAITING_FOR_SECRET_METRIC: &str = "csi_provisioner_orphaned_volumes_waiting_for_secret";
 
-/// The journal's flags and waits, on top of the shared cluster helpers.
-impl Cluster {
+/// The journal's flags and waits, on top of the shared cluster helpers (a trait: `Cluster` is
+/// csi-test-support's).
+trait JournalCluster {
     /// The sidecar flags of every test here: journal in the test namespace, fast retries.
+    fn sidecar_options(&self, extra: &[&str], metrics: bool) -> SidecarOptions;
+
+    async fn operations(&self, driver: &Driver) -> Vec<OperationRecord>;
+
+    /// Waits until the journal holds the operation of `volume` and `accept` likes it.
+    async fn wait_operation(
+        &self,
+        driver: &Driver,
+        volume: &str,
+        what: &str,
+        accept: impl Fn(&OperationRecord) -> bool,
+    ) -> OperationRecord;
+
+    /// Waits until the journal holds no operation (removals are written after the fact).
+    async fn wait_nothing_in_journal(&self, driver: &Driver);
+
+    /// Waits until nothing of `driver` is left: no volume on the driver, no PV, no journal
+    /// operation.
+    async fn wait_nothing_left(&self, driver: &Driver);
+
+    /// Events with `reason` in the journal namespace (about journal shards).
+    async fn journal_events(&self, reason: &str) -> Vec<Event>;
+
+    async fn wait_orphan_event(&self, volume: &str) -> Event;
+
+    /// Waits for an event with `reason` in the journal namespace whose message names `volume`.
+    async fn wait_journal_event(&self, reason: &str, volume: &str) -> Event;
+}
+
+impl JournalCluster for Cluster {
     fn sidecar_options(&self, extra: &[&str], metrics: bool) -> SidecarOptions {
         let mut args = vec![
             format!("--leader-election-namespace={}", self.ns()),
@@ -63,7 +94,6 @@ impl Cluster {
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Waits until the journal holds the operation of `volume` and `accept` likes it.
     async fn wait_operation(
         &self,
         driver: &Driver,
@@ -86,7 +116,6 @@ impl Cluster {
         .await
     }
 
-    /// Waits until the journal holds no operation (removals are written after the fact).
     async fn wait_nothing_in_journal(&self, driver: &Driver) {
         support::eventually("the journal to be empty", TIMEOUT, || async {
             let operations = journal_operations(&self.client, self.ns(), driver).await?;
@@ -99,8 +128,6 @@ impl Cluster {
         .await;
     }
 
-    /// Waits until nothing of `driver` is left: no volume on the driver, no PV, no journal
-    /// operation.
     async fn wait_nothing_left(&self, driver: &Driver) {
         support::eventually(
             "no volume, PV or journal operation to be left",
@@ -123,7 +150,6 @@ impl Cluster {
         .await;
     }
 
-    /// Events with `reason` in the journal namespace (about journal shards).
     async fn journal_events(&self, reason: &str) -> Vec<Event> {
         Api::<Event>::namespaced(self.client.clone(), self.ns())
             .list(&ListParams::default())
@@ -139,7 +165,6 @@ impl Cluster {
         self.wait_journal_event(ORPHAN_DELETED, volume).await
     }
 
-    /// Waits for an event with `reason` in the journal namespace whose message names `volume`.
     async fn wait_journal_event(&self, reason: &str, volume: &str) -> Event {
         support::eventually(
             &format!("an {reason} event about {volume}"),

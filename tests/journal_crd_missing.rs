@@ -2,7 +2,7 @@
 //! names the CRD and the command installing it (not kube's "Failed to parse error data" dump).
 //! This binary runs its own control plane, without the CRD the shared one installs.
 
-mod support;
+use csi_test_support as support;
 
 use std::process::Command;
 
@@ -13,7 +13,7 @@ use support::peers::Driver;
 async fn without_the_journal_crd_the_sidecar_exits_with_one_line_naming_it() {
     let cp = ControlPlane::start().await.expect("control plane");
     let driver = Driver::start(&[]).await;
-    let out = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+    let out = Command::new(support::peers::sidecar_program())
         .arg(format!("--csi-address={}", driver.socket().display()))
         .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
         .env_remove("KUBECONFIG")

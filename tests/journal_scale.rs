@@ -7,7 +7,7 @@
 //!
 //! In a test binary of its own: it fills the control plane with 10,000 claims.
 
-mod support;
+use csi_test_support as support;
 
 use futures::StreamExt;
 use kube::api::{Api, ListParams};

@@ -5,7 +5,7 @@
 //! The leader-election identity is the hostname, as upstream's; two replicas on one machine
 //! get different hostnames from UTS namespaces (`unshare`), as two pods would have.
 
-mod support;
+use csi_test_support as support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! sidecar connects to a reference driver (an INFO line), then fails for want of a kubeconfig
 //! (an ERROR line) and exits 1; or, without a driver, logs an INFO line every second.
 
-mod support;
+use csi_test_support as support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
@@ -16,7 +16,7 @@ const GATE: &str = "--feature-gates=LoggingAlphaOptions=true";
 const NO_KUBECONFIG: &str = "--kubeconfig=/nonexistent/kubeconfig";
 
 fn sidecar() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_csi-provisioner"));
+    let mut command = Command::new(support::peers::sidecar_program());
     command.env_remove("KUBECONFIG").env_remove("RUST_LOG");
     command
 }

@@ -2,9 +2,10 @@
 //! `kubernetes.io/gce-pd` as migrated to `pd.csi.storage.gke.io` unconditionally, so a claim
 //! of a `kubernetes.io/gce-pd` class is handed to the sidecar of a driver of that name (the
 //! reference driver, serving ids in the GCE PD format). One test: the driver name is fixed, so
-//! no two tests of this binary could run side by side.
+//! no two tests on one control plane could use it side by side. No other test of its binary
+//! (tests/cluster/main.rs) uses it; tests/differential.rs does, on the scheduler binary's.
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::BTreeMap;
 

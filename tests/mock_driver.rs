@@ -2,7 +2,7 @@
 //! driver (support::mock_driver), on the real control plane. Each test has its own namespace and
 //! mock (with a unique name).
 
-mod support;
+use csi_test_support as support;
 
 use serde_json::{Value, json};
 

@@ -6,7 +6,7 @@
 //! Isolation: every test has its own driver name (the three drivers of a test are twins of
 //! one name), its own Nodes and namespace (support::topology).
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::BTreeSet;
 
@@ -298,7 +298,7 @@ fn support_node_key(node: &str) -> String {
 /// Runs a node-mode sidecar for `driver` with `NODE_NAME` set to `node` (unset: `None`) and
 /// returns its exit code and stderr; it must exit on its own.
 async fn exits(driver: &Driver, node: Option<&str>) -> (Option<i32>, String) {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_csi-provisioner"));
+    let mut command = tokio::process::Command::new(support::peers::sidecar_program());
     command
         .arg("--node-deployment")
         .arg("--csi-address")

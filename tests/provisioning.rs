@@ -2,7 +2,7 @@
 //! separate processes over a real unix socket. Each test has its own namespace, driver (with a
 //! unique name) and StorageClass, so the tests run in parallel without seeing each other.
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -974,7 +974,7 @@ async fn metrics_carry_upstream_names_and_labels() {
     sidecar.assert_running();
 }
 
-/// This test binary installs no snapshot CRDs: a restore is told that the VolumeSnapshot CRD is
+/// The cluster test binary (tests/cluster/main.rs) installs no snapshot CRDs: a restore is told that the VolumeSnapshot CRD is
 /// missing, nothing is created, the sidecar keeps running (its snapshot sweeper waits for the
 /// CRDs) and claims without a data source are still provisioned.
 #[tokio::test]

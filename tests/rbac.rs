@@ -5,7 +5,7 @@
 //! its log and compared with the rules, so a missing rule fails (403) and so does a rule nothing
 //! uses. A second test removes one verb and shows that provisioning then fails as forbidden.
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! stays Pending. A pod that fits no Node gets no selected node. The helpers keep a test's pods
 //! on its own Nodes and clean them up.
 
-mod support;
+use csi_test_support as support;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::CSINode;

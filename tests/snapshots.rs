@@ -2,7 +2,7 @@
 //! external-snapshotter, support::snapshots) around a claim our sidecar provisioned, on the real
 //! control plane with the Kubernetes e2e mock driver (it serves CREATE_DELETE_SNAPSHOT).
 
-mod support;
+use csi_test_support as support;
 
 use support::cluster::{Cluster, wait_bound};
 use support::mock_driver::{MockDriver, MockDriverOptions};
@@ -11,6 +11,8 @@ use support::snapshots::Snapshotter;
 
 #[tokio::test]
 async fn a_volume_snapshot_of_a_provisioned_claim_becomes_ready_and_goes_with_its_content() {
+    // The scheduler binary's control plane, whichever test starts it (tests/scheduler/main.rs).
+    support::control_plane_with_scheduler();
     let cluster = Cluster::new("snap").await;
     let driver = MockDriver::start(MockDriverOptions::default()).await;
     let mut sidecar = Sidecar::start(&driver, &[]);

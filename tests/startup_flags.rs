@@ -2,7 +2,7 @@
 //! refused, so a start with any of them goes past the flag checks and the driver to the API
 //! client, which fails here for want of a kubeconfig (no control plane is needed).
 
-mod support;
+use csi_test_support as support;
 
 use std::process::{Command, Output};
 
@@ -10,7 +10,7 @@ use support::peers::Driver;
 
 /// Runs the sidecar with `flags` and returns its output; it must exit on its own.
 fn sidecar(flags: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_csi-provisioner"))
+    Command::new(support::peers::sidecar_program())
         .args(flags)
         .env_remove("KUBECONFIG")
         .env_remove("RUST_LOG")

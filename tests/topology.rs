@@ -8,7 +8,7 @@
 //! driver's topology keys, whatever test made it, so each test uses keys of its own
 //! ([`zone_key`]) and a driver of its own; its Nodes and pods are its own (support::topology).
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -16,7 +16,7 @@
 //! The documented steps are [`STEPS`]; `the_documented_steps_are_the_tests` holds the doc to
 //! them, and [`perform`] runs each.
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //!
 //! VolumeAttributesClasses are cluster-scoped: each test names its own after its namespace.
 
-mod support;
+use csi_test_support as support;
 
 use std::collections::BTreeMap;
 

@@ -2,7 +2,7 @@
 //! binary), spoken to by the generated tonic clients over the unix socket.
 
 // The CSI client helpers of the provisioner's integration tests, shared rather than copied.
-#[path = "../../tests/support/csi_wire.rs"]
+#[path = "../../test-support/src/csi_wire.rs"]
 mod csi_wire;
 
 use std::collections::{BTreeMap, BTreeSet};

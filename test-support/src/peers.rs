@@ -564,6 +564,38 @@ impl CreateRequest {
 
 // ------------------------------------------------------------------------------ sidecar
 
+/// This package's `csi-provisioner`, the program under test, for every test that runs it (through
+/// [`Sidecar`] or on its own). Cargo builds it for the root package's integration tests and puts
+/// it in the profile directory, above the `deps/` holding the test binary that runs this: where
+/// `env!("CARGO_BIN_EXE_csi-provisioner")` points in a test target (cargo sets that variable for
+/// the test targets only, not for a library they use). Found next to the running test binary,
+/// it is the one built with it, also when the binaries are run from a copy of that layout.
+pub fn sidecar_program() -> PathBuf {
+    static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let found = FOUND.get_or_init(|| {
+        let test_binary =
+            std::env::current_exe().map_err(|e| format!("locating the test binary: {e}"))?;
+        let profile_dir = test_binary
+            .parent()
+            .and_then(Path::parent)
+            .ok_or_else(|| format!("{} is not in a deps/ directory", test_binary.display()))?;
+        let program = profile_dir.join("csi-provisioner");
+        if program.is_file() {
+            Ok(program)
+        } else {
+            Err(format!(
+                "{} does not exist (is {} a test binary of the root package, built by cargo?)",
+                program.display(),
+                test_binary.display()
+            ))
+        }
+    });
+    match found {
+        Ok(program) => program.clone(),
+        Err(e) => panic!("finding csi-provisioner: {e}"),
+    }
+}
+
 /// Upstream's executable, found or built once per test binary.
 fn upstream_program() -> PathBuf {
     static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
@@ -611,12 +643,7 @@ impl Sidecar {
     }
 
     pub fn start_with(driver: &impl CsiEndpoint, options: SidecarOptions) -> Sidecar {
-        Self::spawn(
-            PathBuf::from(env!("CARGO_BIN_EXE_csi-provisioner")),
-            "sidecar",
-            driver,
-            options,
-        )
+        Self::spawn(sidecar_program(), "sidecar", driver, options)
     }
 
     /// Upstream's `csi-provisioner` v6.3 (built and cached by

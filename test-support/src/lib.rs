@@ -1,4 +1,7 @@
-//! Shared by the integration tests that need a real cluster (`mod support;` in each file).
+//! What the root package's integration tests share (package `csi-test-support`, a
+//! dev-dependency of the root package; a test file imports it with
+//! `use csi_test_support as support;`). A library compiled once, not a module compiled into
+//! every test binary.
 //!
 //! One control plane per test binary, started lazily by the first test that asks and shared by
 //! the rest; each test gets its own namespace. Processes and the run directory go away when the
@@ -6,11 +9,7 @@
 //! testbed starts every child under `setpriv --pdeathsig KILL` from a thread that lives as long
 //! as the handle, and an `sh` reaper removes the directory once this process is gone.
 
-// Each test binary compiles its own copy of this module and uses only part of it.
-#![allow(dead_code)]
-
 pub mod cluster;
-#[path = "csi_wire.rs"]
 pub mod csi_wire;
 pub mod manifests;
 pub mod mock_driver;

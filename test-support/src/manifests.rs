@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
@@ -31,22 +31,10 @@ pub fn kubectl() -> PathBuf {
     if let Some(dir) = std::env::var_os(csi_testbed::BIN_DIR_ENV) {
         return PathBuf::from(dir).join("kubectl");
     }
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/build-control-plane.sh");
-    let output = Command::new("bash")
-        .arg(script)
-        .stderr(Stdio::inherit())
-        .output()
-        .expect("running hack/build-control-plane.sh");
-    assert!(
-        output.status.success(),
-        "hack/build-control-plane.sh failed"
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let dir = stdout
-        .lines()
-        .last()
-        .expect("the build script names its directory");
-    PathBuf::from(dir.trim()).join("kubectl")
+    match csi_testbed::workspace::run_build_script("build-control-plane.sh") {
+        Ok(dir) => dir.join("kubectl"),
+        Err(e) => panic!("{e}"),
+    }
 }
 
 /// Every object `kubectl kustomize` renders of `dir` (deploy/ or an overlay in it).

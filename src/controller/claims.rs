@@ -39,7 +39,7 @@ use super::runner::{
 use super::sources::{self, SourceError};
 use crate::csi;
 use crate::csi_client::{CallError, ErrorClass, migrated_calls};
-use crate::journal::{JournalError, Operation, Phase};
+use crate::journal::{Busy, JournalError, Operation, Phase};
 use crate::kube_client::go_error_text;
 use crate::metrics::CLAIMS_QUEUE;
 use crate::provision::storage_capacity::RefreshCause;
@@ -465,8 +465,8 @@ impl ClaimReconciler {
         Some((pvc, work))
     }
 
-    /// The claim's work, and for a provisioning the stages `provision` names: plan, prepare
-    /// the request (recorded in the journal), create the volume, persist its PV.
+    /// The claim's work; a provisioning goes through four stages: plan (decide the volume),
+    /// prepare the request (and record it in the journal), create the volume, persist its PV.
     async fn provision_claim(
         &self,
         pvc: &PersistentVolumeClaim,
@@ -493,7 +493,9 @@ impl ClaimReconciler {
             ControlFlow::Continue(planned) => planned,
             ControlFlow::Break(outcome) => return Ok(outcome),
         };
-        let request = prepare(ctx, pvc, &mut planned).await?;
+        // The operation stays busy until its PV is saved or its volume deleted: the reaper
+        // leaves a busy operation alone (it must not replay or delete beside this call).
+        let (_busy, request) = prepare(ctx, pvc, &mut planned).await?;
         let created = self.create(pvc, &planned, request).await?;
         persist(ctx, pvc, planned, created).await
     }
@@ -617,12 +619,13 @@ impl ClaimReconciler {
 
 /// The CreateVolume request of a planned claim: its source protected, its topology, the
 /// claim's consistency finalizer, its secrets and mutable parameters, recorded in the journal
-/// before it may be sent. A claim already recorded gets the recorded request.
-async fn prepare(
-    ctx: &Context,
+/// before it may be sent. A claim already recorded gets the recorded request. The operation
+/// is marked busy in the journal until the returned mark is dropped.
+async fn prepare<'a>(
+    ctx: &'a Context,
     pvc: &PersistentVolumeClaim,
     planned: &mut Planned,
-) -> Result<csi::CreateVolumeRequest, ClaimError> {
+) -> Result<(Busy<'a>, csi::CreateVolumeRequest), ClaimError> {
     let settings = &ctx.settings;
     let plan = &mut planned.plan;
     let content_source = data_source(ctx, pvc, &planned.class, plan).await?;
@@ -647,7 +650,7 @@ async fn prepare(
     let mutable = attributes_class_parameters(ctx, plan).await?;
     let planned_request =
         build_create_volume_request(plan, secrets.clone(), requirements, content_source, mutable);
-    let (_busy, recorded) = ctx
+    let (busy, recorded) = ctx
         .journal
         .record(operation(pvc, plan, &planned_request))
         .await?;
@@ -678,7 +681,7 @@ async fn prepare(
         );
     }
     plan.attributes_class = recorded.attributes_class;
-    Ok(request)
+    Ok((busy, request))
 }
 
 /// Saves the created volume in its PV (in-tree for a migrated claim) and ends the operation.

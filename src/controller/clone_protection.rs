@@ -55,7 +55,7 @@ pub enum CloneProtectionError {
 /// reports them, and a periodic resync.
 pub(super) struct CloneProtectionController {
     ctx: Arc<Context>,
-    /// The claims [`CloneProtection::tap`] passed on.
+    /// The claims being deleted with the clone finalizer, tapped from the claim watch by [`Self::new`].
     protected: UnboundedReceiver<CachedClaim>,
     /// Whether the claim store has listed (see `cache::listed`).
     listed: Shared<BoxFuture<'static, bool>>,

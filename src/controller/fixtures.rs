@@ -120,6 +120,8 @@ pub enum Step {
         /// Boxed: the request is much larger than the other steps.
         expected: Box<CreateVolumeCall>,
         answer: Result<csi::CreateVolumeResponse, Status>,
+        /// Answered only once the test lets the call go ([`held_create_volume`]).
+        held: Option<Arc<HeldCall>>,
     },
     DeleteVolume {
         expected: csi::DeleteVolumeRequest,
@@ -262,6 +264,41 @@ pub fn create_volume(
     Step::CreateVolume {
         expected: Box::new(expected),
         answer,
+        held: None,
+    }
+}
+
+/// A CreateVolume the driver answers only once the test calls [`HeldCall::release`], so that
+/// a test can look at the sidecar while the call is in flight ([`HeldCall::sent`]).
+pub fn held_create_volume(
+    expected: CreateVolumeCall,
+    answer: Result<csi::CreateVolumeResponse, Status>,
+) -> (Step, Arc<HeldCall>) {
+    let held = Arc::new(HeldCall::default());
+    let step = Step::CreateVolume {
+        expected: Box::new(expected),
+        answer,
+        held: Some(Arc::clone(&held)),
+    };
+    (step, held)
+}
+
+/// A driver call in flight, held by the test (see [`held_create_volume`]).
+#[derive(Default)]
+pub struct HeldCall {
+    sent: tokio::sync::Notify,
+    released: tokio::sync::Notify,
+}
+
+impl HeldCall {
+    /// Waits until the sidecar has sent the call.
+    pub async fn sent(&self) {
+        self.sent.notified().await;
+    }
+
+    /// Lets the driver answer.
+    pub fn release(&self) {
+        self.released.notify_one();
     }
 }
 
@@ -846,8 +883,17 @@ impl CsiController for ScriptedDriver {
     ) -> Result<csi::CreateVolumeResponse, CallError> {
         let got = format!("CreateVolume {}", request.name);
         match self.script.next(&got) {
-            Step::CreateVolume { expected, answer } => {
+            Step::CreateVolume {
+                expected,
+                answer,
+                held,
+            } => {
                 assert_eq!(CreateVolumeCall::from(&request), *expected, "{got}");
+                if let Some(held) = held {
+                    // notify_one keeps the permit if nobody waits yet: no wake-up is lost.
+                    held.sent.notify_one();
+                    held.released.notified().await;
+                }
                 answer.map_err(CallError::from)
             }
             step => panic!("the driver got {got}, the scenario expected {step}"),

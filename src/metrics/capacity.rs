@@ -1,5 +1,5 @@
 //! `csistoragecapacities_*`: the CSIStorageCapacity controller's gauges, recorded by
-//! `controller::capacity`.
+//! `controller::capacity_publisher`.
 
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;

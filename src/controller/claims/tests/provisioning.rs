@@ -19,6 +19,42 @@ async fn provisioned() {
     assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
 }
 
+/// The reaper replays only idle operations: while CreateVolume is in flight and until the PV
+/// is saved, the claim's operation must be busy, or a claim deleted meanwhile would have its
+/// volume deleted and its record dropped beside this call (which may create it again).
+#[tokio::test(start_paused = true)]
+async fn the_operation_is_busy_while_its_create_volume_is_in_flight() {
+    let (create, held) = held_create_volume(expected_create(), created("vol-1", GIB));
+    let scenario = cluster()
+        .start([
+            secret_read(),
+            record_written(),
+            create,
+            pv_created(),
+            record_removed(),
+        ])
+        .await;
+    let ctx = scenario.ctx();
+    let check = async {
+        held.sent().await;
+        let registry = ctx.journal.registry();
+        assert!(
+            registry.contains(&claim_volume()),
+            "recorded before the call"
+        );
+        assert!(
+            registry.idle().is_empty(),
+            "an operation in flight was left to the reaper"
+        );
+        held.release();
+    };
+    let (next, ()) = tokio::join!(reconcile(&scenario, claim().build()), check);
+    assert_eq!(next, Next::Wait);
+    assert!(!in_flight(&scenario));
+    drop(ctx);
+    assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_consistency_finalizer_is_added_before_anything_else() {
     let pvc = claim()

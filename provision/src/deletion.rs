@@ -333,6 +333,38 @@ fn may_be_here(pv: &PersistentVolume, driver: &str, node: Option<&NodeScope<'_>>
     node.is_none_or(|node| volume_place(pv, driver, node) != VolumePlace::OtherNode)
 }
 
+/// What a PV named like an operation's volume says of that operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PvOfOperation {
+    /// It is the operation's PV: the volume is safe, the operation over.
+    Ends,
+    /// Node mode: it is the same claim's PV, but of another node's volume (the claim moved
+    /// there): this node's operation is an orphan, its volume unused.
+    ServesAnotherNode,
+    /// Another claim's or driver's, or (node mode) one whose node cannot be told: it says
+    /// nothing of the operation, whose replay's handle decides (`pv_holds_volume`).
+    Unrelated,
+}
+
+/// What `pv` says of the operation of `driver` for claim `claim_uid` of this sidecar; in node
+/// mode (`node`) only a PV known to be on this node ends it, as [`existing_pv`] judges: local
+/// drivers give the same volume name, and often the same handle, a volume on every node.
+pub fn pv_of_operation(
+    pv: &PersistentVolume,
+    driver: &str,
+    claim_uid: &str,
+    node: Option<&NodeScope<'_>>,
+) -> PvOfOperation {
+    if !pv_is_for_claim(pv, driver, claim_uid) {
+        return PvOfOperation::Unrelated;
+    }
+    match node.map(|node| volume_place(pv, driver, node)) {
+        None | Some(VolumePlace::ThisNode) => PvOfOperation::Ends,
+        Some(VolumePlace::OtherNode) => PvOfOperation::ServesAnotherNode,
+        Some(VolumePlace::Unknown) => PvOfOperation::Unrelated,
+    }
+}
+
 /// Whether `pv` is the PV of an operation of `driver` for the claim `claim_uid`: the only PV
 /// whose existence ends that operation (the volume reconciler owns the volume from then on).
 /// A PV of that name from another driver or for another claim says nothing about it.

@@ -101,17 +101,18 @@ pub use data_source::{
     clone_content_source, snapshot_content_source,
 };
 pub use deletion::{
-    DeletionError, DeletionSecrets, DeletionTarget, ExistingPv, FinalizerAction,
+    DeletionError, DeletionSecrets, DeletionTarget, ExistingPv, FinalizerAction, PvOfOperation,
     deletion_secret_from_class, deletion_secrets, deletion_target, existing_pv,
     has_deletable_source, is_migrated, is_provisioner_for_volume, may_delete_pv_first,
-    pv_finalizer_action, pv_holds_volume, pv_is_for_claim, should_delete, volume_finalizer_action,
+    pv_finalizer_action, pv_holds_volume, pv_is_for_claim, pv_of_operation, should_delete,
+    volume_finalizer_action,
 };
 pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
 pub use migration::{Holding, InTreePlugin, MigrationError};
 pub use node::{
     CapacityCheck, NodeScope, Ownership, SingleNode, VolumePlace, capacity_check, check_node,
-    has_room, left_out, node_claim_work, ownership_delay, select_node_patch, volume_on_node,
-    volume_place,
+    claim_left_node, has_room, left_out, node_claim_work, ownership_delay, select_node_patch,
+    volume_on_node, volume_place,
 };
 pub use parameters::{
     ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,

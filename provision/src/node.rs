@@ -84,10 +84,17 @@ pub fn node_claim_work<C: Deref<Target = StorageClass>>(
     node: &NodeScope<'_>,
     in_flight: bool,
 ) -> ClaimWork<C> {
+    let selected = annotation(&pvc.metadata, ANN_SELECTED_NODE).filter(|n| !n.is_empty());
     if in_flight {
+        // Moved to another node: this node's operation is its reaper's now, which deletes the
+        // volume here ([`claim_left_node`]); the other node provisions the claim.
+        if let Some(other) = selected.filter(|selected| *selected != node.name) {
+            return ClaimWork::Nothing(Some(SkipReason::NotThisNode(NotOwner::OtherNode(
+                other.to_owned(),
+            ))));
+        }
         return work;
     }
-    let selected = annotation(&pvc.metadata, ANN_SELECTED_NODE).filter(|n| !n.is_empty());
     let not_ours = |selected: Option<&str>| {
         let reason = match selected {
             Some(other) => NotOwner::OtherNode(other.to_owned()),
@@ -118,6 +125,14 @@ pub fn node_claim_work<C: Deref<Target = StorageClass>>(
     }
 }
 
+/// Node mode: whether the claim now selects another node (its pod moved there), so that
+/// an operation of this node for it is an orphan: the volume it may have made here is not the
+/// one the claim will get. A claim that selects no node may come back: it has not left.
+pub fn claim_left_node(pvc: &PersistentVolumeClaim, node: &NodeScope<'_>) -> bool {
+    annotation(&pvc.metadata, ANN_SELECTED_NODE)
+        .is_some_and(|selected| !selected.is_empty() && selected != node.name)
+}
+
 /// Whether the claim names its PV (`spec.volumeName`).
 fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
     pvc.spec
@@ -137,8 +152,19 @@ pub fn ownership_delay(attempt: u32, base: Duration, max: Duration, jitter: f64)
         .unwrap_or(max)
         .min(max);
     let jitter = base.mul_f64(jitter.clamp(0.0, 1.0));
-    raw.saturating_sub(jitter)
+    let delay = raw.saturating_sub(jitter);
+    if attempt == 0 {
+        delay
+    } else {
+        delay.max(OWNERSHIP_RETRY_FLOOR)
+    }
 }
+
+/// The least wait before a node tries again to own a claim it lost or had no room for:
+/// `--node-deployment-base-delay=0s` (or a zero max delay) would otherwise retry, with a
+/// GetCapacity and a claim patch each time, as fast as the loop turns. The first try may still
+/// be immediate.
+pub const OWNERSHIP_RETRY_FLOOR: Duration = Duration::from_secs(1);
 
 /// Upstream's check before the first delay: a class with allowedTopologies whose
 /// requirements, computed as if this node were selected, fail (they leave this node out)

@@ -108,6 +108,12 @@ pub enum ClaimError {
     NameCollision { name: String, holder: String },
     #[error("failed to record the operation in the journal: {0}")]
     Journal(#[from] JournalError),
+    /// Node mode: another node's journal holds an operation for the volume name; that node
+    /// sees it through or, once the claim has left it, deletes what it made.
+    #[error(
+        "node {node} still holds an operation for volume {volume} (the claim was on that node before); it is retried once that node has finished or cleaned it up"
+    )]
+    HeldByNode { volume: String, node: String },
     #[error("{0}")]
     Driver(CallError),
     /// The attempt failed on the selected node, which was given back to the scheduler: the
@@ -116,6 +122,13 @@ pub enum ClaimError {
     Rescheduled {
         node: String,
         error: Box<ClaimError>,
+    },
+    /// A final error the journal could not store as the operation's end: the operation stays
+    /// and the same request is retried (nothing rests on the unstored removal).
+    #[error("{error}; {journal}")]
+    Unsettled {
+        error: CallError,
+        journal: JournalError,
     },
     #[error(
         "{error}; an earlier attempt may have created the volume for node {node:?}, so the claim keeps that node and the same request is retried until the driver says what became of it"
@@ -584,12 +597,21 @@ impl ClaimReconciler {
         ctx.refresh_capacity(|| RefreshCause::ProvisionFailed {
             class: plan.class_name.clone(),
         });
-        let kept = ctx.journal.settle_failure(
-            &plan.volume_name,
-            Phase::Provisioning,
-            error.may_have_created(),
-            &error.to_string(),
-        );
+        let settled = ctx
+            .journal
+            .settle_failure(
+                &plan.volume_name,
+                Phase::Provisioning,
+                error.may_have_created(),
+                &error.to_string(),
+            )
+            .await;
+        // Nothing that rests on the operation being over (the node given back, a new request
+        // for the name) may happen before its removal is stored.
+        let kept = match settled {
+            Ok(kept) => kept,
+            Err(journal) => return Err(ClaimError::Unsettled { error, journal }),
+        };
         if error.is_infeasible() {
             let uid = pvc.uid().unwrap_or_default();
             self.infeasible().insert(&uid, &planned.class_uid, now());
@@ -628,6 +650,14 @@ async fn prepare<'a>(
 ) -> Result<(Busy<'a>, csi::CreateVolumeRequest), ClaimError> {
     let settings = &ctx.settings;
     let plan = &mut planned.plan;
+    if !ctx.journal.registry().contains(&plan.volume_name)
+        && let Some(node) = ctx.journal.other_node_holding(&plan.volume_name).await?
+    {
+        return Err(ClaimError::HeldByNode {
+            volume: plan.volume_name.clone(),
+            node,
+        });
+    }
     let content_source = data_source(ctx, pvc, &planned.class, plan).await?;
     let requirements = match topology_requirements(ctx, pvc, &planned.class, plan).await {
         Ok(requirements) => requirements,
@@ -681,6 +711,9 @@ async fn prepare<'a>(
         );
     }
     plan.attributes_class = recorded.attributes_class;
+    // The PV's deletion secret is the one the volume was created with: DeleteVolume needs the
+    // credentials of the request the driver acted on, not those of a class re-created since.
+    plan.secrets.provisioner = recorded.provisioner_secret;
     Ok((busy, request))
 }
 
@@ -735,7 +768,7 @@ async fn persist(
     save_volume(ctx, &plan, pv, &handle, &request).await?;
     ctx.journal.complete(&plan.volume_name);
     if let Some(source) = &plan.source {
-        sources::release_snapshot(ctx, source).await;
+        sources::release_snapshot(ctx, source, &pvc.uid().unwrap_or_default()).await;
     }
     ctx.events.publish(
         &pvc.object_ref(&()),

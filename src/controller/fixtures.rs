@@ -611,7 +611,9 @@ impl Cluster {
             vec![shard(records)]
         };
         let list = journal_listed(shards);
-        let (client, driver, finish) = scripted(std::iter::once(list).chain(steps));
+        // The other deployment mode's shards, which hold nothing.
+        let other_mode = journal_listed(Vec::new());
+        let (client, driver, finish) = scripted([list, other_mode].into_iter().chain(steps));
         let settings = Settings {
             config: ProvisionerConfig {
                 driver_name: self.driver.unwrap_or(DRIVER).to_owned(),

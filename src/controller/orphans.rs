@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt, stream};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
@@ -26,9 +25,12 @@ use super::backoff::Backoff;
 use super::context::{Context, NodeDeployment};
 use super::events::EventType;
 use crate::csi_client::CallError;
-use crate::journal::{Operation, Phase};
+use crate::journal::{JournalError, Operation, Phase};
 use crate::provision::storage_capacity::RefreshCause;
-use crate::provision::{Holding, has_provisioning_finalizer, pv_holds_volume, pv_is_for_claim};
+use crate::provision::{
+    Holding, PvOfOperation, claim_left_node, has_provisioning_finalizer, pv_holds_volume,
+    pv_of_operation,
+};
 
 /// Why reaping one operation did not finish; it is retried with a backoff, and the text is
 /// stored in its journal record.
@@ -44,6 +46,8 @@ enum ReapError {
     Driver(CallError),
     #[error(transparent)]
     ClaimFinalizer(#[from] ClaimFinalizerError),
+    #[error(transparent)]
+    Journal(JournalError),
     #[error(
         "the replayed CreateVolume succeeded without a volume id; the volume cannot be deleted"
     )]
@@ -128,7 +132,12 @@ impl Reaper {
             let mut outcomes = stream::iter(due)
                 .take_until(stop.clone())
                 .map(|operation| async move {
-                    let outcome = reap(ctx, &operation).await;
+                    // The claim reconcile may have taken the operation since the list: then it
+                    // is not idle, and the reaper leaves it (the mark is held to the end).
+                    let outcome = match ctx.journal.registry().take_idle(&operation.volume_name) {
+                        Some(_reaping) => reap(ctx, &operation).await,
+                        None => Ok(Reaped::NotAnOrphan),
+                    };
                     (operation, outcome)
                 })
                 .buffer_unordered(concurrency.max(1));
@@ -223,28 +232,45 @@ enum ClaimState {
     /// Deleted or replaced; `Some` while it is still being deleted (its consistency
     /// finalizer, if any, comes off once the orphan is gone).
     Gone(Option<Box<PersistentVolumeClaim>>),
+    /// Node mode: it selects another node now (`provision::claim_left_node`); the volume this
+    /// node may have made for it is unused.
+    LeftThisNode,
 }
 
+/// Reaps one operation the caller has marked busy (`Registry::take_idle`), so that no claim
+/// reconcile works on it meanwhile.
 async fn reap(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError> {
-    let ClaimState::Gone(deleting_claim) = claim_state(ctx, operation).await? else {
+    let deleting_claim = match claim_state(ctx, operation).await? {
+        ClaimState::Gone(claim) => claim,
+        ClaimState::LeftThisNode => None,
         // A PV of that name in the cache may hold the volume: then only the record's removal
         // was lost (a crash, or an exit before the journal's lazy flush). The cache keeps no
-        // claim reference, so the PV is read to tell.
-        let cached = ctx.volumes.get(&ObjectRef::new(&operation.volume_name));
-        if cached.is_some()
-            && read_pv(ctx, operation)
+        // claim reference, so the PV is read to tell. In node mode it may be another node's
+        // PV for the same claim: then this node's volume is unused.
+        ClaimState::WantsTheVolume => {
+            if ctx
+                .volumes
+                .get(&ObjectRef::new(&operation.volume_name))
+                .is_none()
+            {
+                return Ok(Reaped::NotAnOrphan);
+            }
+            match read_pv(ctx, operation)
                 .await?
-                .is_some_and(|pv| holds(operation, ctx, &pv))
-        {
-            ctx.journal.complete(&operation.volume_name);
-            return Ok(Reaped::Done);
+                .map(|pv| of_operation(operation, ctx, &pv))
+            {
+                Some(PvOfOperation::Ends) => {
+                    ctx.journal.complete(&operation.volume_name);
+                    return Ok(Reaped::Done);
+                }
+                Some(PvOfOperation::ServesAnotherNode) => None,
+                Some(PvOfOperation::Unrelated) | None => return Ok(Reaped::NotAnOrphan),
+            }
         }
-        return Ok(Reaped::NotAnOrphan);
     };
     let pv = read_pv(ctx, operation).await?;
-    if !pv.is_some_and(|pv| holds(operation, ctx, &pv))
-        && let Err(error) = delete_orphan(ctx, operation).await
-    {
+    let ended = pv.is_some_and(|pv| of_operation(operation, ctx, &pv) == PvOfOperation::Ends);
+    if !ended && let Err(error) = delete_orphan(ctx, operation).await {
         // The secret lived in the claim's namespace, which is being deleted: waiting for it
         // would keep the namespace forever. The record, durable in our own namespace, keeps
         // the orphan; it is deleted once the secret can be read again (see journal.md).
@@ -285,9 +311,15 @@ async fn read_pv(
         })
 }
 
-/// Whether `pv` is the PV the operation created (see `provision::pv_is_for_claim`).
-fn holds(operation: &Operation, ctx: &Context, pv: &PersistentVolume) -> bool {
-    pv_is_for_claim(pv, &ctx.settings.config.driver_name, &operation.claim_uid)
+/// What `pv`, named like the operation's volume, says of it (`provision::pv_of_operation`).
+fn of_operation(operation: &Operation, ctx: &Context, pv: &PersistentVolume) -> PvOfOperation {
+    let node = ctx.settings.node.as_ref().map(NodeDeployment::scope);
+    pv_of_operation(
+        pv,
+        &ctx.settings.config.driver_name,
+        &operation.claim_uid,
+        node.as_ref(),
+    )
 }
 
 /// Replays CreateVolume with the recorded name and inputs to learn the volume id, then
@@ -310,7 +342,13 @@ async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapE
             if registry.keep_after_failure(&operation.volume_name, error.may_have_created()) {
                 return Err(ReapError::Driver(error));
             }
-            return Ok(());
+            // Nothing exists under the name: the claim's finalizer may come off, but only once
+            // the record's removal is stored (a reloaded record could never be settled again).
+            return ctx
+                .journal
+                .forget_durably(&operation.volume_name)
+                .await
+                .map_err(ReapError::Journal);
         }
     };
     match volume_holder(ctx, &volume_id) {
@@ -400,17 +438,30 @@ fn volume_holder(ctx: &Context, volume_id: &str) -> Holder {
     holder
 }
 
-/// The cache may answer "wants the volume"; only a quorum read may answer "gone", since that
-/// answer leads to DeleteVolume.
+/// The cache may answer "wants the volume"; only a quorum read may answer "gone" or "left
+/// this node", since those answers lead to DeleteVolume.
 async fn claim_state(ctx: &Context, operation: &Operation) -> Result<ClaimState, ReapError> {
-    let wants = |claim: &ObjectMeta| {
-        claim.uid.as_deref() == Some(operation.claim_uid.as_str())
-            && claim.deletion_timestamp.is_none()
+    let node = ctx.settings.node.as_ref().map(NodeDeployment::scope);
+    let state = |claim: &PersistentVolumeClaim| {
+        let meta = &claim.metadata;
+        if meta.uid.as_deref() != Some(operation.claim_uid.as_str()) {
+            ClaimState::Gone(None)
+        } else if meta.deletion_timestamp.is_some() {
+            ClaimState::Gone(Some(Box::new(claim.clone())))
+        } else if node
+            .as_ref()
+            .is_some_and(|node| claim_left_node(claim, node))
+        {
+            ClaimState::LeftThisNode
+        } else {
+            ClaimState::WantsTheVolume
+        }
     };
     let cached = ctx
         .claims
-        .get(&ObjectRef::new(&operation.claim_name).within(&operation.claim_namespace));
-    if cached.is_some_and(|claim| wants(&claim.metadata)) {
+        .get(&ObjectRef::new(&operation.claim_name).within(&operation.claim_namespace))
+        .and_then(|claim| claim.to_claim().ok());
+    if cached.is_some_and(|claim| matches!(state(&claim), ClaimState::WantsTheVolume)) {
         return Ok(ClaimState::WantsTheVolume);
     }
     let api: Api<PersistentVolumeClaim> =
@@ -422,13 +473,7 @@ async fn claim_state(ctx: &Context, operation: &Operation) -> Result<ClaimState,
                 claim: format!("{}/{}", operation.claim_namespace, operation.claim_name),
                 source,
             })?;
-    Ok(match fresh {
-        Some(claim) if wants(&claim.metadata) => ClaimState::WantsTheVolume,
-        Some(claim) if claim.uid().as_deref() == Some(operation.claim_uid.as_str()) => {
-            ClaimState::Gone(Some(Box::new(claim)))
-        }
-        _ => ClaimState::Gone(None),
-    })
+    Ok(fresh.map_or(ClaimState::Gone(None), |claim| state(&claim)))
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ mod shard;
 mod watch;
 mod writer;
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, MutexGuard};
 use std::time::Duration;
 
@@ -36,7 +37,7 @@ pub use record::{
     Change, OperationRecord, Phase, ProvisioningJournal, ProvisioningJournalSpec, RECORD_FORMAT,
     RecordError, SecretReference, Summary, apply, recorded_sources,
 };
-pub use registry::{Busy, NameTaken, Operation, Registry, Reservation};
+pub use registry::{Busy, NameTaken, Operation, Refusal, Registry, Reservation};
 use writer::{Queued, Writers, shard_index};
 
 pub use scope::{DRIVER_LABEL, JournalScope, NODE_LABEL, node_key};
@@ -49,16 +50,33 @@ pub enum JournalError {
         namespace: String,
         source: kube::Error,
     },
+    /// The deployment switched between central and node mode while the other mode's shards
+    /// still hold operations: their volumes would be neither finished nor deleted.
+    #[error(
+        "the journal shards {shards:?} of this driver's {} deployment still hold {operations} operations in flight, which this {} sidecar would never finish or clean up; run the {} deployment until they are gone (kubectl get provisioningjournals shows them), then switch",
+        if *.node_mode { "central" } else { "node (--node-deployment)" },
+        if *.node_mode { "node-mode" } else { "central" },
+        if *.node_mode { "central" } else { "node" }
+    )]
+    OtherMode {
+        operations: usize,
+        shards: Vec<String>,
+        node_mode: bool,
+    },
     #[error(
         "the journal did not store the operation within {0:?}; CreateVolume is not sent until it does"
     )]
     NotDurable(Duration),
+    #[error(
+        "the journal did not store the operation's removal within {0:?}; the operation is kept and retried"
+    )]
+    NotForgotten(Duration),
     #[error("the journal was not flushed within {0:?}")]
     NotFlushed(Duration),
     #[error("the journal writer stopped")]
     WriterGone,
     #[error(transparent)]
-    NameTaken(#[from] NameTaken),
+    Refused(#[from] Refusal),
     #[error("failed to list every node's journal shards: {0}")]
     EveryNode(kube::Error),
     #[error("another node's journal holds a record this build cannot read: {0}")]
@@ -103,6 +121,8 @@ pub struct Journal {
     writers: Arc<Writers>,
     api: Api<ProvisioningJournal>,
     selector: String,
+    /// This sidecar's shards are `<base_name>-<index>`.
+    base_name: String,
     /// Node mode: every node's shards of this driver (`JournalScope::every_node_selector`).
     every_node_selector: Option<String>,
     rate_limit: RateLimitLayer,
@@ -133,6 +153,26 @@ impl Journal {
                 namespace: namespace.to_owned(),
                 source,
             })?;
+        rate_limit.acquire().await;
+        let other_mode = api
+            .list(&ListParams::default().labels(&scope.other_mode_selector))
+            .await
+            .map_err(|source| JournalError::Load {
+                namespace: namespace.to_owned(),
+                source,
+            })?;
+        let stranded: usize = other_mode
+            .items
+            .iter()
+            .map(|shard| shard.spec.operations.len())
+            .sum();
+        if stranded > 0 {
+            return Err(JournalError::OtherMode {
+                operations: stranded,
+                shards: other_mode.items.iter().map(ResourceExt::name_any).collect(),
+                node_mode: scope.every_node_selector.is_some(),
+            });
+        }
         let holdings = Arc::new(Holdings::default());
         let writers = Arc::new(Writers::new(
             api.clone(),
@@ -142,20 +182,29 @@ impl Journal {
             scope.labels.clone(),
             holdings.clone(),
         ));
-        for mut shard in existing.items {
-            let Some(index) = shard_index(&shard.name_any(), base_name) else {
-                warn!(
+        let mut shards = Vec::with_capacity(existing.items.len());
+        for shard in existing.items {
+            match shard_index(&shard.name_any(), base_name) {
+                Some(index) => shards.push((index, shard)),
+                None => warn!(
                     shard = shard.name_any(),
                     "not a shard name this build writes (<driver>-<index>); its records are left alone"
-                );
-                continue;
-            };
-            // A record also found in an earlier shard stays there only: this copy goes with
+                ),
+            }
+        }
+        // A name in two shards is taken from the one `first_copies` picks, never by the order
+        // the API server lists shards in (by name: `-10` before `-2`).
+        shards.sort_by_key(|(index, _)| *index);
+        let first = first_copies(&shards);
+        for (index, mut shard) in shards {
+            // A copy of a record kept in another shard stays there only: this one goes with
             // the shard's next write.
-            shard
-                .spec
-                .operations
-                .retain(|record| holdings.adopt(record, index));
+            shard.spec.operations.retain(|record| {
+                first
+                    .get(record.volume_name.as_str())
+                    .is_none_or(|kept| *kept == index)
+                    && holdings.adopt(record, index)
+            });
             holdings.placement().know(index);
             writers.start(index, shard);
         }
@@ -169,6 +218,7 @@ impl Journal {
             writers,
             api,
             selector,
+            base_name: base_name.to_owned(),
             every_node_selector: scope.every_node_selector.clone(),
             rate_limit,
             namespace: namespace.to_owned(),
@@ -238,24 +288,51 @@ impl Journal {
 
     /// After a failed CreateVolume (or its replay): the operation stays, with the failure
     /// noted, once any attempt `may_have_created` the volume; otherwise nothing exists under
-    /// its name and it is forgotten. Returns whether it stays.
-    pub fn settle_failure(
+    /// its name and it is forgotten, durably (see [`Self::forget_durably`]). Returns whether
+    /// it stays; `Err` if it was to go but its removal was not stored: it stays then too.
+    pub async fn settle_failure(
         &self,
         volume_name: &str,
         phase: Phase,
         may_have_created: bool,
         error: &str,
-    ) -> bool {
+    ) -> Result<bool, JournalError> {
         let keep = self
             .holdings
             .registry
             .keep_after_failure(volume_name, may_have_created);
         if keep {
             self.note_failure(volume_name, phase, error);
-        } else {
-            self.complete(volume_name);
+            return Ok(true);
         }
-        keep
+        self.forget_durably(volume_name).await?;
+        Ok(false)
+    }
+
+    /// Forgets an operation once its removal is stored, for an outcome that leaves nothing on
+    /// the backend to find again (a final error, no attempt that may have created the volume).
+    /// A removal written lazily would not do: whatever the sidecar does next (give the node
+    /// back, send another request for the name, release the claim) rests on it, and a record
+    /// reloaded after a crash may exist as far as anyone can tell, so no final error could
+    /// ever settle it again (docs/journal.md, rule 15). Until the removal is stored the
+    /// operation stays known here; on `Err` it stays, and the next attempt replays it.
+    pub async fn forget_durably(&self, volume_name: &str) -> Result<(), JournalError> {
+        let placed = self.placement().locate(volume_name);
+        if let Some(shard) = placed {
+            let (durable, stored) = oneshot::channel();
+            let change = Change::Remove {
+                volume_name: volume_name.to_owned(),
+            };
+            self.queue(shard, change, Some(durable))?;
+            match tokio::time::timeout(self.record_timeout, stored).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(JournalError::WriterGone),
+                Err(_) => return Err(JournalError::NotForgotten(self.record_timeout)),
+            }
+            self.placement().release(volume_name);
+        }
+        self.holdings.registry.complete(volume_name);
+        Ok(())
     }
 
     /// Records a failed attempt so `kubectl get provisioningjournals` shows it.
@@ -313,6 +390,44 @@ impl Journal {
         Ok(sources)
     }
 
+    /// Node mode: the node whose journal holds an operation for `volume_name`, as stored now.
+    /// A node must not start an operation another node holds: that node sees its own through
+    /// (it lets go once the claim has left it: `provision::claim_left_node`). Two nodes that
+    /// start at once both create their PV; the second meets the first's and deletes its own
+    /// volume (`provision::existing_pv`). `None` in central mode.
+    pub async fn other_node_holding(
+        &self,
+        volume_name: &str,
+    ) -> Result<Option<String>, JournalError> {
+        let Some(selector) = &self.every_node_selector else {
+            return Ok(None);
+        };
+        self.rate_limit.acquire().await;
+        let shards = self
+            .api
+            .list(&ListParams::default().labels(selector))
+            .await
+            .map_err(JournalError::EveryNode)?;
+        Ok(shards
+            .items
+            .iter()
+            .filter(|shard| shard_index(&shard.name_any(), &self.base_name).is_none())
+            .find(|shard| {
+                shard
+                    .spec
+                    .operations
+                    .iter()
+                    .any(|record| record.volume_name == volume_name)
+            })
+            .map(|shard| {
+                shard
+                    .labels()
+                    .get(NODE_LABEL)
+                    .cloned()
+                    .unwrap_or_else(|| shard.name_any())
+            }))
+    }
+
     pub fn namespace(&self) -> &str {
         &self.namespace
     }
@@ -345,6 +460,35 @@ impl Journal {
     fn placement(&self) -> MutexGuard<'_, Placement> {
         self.holdings.placement()
     }
+}
+
+/// For every volume name recorded in more than one of `shards` (sorted by index): the shard
+/// whose copy is kept at load. The same claim's copies keep the one recorded first (every
+/// retry replays the request recorded first; see `OperationRecord::recorded_before`); copies
+/// of different claims, or recorded at the same time, keep the lowest shard's. Names found
+/// once are not listed.
+fn first_copies(shards: &[(usize, ProvisioningJournal)]) -> HashMap<String, usize> {
+    let mut seen: HashMap<&str, (usize, &OperationRecord)> = HashMap::new();
+    let mut duplicated = HashSet::new();
+    for (index, shard) in shards {
+        for record in &shard.spec.operations {
+            match seen.get(record.volume_name.as_str()) {
+                None => {
+                    seen.insert(&record.volume_name, (*index, record));
+                }
+                Some((_, kept)) => {
+                    duplicated.insert(record.volume_name.as_str());
+                    if record.recorded_before(kept) {
+                        seen.insert(&record.volume_name, (*index, record));
+                    }
+                }
+            }
+        }
+    }
+    seen.into_iter()
+        .filter(|(name, _)| duplicated.contains(name))
+        .map(|(name, (index, _))| (name.to_owned(), index))
+        .collect()
 }
 
 #[cfg(test)]

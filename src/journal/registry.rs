@@ -34,6 +34,19 @@ pub struct Operation {
     pub attributes_class: Option<String>,
 }
 
+/// Why [`Registry::reserve`] gives a claim reconcile no operation.
+#[derive(Debug, Error, PartialEq)]
+pub enum Refusal {
+    #[error(transparent)]
+    NameTaken(#[from] NameTaken),
+    /// The orphan reaper holds the operation ([`Registry::take_idle`]): the claim retries once
+    /// it is done, so that no CreateVolume or PV of the claim runs beside its cleanup.
+    #[error(
+        "the operation of volume {volume_name} is being finished by the orphan reaper; the claim is retried once it is done"
+    )]
+    Busy { volume_name: String },
+}
+
 /// Two claims whose volume names collide (a short `--volume-name-uuid-length`): they must not
 /// share an operation, or one claim's cleanup would delete the other's volume.
 #[derive(Debug, Error, PartialEq)]
@@ -55,7 +68,8 @@ pub struct Registry {
 #[derive(Debug, Default)]
 struct State {
     entries: HashMap<String, Entry>,
-    /// Operations a claim reconcile is working on right now; the orphan reaper leaves them be.
+    /// Operations a claim reconcile or the orphan reaper is working on right now; whoever marked
+    /// one busy has it alone until its mark is dropped.
     busy: HashSet<String>,
 }
 
@@ -84,7 +98,7 @@ pub enum Reservation<'a> {
     Recorded(Busy<'a>, Box<Operation>),
 }
 
-/// Marks an operation as being worked on by a claim reconcile until dropped.
+/// Marks an operation as being worked on, by a claim reconcile or the reaper, until dropped.
 #[must_use]
 pub struct Busy<'a> {
     registry: &'a Registry,
@@ -99,20 +113,24 @@ impl Drop for Busy<'_> {
 
 impl Registry {
     /// Reserves `operation`'s volume name for its claim. A name already recorded for the same
-    /// claim gives back the recorded operation; one recorded for another claim is refused.
-    pub fn reserve(&self, operation: Operation) -> Result<Reservation<'_>, NameTaken> {
+    /// claim gives back the recorded operation; one recorded for another claim is refused, and
+    /// so is one the reaper is working on.
+    pub fn reserve(&self, operation: Operation) -> Result<Reservation<'_>, Refusal> {
         let volume_name = operation.volume_name.clone();
         let mut state = self.lock();
+        if state.busy.contains(&volume_name) {
+            return Err(Refusal::Busy { volume_name });
+        }
         let recorded = match state.entries.get(&volume_name) {
             Some(entry) if entry.operation.claim_uid != operation.claim_uid => {
-                return Err(NameTaken {
+                return Err(Refusal::NameTaken(NameTaken {
                     volume_name,
                     claim: format!(
                         "{}/{}",
                         entry.operation.claim_namespace, entry.operation.claim_name
                     ),
                     claim_uid: entry.operation.claim_uid.clone(),
-                });
+                }));
             }
             Some(entry) if entry.stage != Stage::Reserved => Some(entry.operation.clone()),
             // Reserved by an attempt whose write failed: nothing was sent, write this one.
@@ -219,6 +237,24 @@ impl Registry {
             .collect()
     }
 
+    /// Marks a recorded operation nobody is working on busy for the orphan reaper; `None` if a
+    /// claim reconcile holds it (or it is gone) by now. While the reaper holds it, a claim
+    /// reconcile is refused the operation ([`Refusal::Busy`]).
+    pub fn take_idle(&self, volume_name: &str) -> Option<Busy<'_>> {
+        let mut state = self.lock();
+        let recorded = state
+            .entries
+            .get(volume_name)
+            .is_some_and(|entry| entry.stage != Stage::Reserved);
+        if !recorded || !state.busy.insert(volume_name.to_owned()) {
+            return None;
+        }
+        Some(Busy {
+            registry: self,
+            volume_name: volume_name.to_owned(),
+        })
+    }
+
     /// The content sources (clone or restore) of every operation known, reserved or recorded:
     /// the driver may read each again while its operation is replayed, so the protection
     /// controllers keep those sources' finalizers (docs/journal.md, rule 12).
@@ -298,10 +334,9 @@ mod tests {
     fn another_claim_with_the_same_volume_name_shares_no_operation() {
         let registry = Registry::default();
         recorded(&registry, operation("pvc-1", "a", "x"));
-        let error = registry
-            .reserve(operation("pvc-1", "b", "x"))
-            .err()
-            .expect("the name is taken");
+        let Err(Refusal::NameTaken(error)) = registry.reserve(operation("pvc-1", "b", "x")) else {
+            panic!("the name is taken");
+        };
         assert_eq!(error.claim_uid, "a");
         assert!(error.to_string().contains("ns/claim-a"), "{error}");
     }
@@ -409,6 +444,34 @@ mod tests {
             .collect();
         ids.sort();
         assert_eq!(ids, ["vol-a", "vol-b"]);
+    }
+
+    #[test]
+    fn an_operation_has_one_worker_at_a_time_the_claim_reconcile_or_the_reaper() {
+        let registry = Registry::default();
+        recorded(&registry, operation("pvc-1", "a", "x"));
+        let reaping = registry.take_idle("pvc-1").expect("idle");
+        assert!(registry.idle().is_empty());
+        assert!(registry.take_idle("pvc-1").is_none(), "one reap at a time");
+        assert_eq!(
+            registry.reserve(operation("pvc-1", "a", "x")).err(),
+            Some(Refusal::Busy {
+                volume_name: "pvc-1".to_owned()
+            }),
+            "no claim attempt beside the reap"
+        );
+        drop(reaping);
+        let Ok(Reservation::Recorded(claiming, _)) = registry.reserve(operation("pvc-1", "a", "x"))
+        else {
+            panic!("the claim gets it back once the reap is over");
+        };
+        assert!(
+            registry.take_idle("pvc-1").is_none(),
+            "no reap beside the claim"
+        );
+        drop(claiming);
+        assert!(registry.take_idle("pvc-1").is_some());
+        assert!(registry.take_idle("pvc-2").is_none(), "unknown");
     }
 
     #[test]

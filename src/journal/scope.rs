@@ -33,6 +33,10 @@ pub struct JournalScope {
     /// Read (never written) before a data source's protection comes off, since another node
     /// may still replay a clone or restore from it (docs/journal.md rule 12).
     pub every_node_selector: Option<String>,
+    /// The shards of the other deployment mode of this driver (node mode's when central, the
+    /// central ones in node mode): a sidecar that switched modes must not start while they
+    /// hold operations, which nobody would see through (`Journal::load`).
+    pub other_mode_selector: String,
 }
 
 impl JournalScope {
@@ -46,6 +50,7 @@ impl JournalScope {
                 labels,
                 selector: format!("{DRIVER_LABEL}={driver_base},!{NODE_LABEL}"),
                 every_node_selector: None,
+                other_mode_selector: format!("{DRIVER_LABEL}={driver_base},{NODE_LABEL}"),
             },
             Some(node) => {
                 let key = node_key(node);
@@ -55,6 +60,7 @@ impl JournalScope {
                     labels,
                     selector: format!("{DRIVER_LABEL}={driver_base},{NODE_LABEL}={key}"),
                     every_node_selector: Some(format!("{DRIVER_LABEL}={driver_base},{NODE_LABEL}")),
+                    other_mode_selector: format!("{DRIVER_LABEL}={driver_base},!{NODE_LABEL}"),
                 }
             }
         }
@@ -118,6 +124,10 @@ mod tests {
         );
         assert_eq!(scope.labels.len(), 1);
         assert_eq!(scope.every_node_selector, None);
+        assert_eq!(
+            scope.other_mode_selector,
+            "provisioner.csi-rs.dev/driver=hostpath-csi-k8s-io,provisioner.csi-rs.dev/node"
+        );
     }
 
     #[test]
@@ -134,6 +144,10 @@ mod tests {
             Some("provisioner.csi-rs.dev/driver=hostpath-csi-k8s-io,provisioner.csi-rs.dev/node")
         );
         assert!(valid_object_name(&format!("{}-0", scope.base_name)));
+        assert_eq!(
+            scope.other_mode_selector,
+            "provisioner.csi-rs.dev/driver=hostpath-csi-k8s-io,!provisioner.csi-rs.dev/node"
+        );
     }
 
     #[test]

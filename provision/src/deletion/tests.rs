@@ -405,6 +405,18 @@ fn in_node_mode_a_pv_of_another_node_holds_another_volume_of_the_same_handle() {
         ExistingPv::HoldsTheVolume
     );
     assert_eq!(existing_pv(&unknown, &mine, Some(&node)), ExistingPv::Ours);
+
+    // Issue #31, hole 1: only this node's PV for the claim ends this node's operation; the
+    // same claim's PV on another node makes it an orphan; one whose node is unknown says
+    // nothing (the replay's handle decides).
+    let of = |pv: &PersistentVolume, node: Option<&NodeScope<'_>>| {
+        pv_of_operation(pv, DRIVER, PVC_UID, node)
+    };
+    assert_eq!(of(&mine, Some(&node)), PvOfOperation::Ends);
+    assert_eq!(of(&theirs, Some(&node)), PvOfOperation::ServesAnotherNode);
+    assert_eq!(of(&unknown, Some(&node)), PvOfOperation::Unrelated);
+    assert_eq!(of(&theirs, None), PvOfOperation::Ends, "central mode");
+    assert_eq!(of(&other_claim, Some(&node)), PvOfOperation::Unrelated);
 }
 
 #[test]

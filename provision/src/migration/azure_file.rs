@@ -126,6 +126,18 @@ pub fn same_handle(prefix: &str, handle: &str) -> bool {
         && share.eq_ignore_ascii_case(their_share)
 }
 
+/// For a PV whose account is unknown (its secret names none): whether the parts it does
+/// determine, the share and the resource group if annotated, match the driver's `handle`.
+pub fn may_hold(pv: &PersistentVolume, share: &str, handle: &str) -> bool {
+    let parts: Vec<&str> = handle.split('#').collect();
+    let (Some(their_group), Some(their_share)) = (parts.first(), parts.get(2)) else {
+        return false;
+    };
+    let group = resource_group(pv);
+    (group.is_empty() || group.eq_ignore_ascii_case(their_group))
+        && share.eq_ignore_ascii_case(their_share)
+}
+
 fn resource_group(pv: &PersistentVolume) -> &str {
     pv.metadata
         .annotations

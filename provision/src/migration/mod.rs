@@ -215,7 +215,41 @@ impl InTreePlugin {
         match produced {
             Ok(produced) if self.same_handle(&produced, handle) => Holding::Holds,
             Ok(_) => Holding::DoesNotHold,
+            // What the source does determine is compared first: one PV that cannot be fully
+            // translated must not hold up every other volume of the driver.
+            Err(_) if !self.may_hold(pv, handle) => Holding::DoesNotHold,
             Err(error) => Holding::Unknown(error),
+        }
+    }
+
+    /// For a source that cannot be translated to a handle: whether the parts of it that are
+    /// known still match `handle` (so the PV may reference it). `false` only when a part the
+    /// source does determine differs: the disk or share name, or the whole id.
+    fn may_hold(self, pv: &PersistentVolume, handle: &str) -> bool {
+        let Some(spec) = pv.spec.as_ref() else {
+            return false;
+        };
+        // The last `/`-separated part of a path-like id (a disk's name in its URI or handle).
+        let last = |id: &str| id.rsplit('/').next().unwrap_or_default().to_owned();
+        match self {
+            Self::GcePd => spec
+                .gce_persistent_disk
+                .as_ref()
+                .is_some_and(|source| source.pd_name == last(handle)),
+            Self::AwsEbs => spec
+                .aws_elastic_block_store
+                .as_ref()
+                .is_some_and(|source| last(&source.volume_id) == last(handle)),
+            Self::AzureDisk => spec
+                .azure_disk
+                .as_ref()
+                .is_some_and(|source| last(&source.disk_uri).eq_ignore_ascii_case(&last(handle))),
+            Self::AzureFile => spec
+                .azure_file
+                .as_ref()
+                .is_some_and(|source| azure_file::may_hold(pv, &source.share_name, handle)),
+            // Their sources always translate.
+            Self::Cinder | Self::VSphere | Self::Portworx => true,
         }
     }
 

@@ -647,31 +647,75 @@ fn an_in_tree_pv_holds_the_volume_its_source_translates_to() {
     }
 }
 
+/// Issue #31, hole 3: an azureFile PV with `secretName: azure-secret` (the form Microsoft's
+/// docs use) names no account, so it cannot be translated; but its share is known, and a
+/// volume of another share is not its.
 #[test]
-fn an_in_tree_pv_whose_source_cannot_be_translated_is_unknown() {
-    let unknown = |plugin, source| {
-        matches!(
-            holds(plugin, source, json!({}), "vol-1"),
-            Holding::Unknown(_)
-        )
-    };
-    assert!(unknown(
-        InTreePlugin::AwsEbs,
-        json!({"awsElasticBlockStore": {"volumeID": "aws://z/not-a-volume"}})
-    ));
-    assert!(unknown(
-        InTreePlugin::AzureDisk,
-        json!({"azureDisk": {"diskName": "d", "diskURI": "u", "kind": "Shared"}})
-    ));
-    assert!(unknown(
-        InTreePlugin::AzureFile,
-        json!({"azureFile": {"shareName": "share", "secretName": "my-secret"}})
-    ));
+fn an_untranslatable_in_tree_pv_does_not_hold_a_volume_its_known_parts_exclude() {
+    let cases = [
+        (
+            InTreePlugin::AzureFile,
+            json!({"azureFile": {"shareName": "share", "secretName": "azure-secret"}}),
+            "rg#acct#other-share#pvc-1#ns",
+            false,
+        ),
+        (
+            InTreePlugin::AzureFile,
+            json!({"azureFile": {"shareName": "share", "secretName": "azure-secret"}}),
+            "rg#acct#SHARE#pvc-1#ns",
+            true,
+        ),
+        (
+            InTreePlugin::AwsEbs,
+            json!({"awsElasticBlockStore": {"volumeID": "aws://z/not-a-volume"}}),
+            "vol-1",
+            false,
+        ),
+        (
+            InTreePlugin::AwsEbs,
+            json!({"awsElasticBlockStore": {"volumeID": "aws://z/x/vol-1"}}),
+            "vol-1",
+            true,
+        ),
+        (
+            InTreePlugin::AzureDisk,
+            json!({"azureDisk": {"diskName": "d", "diskURI": "/subscriptions/s/disks/d", "kind": "Shared"}}),
+            "/subscriptions/s/disks/other",
+            false,
+        ),
+        (
+            InTreePlugin::AzureDisk,
+            json!({"azureDisk": {"diskName": "d", "diskURI": "/subscriptions/s/disks/d", "kind": "Shared"}}),
+            "/subscriptions/s/disks/D",
+            true,
+        ),
+    ];
+    for (plugin, source, handle, unknown) in cases {
+        let holding = holds(plugin, source, json!({}), handle);
+        if unknown {
+            assert!(
+                matches!(holding, Holding::Unknown(_)),
+                "{plugin:?} {handle}"
+            );
+        } else {
+            assert_eq!(holding, Holding::DoesNotHold, "{plugin:?} {handle}");
+        }
+    }
     let region = json!({"topology.kubernetes.io/zone": "a__b"});
+    let disk = json!({"gcePersistentDisk": {"pdName": "disk"}});
+    assert_eq!(
+        holds(
+            InTreePlugin::GcePd,
+            disk.clone(),
+            region.clone(),
+            "projects/p/zones/z/disks/other"
+        ),
+        Holding::DoesNotHold
+    );
     assert!(matches!(
         holds(
             InTreePlugin::GcePd,
-            json!({"gcePersistentDisk": {"pdName": "disk"}}),
+            disk,
             region,
             "projects/p/zones/z/disks/disk"
         ),

@@ -107,8 +107,15 @@ fn only_this_nodes_claims_are_provisioned_and_immediate_ones_competed_for() {
     assert!(node_work(&selected("node-a"), &wffc(), false).starts_with("nothing"));
     assert_eq!(node_work(&ours().build(), &immediate(), false), "compete");
     assert!(node_work(&ours().build(), &wffc(), false).starts_with("nothing"));
-    // What this node recorded is finished here, whatever the annotation says now.
-    assert_eq!(node_work(&selected("node-a"), &wffc(), true), "provision");
+    // What this node recorded is finished here while the claim is still this node's (or no
+    // node's); once it selects another node, this node's reaper deletes what it made here.
+    assert_eq!(node_work(&selected(NODE), &wffc(), true), "provision");
+    assert_eq!(node_work(&ours().build(), &immediate(), true), "provision");
+    assert!(node_work(&selected("node-a"), &wffc(), true).starts_with("nothing"));
+    let segment = segment();
+    assert!(claim_left_node(&selected("node-a"), &scope(&segment)));
+    assert!(!claim_left_node(&selected(NODE), &scope(&segment)));
+    assert!(!claim_left_node(&ours().build(), &scope(&segment)));
 }
 
 #[test]
@@ -188,6 +195,18 @@ fn ownership_delay_has_upstreams_numbers() {
     // A base larger than the cap never goes below zero.
     let odd = ownership_delay(0, Duration::from_secs(5), Duration::from_secs(1), 0.9);
     assert_eq!(odd, Duration::ZERO);
+}
+
+/// Issue #31: `--node-deployment-base-delay=0s` tries at once, but never retries in a hot loop.
+#[test]
+fn a_zero_base_delay_tries_at_once_and_retries_no_faster_than_the_floor() {
+    let zero = |attempt| ownership_delay(attempt, Duration::ZERO, Duration::ZERO, 0.5);
+    assert_eq!(zero(0), Duration::ZERO);
+    for attempt in [1, 2, 30] {
+        assert_eq!(zero(attempt), OWNERSHIP_RETRY_FLOOR);
+    }
+    let short = ownership_delay(1, Duration::from_millis(10), Duration::from_secs(60), 0.0);
+    assert_eq!(short, OWNERSHIP_RETRY_FLOOR);
 }
 
 fn plan_for(pvc: &PersistentVolumeClaim, class: &StorageClass) -> ProvisionPlan {

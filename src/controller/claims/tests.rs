@@ -5,9 +5,9 @@ use tonic::Status;
 use super::*;
 use crate::controller::fixtures::{
     CLAIM_PATH, Cluster, CreateVolumeCall, GIB, RETRY_MAX, RETRY_START, SECRETS, Scenario, Step,
-    bounded, cached, claim_volume, claim_volume_path, create_volume, created, delete_volume, get,
-    held_create_volume, journal_created, journal_path, journal_replaced, patch, post, put,
-    recorded_operation, secret_read, shard, shard_path, strings,
+    bounded, cached, claim_volume, claim_volume_path, create_volume, created, delete_volume,
+    every_node_journal, get, held_create_volume, journal_created, journal_path, journal_replaced,
+    patch, post, put, recorded_operation, secret_read, shard, shard_path, strings,
 };
 use crate::journal::OperationRecord;
 use crate::provision::fixtures::{ClassBuilder, DRIVER, PVC_UID, PvBuilder, PvcBuilder};

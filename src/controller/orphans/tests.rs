@@ -8,7 +8,9 @@ use crate::controller::fixtures::{
 };
 use crate::provision::PROVISIONING_FINALIZER;
 use crate::provision::fixtures::{PVC_UID, PvBuilder, PvcBuilder};
-use k8s_openapi::api::core::v1::AWSElasticBlockStoreVolumeSource;
+use k8s_openapi::api::core::v1::{
+    AWSElasticBlockStoreVolumeSource, AzureFilePersistentVolumeSource,
+};
 
 fn replayed_create() -> CreateVolumeCall {
     CreateVolumeCall {
@@ -138,7 +140,8 @@ async fn an_orphan_that_an_untranslatable_in_tree_pv_may_hold_keeps_its_record()
         .map(|pv| {
             if let Some(spec) = pv.spec.as_mut() {
                 spec.aws_elastic_block_store = Some(AWSElasticBlockStoreVolumeSource {
-                    volume_id: "aws://zone/not-a-volume".to_owned(),
+                    // Not a form the translation knows, but its last part is the volume's.
+                    volume_id: "aws://zone/extra/vol-1".to_owned(),
                     ..Default::default()
                 });
             }
@@ -165,6 +168,45 @@ async fn an_orphan_that_an_untranslatable_in_tree_pv_may_hold_keeps_its_record()
     assert!(in_flight(&scenario), "the record keeps the orphan");
     assert!(!error.waits_for_secret());
     assert_eq!(scenario.finish().await, Vec::<String>::new());
+}
+
+/// Issue #31, hole 3: an in-tree PV that cannot be translated (azureFile with
+/// `secretName: azure-secret`, as Microsoft's docs write it: no account in it) but whose
+/// share is another does not hold the orphan up.
+#[tokio::test(start_paused = true)]
+async fn an_untranslatable_in_tree_pv_of_another_share_does_not_block_the_orphan() {
+    let in_tree = PvBuilder::new()
+        .name("static-share")
+        .no_csi()
+        .map(|pv| {
+            if let Some(spec) = pv.spec.as_mut() {
+                spec.azure_file = Some(AzureFilePersistentVolumeSource {
+                    share_name: "static".to_owned(),
+                    secret_name: "azure-secret".to_owned(),
+                    ..Default::default()
+                });
+            }
+        })
+        .build();
+    let handle = format!("rg#account#{}#{}#apps", claim_volume(), claim_volume());
+    let scenario = Cluster::new()
+        .driver("file.csi.azure.com")
+        .journaled(recorded_operation())
+        .volume(in_tree)
+        .start([
+            get(CLAIM_PATH).refuse(404, "NotFound"),
+            get(claim_volume_path()).refuse(404, "NotFound"),
+            secret_read(),
+            create_volume(replayed_create(), created(&handle, GIB)),
+            delete_volume(&handle, SECRETS, Ok(())),
+            journal_replaced(json!([])),
+        ])
+        .await;
+    assert!(matches!(reap_journaled(&scenario).await, Ok(Reaped::Done)));
+    assert!(!in_flight(&scenario));
+    let events = scenario.finish().await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(events[0].contains("OrphanedVolumeDeleted"), "{events:?}");
 }
 
 #[tokio::test(start_paused = true)]

@@ -123,6 +123,8 @@ async fn a_claim_selected_to_this_node_is_created_on_its_segment() {
     }
     let scenario = node_b()
         .start([
+            // No other node holds an operation for the volume.
+            every_node_journal(&[]),
             secret_read(),
             record_written(),
             create_volume(create, answer),

@@ -216,9 +216,56 @@ async fn a_restore_protects_the_snapshot_until_its_pv_is_saved() {
                 created_from(from_snapshot("snap-handle")),
             ),
             pv_created(),
+            // Released once nothing else restores it: no other Pending claim, no other
+            // operation in flight restoring from its handle.
             get(SNAPSHOT_PATH).answer(200, snapshot(&[SNAPSHOT_PROTECTION_FINALIZER])),
+            get(CONTENT_PATH).answer(200, content()),
             patch(SNAPSHOT_PATH).echo(200),
             record_removed(),
+        ])
+        .await;
+    let restore = claim().data_source(Some("snapshot.storage.k8s.io"), "VolumeSnapshot", "snap");
+    assert_eq!(reconcile(&scenario, restore.build()).await, Next::Wait);
+    assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+}
+
+const CONTENT_PATH: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/content-1";
+
+/// Issue #31, hole 4: a finished restore leaves the snapshot's finalizer on while another
+/// restore of the same snapshot is in flight (docs/journal.md rule 12).
+#[tokio::test(start_paused = true)]
+async fn a_finished_restore_keeps_the_snapshot_protected_while_another_restores_it() {
+    let other = Operation {
+        volume_name: "pvc-other".to_owned(),
+        claim_name: "other".to_owned(),
+        claim_uid: "other-uid".to_owned(),
+        request: csi::CreateVolumeRequest {
+            name: "pvc-other".to_owned(),
+            volume_content_source: from_snapshot("snap-handle"),
+            ..recorded_operation().request
+        },
+        ..recorded_operation()
+    };
+    let scenario = cluster()
+        .journaled(other)
+        .start([
+            get(SNAPSHOT_PATH).answer(200, snapshot(&[SNAPSHOT_PROTECTION_FINALIZER])),
+            get(CONTENT_PATH).answer(200, content()),
+            get(SNAPSHOT_PATH).answer(200, snapshot(&[SNAPSHOT_PROTECTION_FINALIZER])),
+            secret_read(),
+            journal_replaced(json!([our_record(), {"volumeName": "pvc-other"}])),
+            create_volume(
+                CreateVolumeCall {
+                    content_source: from_snapshot("snap-handle"),
+                    ..expected_create()
+                },
+                created_from(from_snapshot("snap-handle")),
+            ),
+            pv_created(),
+            get(SNAPSHOT_PATH).answer(200, snapshot(&[SNAPSHOT_PROTECTION_FINALIZER])),
+            get(CONTENT_PATH).answer(200, content()),
+            // No PATCH: the other restore still reads the snapshot.
+            journal_replaced(json!([{"volumeName": "pvc-other"}])),
         ])
         .await;
     let restore = claim().data_source(Some("snapshot.storage.k8s.io"), "VolumeSnapshot", "snap");
@@ -304,8 +351,7 @@ async fn a_granted_cross_namespace_restore_reads_and_releases_the_snapshot_there
         .cross_namespace(vec![snapshot_grant("apps")])
         .start([
             get(OTHER_SNAPSHOT_PATH).answer(200, in_other(snapshot(&[]))),
-            get("/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/content-1")
-                .answer(200, content),
+            get(CONTENT_PATH).answer(200, content.clone()),
             get(OTHER_SNAPSHOT_PATH).answer(200, in_other(snapshot(&[]))),
             patch(OTHER_SNAPSHOT_PATH)
                 .body(json!({"metadata": {"finalizers": [SNAPSHOT_PROTECTION_FINALIZER]}}))
@@ -323,6 +369,7 @@ async fn a_granted_cross_namespace_restore_reads_and_releases_the_snapshot_there
             // Upstream leaves the finalizer on a snapshot of another namespace (A4).
             get(OTHER_SNAPSHOT_PATH)
                 .answer(200, in_other(snapshot(&[SNAPSHOT_PROTECTION_FINALIZER]))),
+            get(CONTENT_PATH).answer(200, content.clone()),
             patch(OTHER_SNAPSHOT_PATH).echo(200),
             record_removed(),
         ])

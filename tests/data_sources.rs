@@ -14,7 +14,9 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, TypedLocalObjectReferenc
 use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
-use support::cluster::{Cluster, claim, create_claim, pv_name, wait_bound, wait_event};
+use support::cluster::{
+    Cluster, claim, create_claim, journal_operations, pv_name, wait_bound, wait_event,
+};
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT};
 use support::snapshots::Snapshotter;
 
@@ -339,6 +341,80 @@ async fn a_restore_reads_the_snapshot_and_releases_it_once_bound() {
         Some(ContentSource::Snapshot(handle)),
         "CreateVolume named the snapshot's handle"
     );
+    cluster.wait_snapshot_protected("snap", false).await;
+    let content_name = content.metadata.name.clone().unwrap_or_default();
+    cluster
+        .delete_snapshot_and_wait("snap", &content_name)
+        .await;
+    sidecar.assert_running();
+}
+
+/// Issue #31, hole 4: two restores of one snapshot; the first one's CreateVolume times out
+/// (its volume may exist, its operation stays in the journal and is retried 15 s later), the
+/// second one binds meanwhile. The second one's success must not take the snapshot's
+/// protection off while the first one's operation still reads it (docs/journal.md rule 12).
+#[tokio::test]
+async fn a_finished_restore_leaves_the_snapshot_protected_while_another_restore_reads_it() {
+    support::control_plane_with_scheduler();
+    let cluster = Cluster::new("restore-shared").await;
+    let driver = Driver::start(&[]).await;
+    let mut sidecar = Sidecar::start_with(
+        &driver,
+        SidecarOptions {
+            args: vec![
+                format!("--leader-election-namespace={}", cluster.ns()),
+                "--retry-interval-start=15s".to_owned(),
+                "--retry-interval-max=15s".to_owned(),
+                "--snapshot-orphan-sweep-interval=1s".to_owned(),
+            ],
+            ..SidecarOptions::default()
+        },
+    );
+    let class = cluster.class("ds", &driver, "Delete", &[]).await;
+    cluster.bound_source(&class, None).await;
+    let (_snapshotter, content) = snapshot_of_source(&cluster, &driver).await;
+
+    driver.set_faults("fault CreateVolume/snapshot=after:deadline-exceeded:1\n");
+    let slow = create_claim(
+        &cluster.claims,
+        &claim_from("slow", &class, "1Gi", None, restore_of("snap")),
+    )
+    .await;
+    let slow_volume = pv_name(&slow);
+    driver.wait_holds(&slow_volume).await;
+    create_claim(
+        &cluster.claims,
+        &claim_from("fast", &class, "1Gi", None, restore_of("snap")),
+    )
+    .await;
+    wait_bound(&cluster.claims, "fast").await;
+    // Its success is announced after its snapshot's release was decided.
+    wait_event(
+        &cluster.client,
+        cluster.ns(),
+        "fast",
+        "ProvisioningSucceeded",
+        |_| true,
+    )
+    .await;
+    let operations = journal_operations(&cluster.client, cluster.ns(), &driver)
+        .await
+        .expect("the journal lists");
+    assert!(
+        operations.iter().any(|op| op.volume_name == slow_volume),
+        "the slow restore is still in flight: {operations:?}"
+    );
+    let snapshot = cluster.snapshots().get("snap").await.expect("the snapshot");
+    assert!(
+        has_finalizer(
+            snapshot.metadata.finalizers.as_ref(),
+            SNAPSHOT_PROTECTION_FINALIZER
+        ),
+        "released while the slow restore reads it: {:?}",
+        snapshot.metadata.finalizers
+    );
+
+    wait_bound(&cluster.claims, "slow").await;
     cluster.wait_snapshot_protected("snap", false).await;
     let content_name = content.metadata.name.clone().unwrap_or_default();
     cluster

@@ -10,7 +10,8 @@ use csi_test_support as support;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    GCEPersistentDiskVolumeSource, ObjectReference, PersistentVolume, PersistentVolumeSpec,
+    AzureFilePersistentVolumeSource, GCEPersistentDiskVolumeSource, ObjectReference,
+    PersistentVolume, PersistentVolumeSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -299,4 +300,84 @@ async fn wait_backend_empty(driver: &Driver) {
         }
     })
     .await;
+}
+
+/// The driver of the in-tree `kubernetes.io/azure-file` plugin; no other test uses the name.
+const AZURE_FILE_DRIVER: &str = "file.csi.azure.com";
+
+/// A static Azure File PV written as Microsoft's docs write it: `secretName: azure-secret`,
+/// which names no storage account, so its CSI handle cannot be told.
+fn static_azure_file_pv(name: &str) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            capacity: Some(BTreeMap::from([(
+                "storage".to_owned(),
+                Quantity("5Gi".to_owned()),
+            )])),
+            access_modes: Some(vec!["ReadWriteMany".to_owned()]),
+            persistent_volume_reclaim_policy: Some("Retain".to_owned()),
+            azure_file: Some(AzureFilePersistentVolumeSource {
+                share_name: "static-share".to_owned(),
+                secret_name: "azure-secret".to_owned(),
+                ..AzureFilePersistentVolumeSource::default()
+            }),
+            ..PersistentVolumeSpec::default()
+        }),
+        ..PersistentVolume::default()
+    }
+}
+
+/// Issue #31, hole 3: one in-tree PV whose source cannot be translated must not keep every
+/// orphan of the driver: what its source does determine (the share) already says it does not
+/// hold the orphan's volume, which is deleted.
+#[tokio::test]
+async fn an_untranslatable_azure_file_pv_does_not_keep_an_orphan_from_being_deleted() {
+    let cluster = Cluster::new("migration-azure").await;
+    let driver = Driver::start_as(
+        AZURE_FILE_DRIVER,
+        &["--fault", "CreateVolume=after:deadline-exceeded"],
+    )
+    .await;
+    let mut sidecar = Sidecar::start(
+        &driver,
+        &["--retry-interval-start=200ms", "--retry-interval-max=2s"],
+    );
+    let static_name = format!("{}-static-share", cluster.ns());
+    cluster
+        .volumes
+        .create(&PostParams::default(), &static_azure_file_pv(&static_name))
+        .await
+        .expect("creating the static Azure File PV");
+    let class = cluster.class("csi", &driver, "Delete", &[]).await;
+
+    // A claim whose CreateVolume created its volume but timed out, deleted meanwhile.
+    let orphaned = cluster.claim("orphaned", &class).await;
+    let volume = format!("pvc-{}", orphaned.metadata.uid.clone().expect("uid"));
+    driver.wait_holds(&volume).await;
+    cluster.delete_claim("orphaned").await;
+    cluster.wait_claim_gone("orphaned").await;
+    driver.clear_faults();
+
+    wait_backend_empty(&driver).await;
+    eventually("the orphan's record to go", TIMEOUT, || async {
+        let operations =
+            support::cluster::journal_operations(&cluster.client, "default", &driver).await?;
+        if operations.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{operations:?}"))
+        }
+    })
+    .await;
+    cluster
+        .volumes
+        .delete(&static_name, &DeleteParams::default())
+        .await
+        .expect("deleting the static PV");
+    cluster.wait_pv_gone(&static_name).await;
+    sidecar.assert_running();
 }

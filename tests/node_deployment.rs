@@ -344,3 +344,76 @@ async fn node_name_missing_or_naming_no_node_stops_the_sidecar_with_a_message() 
     );
     assert!(driver.volumes().is_empty());
 }
+
+/// Issue #31, hole 1: the claim's selected node moves from A to B while A's CreateVolume may
+/// have created the volume (its answer timed out). A must not take B's PV for its own and drop
+/// its record: its reaper deletes what it made on A, and B, which waits while A's journal holds
+/// the name, provisions on B. Nothing is left on A.
+#[tokio::test]
+async fn a_claim_moved_to_another_node_leaves_nothing_on_the_first() {
+    let (cluster, topology) = scheduling_cluster("node-moved").await;
+    let timeout: &[&str] = &["--fault", "CreateVolume=after:deadline-exceeded"];
+    let mut nodes = three_nodes(&cluster, &topology, [timeout, &[], &[]], &[]).await;
+    let class = topology.wffc_class("wffc", nodes[0].driver.name()).await;
+    let (a, b) = (&nodes[0], &nodes[1]);
+    let mut pvc = support::cluster::claim("data", &class, "1Gi", None);
+    pvc.metadata.annotations = Some([(ANN_SELECTED_NODE.to_owned(), a.name.clone())].into());
+    let created_pvc = support::cluster::create_claim(&cluster.claims, &pvc).await;
+    let volume = format!("pvc-{}", created_pvc.metadata.uid.clone().expect("uid"));
+    a.driver.wait_holds(&volume).await;
+
+    // The pod moves to B. Once A's reaper works on the operation (its cache saw the move, so
+    // its claim reconciles stopped), A's driver answers again.
+    cluster
+        .patch_claim(
+            "data",
+            serde_json::json!({"metadata": {"annotations": {ANN_SELECTED_NODE: b.name}}}),
+        )
+        .await;
+    support::eventually("A's reaper to take the operation", TIMEOUT, || async {
+        if a.sidecar
+            .log()
+            .contains("orphaned volume not cleaned up yet")
+        {
+            Ok(())
+        } else {
+            Err("not yet".to_owned())
+        }
+    })
+    .await;
+    a.driver.clear_faults();
+
+    let bound = wait_bound(&cluster.claims, "data").await;
+    assert_eq!(pv_name(&bound), volume);
+    assert_eq!(
+        pv_segments(&cluster.pv(&volume).await),
+        vec![[(NODE_KEY.to_owned(), b.name.clone())].into()]
+    );
+    support::eventually("A's volume to be deleted", TIMEOUT, || async {
+        let left = a.driver.volumes();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    })
+    .await;
+    assert_eq!(deleted(a).len(), 1, "A deleted its volume once");
+    assert_eq!(b.driver.volumes().len(), 1, "B holds the claim's volume");
+    support::eventually("every journal to be empty", TIMEOUT, || async {
+        let operations = journal_operations(&cluster.client, cluster.ns(), &a.driver).await?;
+        if operations.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{operations:?}"))
+        }
+    })
+    .await;
+
+    cluster.delete_claim("data").await;
+    cluster.wait_pv_gone(&volume).await;
+    assert!(b.driver.volumes().is_empty(), "B deleted the volume");
+    for node in &mut nodes {
+        node.sidecar.assert_running();
+    }
+}

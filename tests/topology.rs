@@ -18,8 +18,8 @@ use k8s_openapi::api::core::v1::{
 use kube::api::ObjectMeta;
 
 use support::cluster::{
-    Cluster, claim, create_claim, create_class, events_of, pv_name, storage_class, summarize,
-    wait_bound, wait_event,
+    Cluster, claim, create_claim, create_class, events_of, journal_operations, pv_name,
+    storage_class, summarize, wait_bound, wait_event,
 };
 use support::mock_driver::{MockDriver, MockDriverOptions};
 use support::peers::{
@@ -754,5 +754,49 @@ async fn mock_driver_immediate_and_wffc_claims_get_its_segment() {
         "{}",
         summarize(&events)
     );
+    sidecar.assert_running();
+}
+
+// ------------------------------------------------------------------------------ journal, rule 15
+
+/// Issue #31, hole 2: a first CreateVolume the driver refuses with ResourceExhausted created
+/// nothing, so its operation ends and the node goes back to the scheduler, in that order: the
+/// record's removal is stored before the node is given back. A removal still held back then
+/// (the journal writes removals lazily) would be lost to a crash, and the record reloaded as
+/// "may exist" would pin the claim to the full zone forever.
+#[tokio::test]
+async fn a_full_zone_is_given_back_only_once_the_operations_end_is_stored() {
+    let (cluster, topology) = scheduling_cluster("topo-settled").await;
+    let key = zone_key(&cluster);
+    let driver = zone_driver(
+        &key,
+        &["za"],
+        &["--fault", "CreateVolume=before:resource-exhausted"],
+    )
+    .await;
+    let nodes = zone_nodes(&topology, driver.name(), &key, &["za"]).await;
+    let node = nodes.keys().next().expect("one node").clone();
+    let namespace = format!("--leader-election-namespace={}", cluster.ns());
+    let mut sidecar = sidecar(&driver, &[&namespace]).await;
+    let class = topology.wffc_class("wffc", driver.name()).await;
+    claim_on_node(&cluster, "data", &class, &node).await;
+
+    support::eventually("the node to be given back", TIMEOUT, || async {
+        match topology.selected_node("data").await {
+            None => Ok(()),
+            Some(node) => Err(format!("still {node}")),
+        }
+    })
+    .await;
+    // At once: the journal's lazy flush would come within seconds.
+    let operations = journal_operations(&cluster.client, cluster.ns(), &driver)
+        .await
+        .expect("the journal lists");
+    assert!(
+        operations.is_empty(),
+        "still recorded: {operations:?}\n{}",
+        sidecar.log()
+    );
+    assert_eq!(driver.calls("CreateVolume").len(), 1);
     sidecar.assert_running();
 }

@@ -28,8 +28,8 @@ use crate::csi_client::CallError;
 use crate::journal::{JournalError, Operation, Phase};
 use crate::provision::storage_capacity::RefreshCause;
 use crate::provision::{
-    Holding, PvOfOperation, claim_left_node, has_provisioning_finalizer, pv_holds_volume,
-    pv_of_operation,
+    Holding, NodeScope, PvOfOperation, claim_left_node, has_provisioning_finalizer,
+    pv_holds_volume, pv_of_operation,
 };
 
 /// Why reaping one operation did not finish; it is retried with a backoff, and the text is
@@ -134,9 +134,13 @@ impl Reaper {
                 .map(|operation| async move {
                     // The claim reconcile may have taken the operation since the list: then it
                     // is not idle, and the reaper leaves it (the mark is held to the end).
-                    let outcome = match ctx.journal.registry().take_idle(&operation.volume_name) {
-                        Some(_reaping) => reap(ctx, &operation).await,
-                        None => Ok(Reaped::NotAnOrphan),
+                    let registry = ctx.journal.registry();
+                    let outcome = if still_wanted(ctx, &operation) {
+                        Ok(Reaped::NotAnOrphan)
+                    } else if let Some(_reaping) = registry.take_idle(&operation.volume_name) {
+                        reap(ctx, &operation).await
+                    } else {
+                        Ok(Reaped::NotAnOrphan)
                     };
                     (operation, outcome)
                 })
@@ -235,6 +239,28 @@ enum ClaimState {
     /// Node mode: it selects another node now (`provision::claim_left_node`); the volume this
     /// node may have made for it is unused.
     LeftThisNode,
+}
+
+/// The common case, told from the caches without marking the operation busy (which would
+/// hold up the claim's own retry): its claim wants the volume and no PV of its name is known
+/// yet, so there is nothing to reap (as [`reap`] would find).
+fn still_wanted(ctx: &Context, operation: &Operation) -> bool {
+    let node = ctx.settings.node.as_ref().map(NodeDeployment::scope);
+    let wanted = ctx
+        .claims
+        .get(&ObjectRef::new(&operation.claim_name).within(&operation.claim_namespace))
+        .and_then(|claim| claim.to_claim().ok())
+        .is_some_and(|claim| {
+            matches!(
+                claim_state_of(&claim, operation, node.as_ref()),
+                ClaimState::WantsTheVolume
+            )
+        });
+    wanted
+        && ctx
+            .volumes
+            .get(&ObjectRef::new(&operation.volume_name))
+            .is_none()
 }
 
 /// Reaps one operation the caller has marked busy (`Registry::take_idle`), so that no claim
@@ -442,26 +468,16 @@ fn volume_holder(ctx: &Context, volume_id: &str) -> Holder {
 /// this node", since those answers lead to DeleteVolume.
 async fn claim_state(ctx: &Context, operation: &Operation) -> Result<ClaimState, ReapError> {
     let node = ctx.settings.node.as_ref().map(NodeDeployment::scope);
-    let state = |claim: &PersistentVolumeClaim| {
-        let meta = &claim.metadata;
-        if meta.uid.as_deref() != Some(operation.claim_uid.as_str()) {
-            ClaimState::Gone(None)
-        } else if meta.deletion_timestamp.is_some() {
-            ClaimState::Gone(Some(Box::new(claim.clone())))
-        } else if node
-            .as_ref()
-            .is_some_and(|node| claim_left_node(claim, node))
-        {
-            ClaimState::LeftThisNode
-        } else {
-            ClaimState::WantsTheVolume
-        }
-    };
     let cached = ctx
         .claims
         .get(&ObjectRef::new(&operation.claim_name).within(&operation.claim_namespace))
         .and_then(|claim| claim.to_claim().ok());
-    if cached.is_some_and(|claim| matches!(state(&claim), ClaimState::WantsTheVolume)) {
+    if cached.is_some_and(|claim| {
+        matches!(
+            claim_state_of(&claim, operation, node.as_ref()),
+            ClaimState::WantsTheVolume
+        )
+    }) {
         return Ok(ClaimState::WantsTheVolume);
     }
     let api: Api<PersistentVolumeClaim> =
@@ -473,7 +489,27 @@ async fn claim_state(ctx: &Context, operation: &Operation) -> Result<ClaimState,
                 claim: format!("{}/{}", operation.claim_namespace, operation.claim_name),
                 source,
             })?;
-    Ok(fresh.map_or(ClaimState::Gone(None), |claim| state(&claim)))
+    Ok(fresh.map_or(ClaimState::Gone(None), |claim| {
+        claim_state_of(&claim, operation, node.as_ref())
+    }))
+}
+
+/// What `claim`, found under the operation's claim name, wants of the operation.
+fn claim_state_of(
+    claim: &PersistentVolumeClaim,
+    operation: &Operation,
+    node: Option<&NodeScope<'_>>,
+) -> ClaimState {
+    let meta = &claim.metadata;
+    if meta.uid.as_deref() != Some(operation.claim_uid.as_str()) {
+        ClaimState::Gone(None)
+    } else if meta.deletion_timestamp.is_some() {
+        ClaimState::Gone(Some(Box::new(claim.clone())))
+    } else if node.is_some_and(|node| claim_left_node(claim, node)) {
+        ClaimState::LeftThisNode
+    } else {
+        ClaimState::WantsTheVolume
+    }
 }
 
 #[cfg(test)]

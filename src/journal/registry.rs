@@ -118,7 +118,11 @@ impl Registry {
     pub fn reserve(&self, operation: Operation) -> Result<Reservation<'_>, Refusal> {
         let volume_name = operation.volume_name.clone();
         let mut state = self.lock();
-        if state.busy.contains(&volume_name) {
+        let taken = state
+            .entries
+            .get(&volume_name)
+            .is_some_and(|entry| entry.operation.claim_uid != operation.claim_uid);
+        if !taken && state.busy.contains(&volume_name) {
             return Err(Refusal::Busy { volume_name });
         }
         let recorded = match state.entries.get(&volume_name) {
@@ -239,7 +243,7 @@ impl Registry {
 
     /// Marks a recorded operation nobody is working on busy for the orphan reaper; `None` if a
     /// claim reconcile holds it (or it is gone) by now. While the reaper holds it, a claim
-    /// reconcile is refused the operation ([`Refusal::Busy`]).
+    /// reconcile is refused the operation ([`Refusal::Busy`]; docs/journal.md, rule 16).
     pub fn take_idle(&self, volume_name: &str) -> Option<Busy<'_>> {
         let mut state = self.lock();
         let recorded = state
@@ -459,6 +463,13 @@ mod tests {
                 volume_name: "pvc-1".to_owned()
             }),
             "no claim attempt beside the reap"
+        );
+        assert!(
+            matches!(
+                registry.reserve(operation("pvc-1", "b", "x")),
+                Err(Refusal::NameTaken(_))
+            ),
+            "another claim of a colliding name is told whose name it is, busy or not"
         );
         drop(reaping);
         let Ok(Reservation::Recorded(claiming, _)) = registry.reserve(operation("pvc-1", "a", "x"))

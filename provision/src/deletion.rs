@@ -260,6 +260,10 @@ pub enum ExistingPv {
     /// A PV of another volume or driver: the volume just created has no PV and is deleted
     /// (upstream counts every AlreadyExists as success and leaks it, #1469).
     Other,
+    /// The operation's own PV (same volume, same claim), being deleted: its volume may have
+    /// been deleted already and the one just created be a new one it will not delete. Neither
+    /// kept as done nor deleted now: the operation stays and is retried once the PV is gone.
+    BeingDeleted,
 }
 
 ///
@@ -291,13 +295,11 @@ pub fn existing_pv(
     if !same_volume {
         return ExistingPv::Other;
     }
-    if existing.metadata.deletion_timestamp.is_none()
-        && claim_uid(wanted).is_some()
-        && claim_uid(existing) == claim_uid(wanted)
-    {
-        ExistingPv::Ours
-    } else {
-        ExistingPv::HoldsTheVolume
+    let same_claim = claim_uid(wanted).is_some() && claim_uid(existing) == claim_uid(wanted);
+    match (same_claim, existing.metadata.deletion_timestamp.is_some()) {
+        (true, false) => ExistingPv::Ours,
+        (true, true) => ExistingPv::BeingDeleted,
+        (false, _) => ExistingPv::HoldsTheVolume,
     }
 }
 

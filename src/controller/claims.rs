@@ -147,6 +147,10 @@ pub enum ClaimError {
     #[error("failed to create PersistentVolume {name}: {source}")]
     PvCreate { name: String, source: kube::Error },
     #[error(
+        "PersistentVolume {name} of this claim is being deleted, and the volume it had may be deleted with it; the operation is kept and retried"
+    )]
+    PvBeingDeleted { name: String },
+    #[error(
         "PersistentVolume {name} already exists for another volume ({existing:?}); the new volume {created:?} was deleted"
     )]
     PvTaken {
@@ -592,6 +596,9 @@ impl ClaimReconciler {
         let plan = &planned.plan;
         let error = match create_volume(ctx, &plan.class_name, request.clone()).await {
             Ok(response) => return Ok(Created { request, response }),
+            // This replica no longer leads: the journal is the new leader's, which may have
+            // taken the operation in and sent it; settling it here would write it away.
+            Err(error @ CallError::Fenced(_)) => return Err(ClaimError::Driver(error)),
             Err(error) => error,
         };
         ctx.refresh_capacity(|| RefreshCause::ProvisionFailed {
@@ -1075,8 +1082,14 @@ async fn save_volume(
                 })?;
             let node = ctx.settings.node.as_ref().map(NodeDeployment::scope);
             let verdict = existing_pv(&existing, &pv, node.as_ref());
-            if verdict == ExistingPv::Ours {
-                return Ok(());
+            match verdict {
+                ExistingPv::Ours => return Ok(()),
+                // The operation stays: once the PV is gone, its claim (gone too by then) hands
+                // it to the reaper, which replays and deletes the volume.
+                ExistingPv::BeingDeleted => {
+                    return Err(ClaimError::PvBeingDeleted { name: name.clone() });
+                }
+                ExistingPv::HoldsTheVolume | ExistingPv::Other => {}
             }
             let error = pv_conflict(&existing, name.clone(), handle.clone(), verdict);
             if verdict == ExistingPv::Other {

@@ -363,6 +363,8 @@ async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapE
             .map(|volume| volume.volume_id)
             .filter(|id| !id.is_empty())
             .ok_or(ReapError::NoVolumeId)?,
+        // Not the leader any more: the new leader's journal decides (see `claims::create`).
+        Err(error @ CallError::Fenced(_)) => return Err(ReapError::Driver(error)),
         Err(error) => {
             let registry = ctx.journal.registry();
             if registry.keep_after_failure(&operation.volume_name, error.may_have_created()) {
@@ -377,7 +379,7 @@ async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapE
                 .map_err(ReapError::Journal);
         }
     };
-    match volume_holder(ctx, &volume_id) {
+    match confirmed_holder(ctx, &volume_id).await? {
         Holder::Pv(holder) => {
             info!(
                 volume = operation.volume_name,
@@ -423,6 +425,51 @@ async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapE
     Ok(())
 }
 
+/// [`volume_holder`], with a PV found in the cache read again: the cache may still hold a PV
+/// that is gone (its deletion deleted the volume a replay has just created again), and one
+/// being deleted may have deleted the volume already. Either leaves the volume unheld: gone,
+/// it is deleted here; being deleted, the operation waits for it to go.
+async fn confirmed_holder(ctx: &Context, volume_id: &str) -> Result<Holder, ReapError> {
+    let holder = volume_holder(ctx, volume_id);
+    let Holder::Pv(name) = &holder else {
+        return Ok(holder);
+    };
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    let fresh = volumes
+        .get_opt(name)
+        .await
+        .map_err(|source| ReapError::VolumeRead {
+            name: name.clone(),
+            source,
+        })?;
+    let node = ctx.settings.node.as_ref().map(NodeDeployment::scope);
+    Ok(match fresh {
+        Some(pv) if pv.metadata.deletion_timestamp.is_some() => Holder::Unknown {
+            pv: name.clone(),
+            error: "it is being deleted".to_owned(),
+        },
+        Some(pv)
+            if pv_holds_volume(
+                &pv,
+                &ctx.settings.config.driver_name,
+                volume_id,
+                node.as_ref(),
+            ) == Holding::Holds =>
+        {
+            holder
+        }
+        // Gone, or no longer this volume's: the cache was stale; look at the others again
+        // without it (a second stale holder waits for the next reap).
+        _ => match volume_holder_except(ctx, volume_id, name) {
+            Holder::Pv(other) => Holder::Unknown {
+                pv: other,
+                error: "the cache and the API server disagree about it".to_owned(),
+            },
+            other => other,
+        },
+    })
+}
+
 /// Who references a volume of our driver.
 enum Holder {
     /// This PV, whatever its name.
@@ -439,9 +486,17 @@ enum Holder {
 /// moments may be missed, but one the sidecar created (the only kind a replay of our own
 /// operation can return) is known before its operation is ever idle.
 fn volume_holder(ctx: &Context, volume_id: &str) -> Holder {
+    volume_holder_except(ctx, volume_id, "")
+}
+
+/// [`volume_holder`] among the cached PVs not named `skipped`.
+fn volume_holder_except(ctx: &Context, volume_id: &str, skipped: &str) -> Holder {
     let node = ctx.settings.node.as_ref().map(NodeDeployment::scope);
     let mut holder = Holder::None;
     for cached in ctx.volumes.state() {
+        if cached.name_any() == skipped {
+            continue;
+        }
         let holding = cached.to_volume().map(|pv| {
             pv_holds_volume(
                 &pv,

@@ -312,12 +312,18 @@ fn existing_pv_of_another_handle_or_driver_is_another_volume() {
 }
 
 #[test]
-fn existing_pv_with_our_handle_but_another_claim_or_being_deleted_holds_the_volume() {
+fn existing_pv_with_our_handle_but_another_claim_holds_the_volume_and_ours_being_deleted_waits() {
     let wanted = PvBuilder::new().build();
+    // Found by the simulation (issue #31): a stale retry re-created the volume after the PV's
+    // deletion had deleted it; taking the Terminating PV for its holder leaked the new one.
+    assert_eq!(
+        existing_pv(&PvBuilder::new().deleting().build(), &wanted, None),
+        ExistingPv::BeingDeleted
+    );
     for existing in [
         PvBuilder::new().claim_uid("other").build(),
         PvBuilder::new().no_claim_ref().build(),
-        PvBuilder::new().deleting().build(),
+        PvBuilder::new().claim_uid("other").deleting().build(),
     ] {
         assert_eq!(
             existing_pv(&existing, &wanted, None),

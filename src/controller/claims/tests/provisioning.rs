@@ -152,13 +152,15 @@ async fn a_claim_whose_volume_name_is_another_claims_operation_sends_nothing() {
 async fn a_replica_that_cannot_prove_it_leads_sends_no_create_volume() {
     let scenario = cluster()
         .fenced()
-        .start([secret_read(), record_written(), record_removed()])
+        .start([secret_read(), record_written()])
         .await;
     assert_eq!(
         reconcile(&scenario, claim().build()).await,
         Next::RetryIn(RETRY_START)
     );
-    assert!(!in_flight(&scenario), "nothing was sent");
+    // Nothing was sent from here, but the record is not removed either: a new leader may
+    // have taken it in and sent it (found by the simulation, issue #31).
+    assert!(in_flight(&scenario), "the record is the leader's to settle");
     assert_eq!(
         scenario.finish().await,
         [

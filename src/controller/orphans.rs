@@ -33,7 +33,7 @@ use crate::provision::{Holding, has_provisioning_finalizer, pv_holds_volume, pv_
 /// Why reaping one operation did not finish; it is retried with a backoff, and the text is
 /// stored in its journal record.
 #[derive(Debug, Error)]
-enum ReapError {
+pub(super) enum ReapError {
     #[error("failed to read claim {claim}: {source}")]
     ClaimRead { claim: String, source: kube::Error },
     #[error("failed to read PersistentVolume {name}: {source}")]
@@ -211,7 +211,7 @@ fn secret_wait_message(operation: &Operation, error: &ReapError) -> Option<Strin
     ))
 }
 
-enum Reaped {
+pub(super) enum Reaped {
     NotAnOrphan,
     Done,
 }
@@ -225,7 +225,7 @@ enum ClaimState {
     Gone(Option<Box<PersistentVolumeClaim>>),
 }
 
-async fn reap(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError> {
+pub(super) async fn reap(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError> {
     let ClaimState::Gone(deleting_claim) = claim_state(ctx, operation).await? else {
         // A PV of that name in the cache may hold the volume: then only the record's removal
         // was lost (a crash, or an exit before the journal's lazy flush). The cache keeps no

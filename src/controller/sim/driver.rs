@@ -47,7 +47,20 @@ pub struct Driver {
     state: Mutex<DriverState>,
 }
 
+/// One call of the driver on a volume name, for the classification of findings.
+#[derive(Clone, Debug)]
+pub struct Touch {
+    pub delete: bool,
+    /// The actor that called (empty: a background task).
+    pub actor: String,
+    /// CreateVolume: whether this call created the volume; DeleteVolume: whether it deleted.
+    pub changed: bool,
+    pub outcome: String,
+}
+
 pub struct DriverState {
+    /// Every call, by volume name.
+    pub history: BTreeMap<String, Vec<Touch>>,
     /// By name.
     pub volumes: BTreeMap<String, BackendVolume>,
     /// Snapshot handles the backend holds.
@@ -57,7 +70,7 @@ pub struct DriverState {
     pub faulty: bool,
     rng: Rng,
     /// Invariant 2 as the calls happen: DeleteVolume of a volume a live PV references.
-    pub violations: Vec<String>,
+    pub violations: Vec<(String, String)>,
     pub created: u64,
 }
 
@@ -72,6 +85,7 @@ impl Driver {
             node,
             segment,
             state: Mutex::new(DriverState {
+                history: BTreeMap::new(),
                 volumes: BTreeMap::new(),
                 snapshots: BTreeSet::new(),
                 faults,
@@ -269,7 +283,11 @@ impl ProcessDriver {
         (Ok(response), format!("OK {id}"))
     }
 
-    fn delete(&self, volume_id: &str) -> (Result<csi::DeleteVolumeResponse, CallError>, String) {
+    fn delete(
+        &self,
+        volume_id: &str,
+        actor: &str,
+    ) -> (Result<csi::DeleteVolumeResponse, CallError>, String) {
         let mut state = self.driver.lock();
         // Invariant 2, at the moment of the call.
         for pv in self.server.list("persistentvolumes") {
@@ -277,11 +295,14 @@ impl ProcessDriver {
                 && text(&pv["status"]["phase"]) != "Released"
             {
                 let violation = format!(
-                    "unsafe delete: DeleteVolume {volume_id} while PV {} (phase {:?}) references it",
+                    "unsafe delete: {actor} calls DeleteVolume {volume_id} while PV {} (phase {:?}) references it",
                     text(&pv["metadata"]["name"]),
                     text(&pv["status"]["phase"])
                 );
-                state.violations.push(violation);
+                let name = volume_id
+                    .split_once(':')
+                    .map_or(volume_id, |(_, name)| name);
+                state.violations.push((name.to_owned(), violation));
             }
         }
         let chance = state.faults.delete_timeout;
@@ -292,8 +313,16 @@ impl ProcessDriver {
             .iter()
             .find(|(_, volume)| volume.id == volume_id)
             .map(|(name, _)| name.clone());
-        if deleted && let Some(name) = name {
-            state.volumes.remove(&name);
+        if let Some(name) = &name {
+            if deleted {
+                state.volumes.remove(name);
+            }
+            state.history.entry(name.clone()).or_default().push(Touch {
+                delete: true,
+                actor: actor.to_owned(),
+                changed: deleted,
+                outcome: String::new(),
+            });
         }
         if timeout {
             let what = if deleted { "deleted" } else { "not deleted" };
@@ -317,7 +346,22 @@ impl CsiController for ProcessDriver {
     ) -> Result<csi::CreateVolumeResponse, CallError> {
         let what = format!("CreateVolume {}", request.name);
         let actor = self.gate.pass(self.proc, &what).await;
+        let before = self.driver.lock().created;
         let (result, outcome) = self.create(&request);
+        {
+            let mut state = self.driver.lock();
+            let changed = state.created != before;
+            state
+                .history
+                .entry(request.name.clone())
+                .or_default()
+                .push(Touch {
+                    delete: false,
+                    actor: actor.clone().unwrap_or_default(),
+                    changed,
+                    outcome: outcome.clone(),
+                });
+        }
         self.trace.call(
             self.proc,
             actor.as_deref(),
@@ -332,7 +376,8 @@ impl CsiController for ProcessDriver {
     ) -> Result<csi::DeleteVolumeResponse, CallError> {
         let what = format!("DeleteVolume {}", request.volume_id);
         let actor = self.gate.pass(self.proc, &what).await;
-        let (result, outcome) = self.delete(&request.volume_id);
+        let (result, outcome) =
+            self.delete(&request.volume_id, actor.as_deref().unwrap_or_default());
         self.trace
             .call(self.proc, actor.as_deref(), &format!("{what} → {outcome}"));
         result

@@ -68,11 +68,40 @@ fn has_finalizer(object: &Value, finalizer: &str) -> bool {
         .is_some_and(|list| list.iter().any(|f| f.as_str() == Some(finalizer)))
 }
 
-pub fn check(world: &World, quiescent: bool) -> Vec<(Kind, String)> {
+/// A violated invariant: which, the volume name it is about (if one), and what happened.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    pub kind: Kind,
+    pub volume: Option<String>,
+    /// The driver (node, or "central") whose volume it is.
+    pub driver: Option<String>,
+    pub message: String,
+}
+
+fn violation(
+    kind: Kind,
+    volume: Option<&str>,
+    driver: Option<String>,
+    message: String,
+) -> Violation {
+    Violation {
+        kind,
+        volume: volume.map(str::to_owned),
+        driver,
+        message,
+    }
+}
+
+pub fn check(world: &World, quiescent: bool) -> Vec<Violation> {
     let mut found = Vec::new();
     for driver in world.drivers.values() {
-        for violation in std::mem::take(&mut driver.lock().violations) {
-            found.push((Kind::UnsafeDelete, violation));
+        for (volume, message) in std::mem::take(&mut driver.lock().violations) {
+            found.push(violation(
+                Kind::UnsafeDelete,
+                Some(&volume),
+                Some(driver.label()),
+                message,
+            ));
         }
     }
     let pvs = world.server.list("persistentvolumes");
@@ -92,13 +121,17 @@ pub fn check(world: &World, quiescent: bool) -> Vec<(Kind, String)> {
                 .iter()
                 .any(|r| r.node == driver.node && &r.volume_name == name);
             if !recorded {
-                found.push((
+                found.push(violation(
                     Kind::Leak,
+                    Some(name),
+                    Some(driver.label()),
                     format!("leak: driver {} holds volume {} ({name}) that no PV references and no durable record names", driver.label(), volume.id),
                 ));
             } else if quiescent {
-                found.push((
+                found.push(violation(
                     Kind::NotQuiescent,
+                    Some(name),
+                    Some(driver.label()),
                     format!("at quiescence driver {} still holds volume {} without a PV (its record stays)", driver.label(), volume.id),
                 ));
             }
@@ -126,8 +159,10 @@ pub fn check(world: &World, quiescent: bool) -> Vec<(Kind, String)> {
                 .filter(|s| s["metadata"]["uid"] == reference["uid"])
             {
                 if !has_finalizer(snapshot, SNAPSHOT_PROTECTION_FINALIZER) {
-                    found.push((
+                    found.push(violation(
                         Kind::SourceReleased,
+                        Some(&record.volume_name),
+                        None,
                         format!(
                             "snapshot {}/{} lost its protection finalizer while the durable record of {} (no PV yet) restores from its content {}",
                             text(&snapshot["metadata"]["namespace"]),
@@ -144,41 +179,59 @@ pub fn check(world: &World, quiescent: bool) -> Vec<(Kind, String)> {
         for claim in world.server.list("persistentvolumeclaims") {
             let name = text(&claim["metadata"]["name"]);
             let deleting = !claim["metadata"]["deletionTimestamp"].is_null();
+            let volume = claim_volume(&claim);
             if deleting && has_finalizer(&claim, PROVISIONING_FINALIZER) {
-                found.push((
-                    Kind::NotQuiescent,
-                    format!("at quiescence deleted claim {name} keeps the provisioning finalizer"),
-                ));
-            } else if !deleting && text(&claim["status"]["phase"]) != "Bound" {
-                found.push((
-                    Kind::NotQuiescent,
-                    format!("at quiescence claim {name} is not Bound"),
-                ));
+                let message =
+                    format!("at quiescence deleted claim {name} keeps the provisioning finalizer");
+                found.push(violation(Kind::NotQuiescent, Some(&volume), None, message));
+            } else if !deleting
+                && text(&claim["status"]["phase"]) != "Bound"
+                && !source_gone(&claim, &snapshots)
+            {
+                let message = format!("at quiescence claim {name} ({volume}) is not Bound");
+                found.push(violation(Kind::NotQuiescent, Some(&volume), None, message));
             }
         }
         for record in &records {
-            found.push((
+            let driver = record.node.clone().unwrap_or_else(|| "central".to_owned());
+            let message = format!(
+                "at quiescence the record of {} is left in the journal ({driver})",
+                record.volume_name
+            );
+            found.push(violation(
                 Kind::NotQuiescent,
-                format!(
-                    "at quiescence the record of {} is left in the journal ({})",
-                    record.volume_name,
-                    record.node.as_deref().unwrap_or("central")
-                ),
+                Some(&record.volume_name),
+                Some(driver),
+                message,
             ));
         }
         for snapshot in &snapshots {
             if !snapshot["metadata"]["deletionTimestamp"].is_null()
                 && has_finalizer(snapshot, SNAPSHOT_PROTECTION_FINALIZER)
             {
-                found.push((
-                    Kind::NotQuiescent,
-                    format!(
-                        "at quiescence deleted snapshot {} keeps the protection finalizer",
-                        text(&snapshot["metadata"]["name"])
-                    ),
-                ));
+                let message = format!(
+                    "at quiescence deleted snapshot {} keeps the protection finalizer",
+                    text(&snapshot["metadata"]["name"])
+                );
+                found.push(violation(Kind::NotQuiescent, None, None, message));
             }
         }
     }
     found
+}
+
+/// The volume name of a claim (`pvc-<uid>`).
+fn claim_volume(claim: &Value) -> String {
+    format!("pvc-{}", text(&claim["metadata"]["uid"]))
+}
+
+/// Whether the claim restores from a snapshot that no longer exists (it waits for it, as
+/// upstream: not a failure to settle).
+fn source_gone(claim: &Value, snapshots: &[Value]) -> bool {
+    let source = &claim["spec"]["dataSource"];
+    text(&source["kind"]) == "VolumeSnapshot"
+        && !snapshots.iter().any(|s| {
+            text(&s["metadata"]["name"]) == text(&source["name"])
+                && text(&s["metadata"]["namespace"]) == text(&claim["metadata"]["namespace"])
+        })
 }

@@ -6,6 +6,7 @@
 
 mod apiserver;
 mod driver;
+mod findings;
 mod gate;
 mod invariants;
 mod profiles;

@@ -85,7 +85,7 @@ pub fn in_tree() -> Profile {
             ..NONE.faults
         },
         in_tree_pv: true,
-        crash: 1,
+        crash: 0,
         claim_deletes: 4,
         claims: 2,
         steps: 200,
@@ -121,7 +121,7 @@ pub fn races() -> Profile {
             delete_timeout: 50,
             ..NONE.faults
         },
-        crash: 1,
+        crash: 0,
         claim_deletes: 4,
         claim_creates: 2,
         claims: 3,

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use super::invariants::Kind;
+use super::findings::Hole;
 use super::profiles;
 use super::world::{Failure, Profile, World};
 
@@ -79,34 +79,14 @@ fn replay() {
     assert!(failed.is_empty(), "seed {seed} fails in {failed:?}");
 }
 
-/// Each known hole: its profile and the invariants that show it.
-fn holes() -> Vec<(&'static str, Profile, Vec<Kind>)> {
+/// Each known hole of issue #31 and the profile that makes it reachable.
+fn holes() -> Vec<(Hole, Profile)> {
     vec![
-        (
-            "1: node move, other node's PV taken as ours",
-            profiles::node_moves(),
-            vec![Kind::Leak],
-        ),
-        (
-            "2: lazy removal after a first-attempt final error",
-            profiles::final_errors(),
-            vec![Kind::NotQuiescent, Kind::Leak],
-        ),
-        (
-            "3: an untranslatable in-tree PV blocks every reap",
-            profiles::in_tree(),
-            vec![Kind::NotQuiescent],
-        ),
-        (
-            "4: a restore releases the snapshot another still reads",
-            profiles::restores(),
-            vec![Kind::SourceReleased],
-        ),
-        (
-            "5: the reaper beside a claim retry",
-            profiles::races(),
-            vec![Kind::Leak, Kind::UnsafeDelete],
-        ),
+        (Hole::NodeMove, profiles::node_moves()),
+        (Hole::LazyRemoval, profiles::final_errors()),
+        (Hole::InTreeBlocks, profiles::in_tree()),
+        (Hole::SharedSnapshot, profiles::restores()),
+        (Hole::ReaperRace, profiles::races()),
     ]
 }
 
@@ -117,18 +97,27 @@ fn expected_holes() {
     }
     let budget = env_number("SIM_HOLE_SEEDS", 300);
     let mut missing = Vec::new();
-    for (hole, profile, kinds) in holes() {
+    for (hole, profile) in holes() {
+        let mut others = Vec::new();
         let found = (0..budget).find_map(|seed| match run_seed(&profile, seed) {
-            Err(failure) if kinds.contains(&failure.kind) => Some(failure),
-            _ => None,
+            Err(failure) if failure.hole == hole => Some(failure),
+            Err(failure) => {
+                others.push(format!("{}:{:?}", failure.seed, failure.hole));
+                None
+            }
+            Ok(_) => None,
         });
+        println!(
+            "=== {hole:?} ({}): seeds failing otherwise before it: {others:?}",
+            profile.name
+        );
         match found {
             Some(failure) => println!(
-                "=== hole {hole}: found by seed {} ===\n{failure}\n",
+                "=== {hole:?}: found by seed {} ===\n{failure}\n",
                 failure.seed
             ),
             None => {
-                println!("=== hole {hole}: not found within {budget} seeds ===");
+                println!("=== {hole:?}: not found within {budget} seeds ===");
                 missing.push(hole);
             }
         }

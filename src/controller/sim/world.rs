@@ -23,8 +23,9 @@ use tokio::task::JoinHandle;
 
 use super::apiserver::{ApiServer, ProcessService, text};
 use super::driver::{Driver, Faults, INVALID_PARAMETER, ProcessDriver};
+use super::findings::{Hole, classify};
 use super::gate::{ACTOR, Gate, ProcId};
-use super::invariants;
+use super::invariants::{self, Violation};
 use super::rng::Rng;
 use super::trace::Trace;
 use crate::controller::cache::{self, CachedClaim, CachedVolume};
@@ -92,6 +93,8 @@ pub struct Failure {
     pub seed: u64,
     pub profile: &'static str,
     pub kind: invariants::Kind,
+    /// Which known hole it shows.
+    pub hole: Hole,
     pub violation: String,
     pub trace: String,
     pub step: usize,
@@ -99,18 +102,16 @@ pub struct Failure {
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{}", self.trace)?;
+        writeln!(
+            f,
+            "seed {} (profile {}) violated {:?} (hole {:?}) at step {}: {}",
+            self.seed, self.profile, self.kind, self.hole, self.step, self.violation
+        )?;
         write!(
             f,
-            "{}\nseed {} (profile {}) violated {:?} at step {}: {}\n(replay: SIM_SEED={} SIM_PROFILE={} hack/simulate.sh --seed {})",
-            self.trace,
-            self.seed,
-            self.profile,
-            self.kind,
-            self.step,
-            self.violation,
-            self.seed,
-            self.profile,
-            self.seed
+            "replay: hack/simulate.sh --profile {} --seed {}",
+            self.profile, self.seed
         )
     }
 }
@@ -525,13 +526,18 @@ impl World {
         Ok(self.trace.render())
     }
 
-    fn fail(&self, kind: invariants::Kind, violation: String) -> Failure {
-        self.trace.note(&format!("VIOLATION {kind:?}: {violation}"));
+    fn fail(&self, violation: Violation) -> Failure {
+        let hole = classify(self, &violation);
+        self.trace.note(&format!(
+            "VIOLATION {:?} ({hole:?}): {}",
+            violation.kind, violation.message
+        ));
         Failure {
             seed: self.seed,
             profile: self.profile.name,
-            kind,
-            violation,
+            kind: violation.kind,
+            hole,
+            violation: violation.message,
             trace: self.trace.render(),
             step: self.step,
         }
@@ -540,7 +546,7 @@ impl World {
     fn check(&self, quiescent: bool) -> Result<(), Failure> {
         let found = invariants::check(self, quiescent);
         match found.into_iter().next() {
-            Some((kind, violation)) => Err(self.fail(kind, violation)),
+            Some(violation) => Err(self.fail(violation)),
             None => Ok(()),
         }
     }
@@ -754,8 +760,14 @@ impl World {
                 self.procs[proc].name, operation.volume_name
             ),
         );
+        let trace = self.trace.clone();
         self.spawn(proc, label, async move {
-            let _ = orphans::reap(&ctx, &operation).await;
+            let outcome = match orphans::reap(&ctx, &operation).await {
+                Ok(orphans::Reaped::Done) => "done: record dropped".to_owned(),
+                Ok(orphans::Reaped::NotAnOrphan) => "not an orphan".to_owned(),
+                Err(error) => format!("failed: {error}"),
+            };
+            trace.note(&format!("reap {} → {outcome}", operation.volume_name));
         });
     }
 

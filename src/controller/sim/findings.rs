@@ -1,0 +1,113 @@
+//! Which known hole a violation shows, from the violation and the driver's history of the
+//! volume. The holes are those of issue #31 (1 to 5) and the one the simulation found
+//! besides (6); anything else is `Unknown`.
+
+use super::apiserver::text;
+use super::driver::Touch;
+use super::invariants::{Kind, Violation};
+use super::world::World;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hole {
+    /// 1: node mode, the claim's selected node moves: another node's PV of the same name is
+    /// taken as this node's and its record dropped without DeleteVolume.
+    NodeMove,
+    /// 2: the lazy removal after a first-attempt final error is lost in a crash: the record
+    /// comes back as may-exist and can never be settled.
+    LazyRemoval,
+    /// 3: an in-tree PV whose source cannot be translated blocks the reap of every orphan.
+    InTreeBlocks,
+    /// 4: a restore releases the snapshot another restore's record still reads.
+    SharedSnapshot,
+    /// 5: the reaper works on an operation a claim reconcile works on too.
+    ReaperRace,
+    /// 6: a record whose removal was lost is reaped after its PV and volume were deleted:
+    /// the replay creates the volume again and a stale cached PV is taken to hold it.
+    StaleReplay,
+    Unknown,
+}
+
+fn by(touch: &Touch, what: &str) -> bool {
+    touch.actor.contains(what)
+}
+
+pub fn classify(world: &World, violation: &Violation) -> Hole {
+    let history = |name: &str| -> Vec<Touch> {
+        let mut all = Vec::new();
+        for driver in world.drivers.values() {
+            if violation
+                .driver
+                .as_deref()
+                .is_none_or(|d| d == driver.label() || violation.kind != Kind::Leak)
+            {
+                if let Some(touches) = driver.lock().history.get(name) {
+                    all.extend(touches.iter().cloned());
+                }
+            }
+        }
+        all
+    };
+    match violation.kind {
+        Kind::SourceReleased => Hole::SharedSnapshot,
+        Kind::UnsafeDelete if violation.message.contains(" reap ") => Hole::ReaperRace,
+        Kind::UnsafeDelete => Hole::Unknown,
+        Kind::Leak => {
+            let Some(name) = violation.volume.as_deref() else {
+                return Hole::Unknown;
+            };
+            let driver = violation.driver.clone().unwrap_or_default();
+            let id = format!("{driver}:{name}");
+            if let Some(pv) = world.server.get("persistentvolumes", "", name) {
+                let handle = text(&pv["spec"]["csi"]["volumeHandle"]);
+                if !handle.is_empty() && handle != id {
+                    return Hole::NodeMove;
+                }
+            }
+            let touches = history(name);
+            let Some(last_create) = touches.iter().rposition(|t| !t.delete && t.changed) else {
+                return Hole::Unknown;
+            };
+            let deleted_before = touches[..last_create].iter().any(|t| t.delete && t.changed);
+            let creator = &touches[last_create];
+            if deleted_before && by(creator, " reap ") {
+                return Hole::StaleReplay;
+            }
+            if by(creator, " claim ") && touches.iter().any(|t| by(t, " reap ")) {
+                return Hole::ReaperRace;
+            }
+            Hole::Unknown
+        }
+        Kind::NotQuiescent => {
+            let Some(name) = violation.volume.as_deref() else {
+                return Hole::Unknown;
+            };
+            let touches = history(name);
+            let creates: Vec<&Touch> = touches.iter().filter(|t| !t.delete).collect();
+            let final_error = |t: &&Touch| {
+                t.outcome.starts_with("INVALID_ARGUMENT")
+                    || t.outcome.starts_with("RESOURCE_EXHAUSTED")
+            };
+            if creates.first().is_some_and(final_error)
+                && creates
+                    .last()
+                    .is_some_and(|t| final_error(t) || t.outcome.starts_with("ALREADY_EXISTS"))
+                && creates.len() > 1
+            {
+                return Hole::LazyRemoval;
+            }
+            let in_tree = world
+                .server
+                .list("persistentvolumes")
+                .iter()
+                .any(|pv| !pv["spec"]["azureFile"].is_null());
+            let reaped_not_deleted = creates
+                .last()
+                .is_some_and(|t| by(t, " reap ") && t.outcome.starts_with("OK"))
+                && touches.last().is_some_and(|t| !t.delete);
+            if in_tree && reaped_not_deleted {
+                return Hole::InTreeBlocks;
+            }
+            Hole::Unknown
+        }
+    }
+}

@@ -27,6 +27,7 @@ const NONE: Profile = Profile {
     restores: false,
     bad_class: false,
     in_tree_pv: false,
+    secrets: false,
     steps: 200,
 };
 
@@ -80,13 +81,14 @@ pub fn in_tree() -> Profile {
         name: "in-tree",
         driver: AZURE_FILE,
         faults: Faults {
-            timeout_created: 200,
+            timeout_created: 400,
             lost_answer: 100,
             ..NONE.faults
         },
         in_tree_pv: true,
         crash: 0,
-        claim_deletes: 4,
+        claim_deletes: 8,
+        claim_creates: 3,
         claims: 2,
         steps: 200,
         ..NONE
@@ -116,14 +118,15 @@ pub fn races() -> Profile {
     Profile {
         name: "races",
         faults: Faults {
-            timeout_created: 200,
+            timeout_created: 300,
             lost_answer: 100,
             delete_timeout: 50,
             ..NONE.faults
         },
         crash: 0,
-        claim_deletes: 4,
-        claim_creates: 2,
+        secrets: true,
+        claim_deletes: 6,
+        claim_creates: 3,
         claims: 3,
         steps: 250,
         ..NONE

@@ -4,6 +4,7 @@
 //! is found within `SIM_HOLE_SEEDS` seeds of its profile, and prints the smallest seed and
 //! its trace.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::findings::Hole;
@@ -33,16 +34,25 @@ pub fn run_seed(profile: &Profile, seed: u64) -> Result<String, Failure> {
 fn seeds() {
     let seeds = env_number("SIM_SEEDS", 4);
     let only = std::env::var("SIM_PROFILE").ok();
+    // SIM_TALLY=1: run every seed and count the findings by hole, instead of failing at the
+    // first.
+    let tally = std::env::var_os("SIM_TALLY").is_some();
     let started = Instant::now();
     let mut runs = 0;
+    let mut found: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for profile in profiles::all() {
         if only.as_deref().is_some_and(|name| name != profile.name) {
             continue;
         }
         for seed in 0..seeds {
             runs += 1;
-            if let Err(failure) = run_seed(&profile, seed) {
-                panic!("{failure}");
+            match run_seed(&profile, seed) {
+                Ok(_) => {}
+                Err(failure) if tally => {
+                    let key = format!("{} {:?} {:?}", profile.name, failure.hole, failure.kind);
+                    found.entry(key).or_default().push(seed);
+                }
+                Err(failure) => panic!("{failure}"),
             }
         }
     }
@@ -51,6 +61,13 @@ fn seeds() {
         "{runs} seeds in {elapsed:?} ({:.1} seeds/s)",
         runs as f64 / elapsed.as_secs_f64()
     );
+    for (key, seeds) in &found {
+        println!(
+            "{key}: {} seeds, first {:?}",
+            seeds.len(),
+            &seeds[..seeds.len().min(8)]
+        );
+    }
 }
 
 #[test]

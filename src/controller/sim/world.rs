@@ -78,6 +78,8 @@ pub struct Profile {
     pub bad_class: bool,
     /// An in-tree Azure File PV whose source cannot be translated sits in the cluster.
     pub in_tree_pv: bool,
+    /// The class names a provisioner secret (read before each CreateVolume and replay).
+    pub secrets: bool,
     pub steps: usize,
 }
 
@@ -227,6 +229,18 @@ impl World {
             json!({"type": "fast"})
         };
         self.create_class(params);
+        if self.profile.secrets {
+            self.server
+                .create(
+                    "secrets",
+                    json!({
+                        "apiVersion": "v1", "kind": "Secret",
+                        "metadata": {"name": "creds", "namespace": NAMESPACE},
+                        "data": {"password": "czNjcmV0"},
+                    }),
+                )
+                .expect("secret");
+        }
         if self.profile.restores {
             let snapshot = self
                 .server
@@ -283,7 +297,11 @@ impl World {
         }
     }
 
-    fn create_class(&mut self, parameters: Value) {
+    fn create_class(&mut self, mut parameters: Value) {
+        if self.profile.secrets {
+            parameters["csi.storage.k8s.io/provisioner-secret-name"] = json!("creds");
+            parameters["csi.storage.k8s.io/provisioner-secret-namespace"] = json!(NAMESPACE);
+        }
         let mode = if self.profile.node_mode() {
             "WaitForFirstConsumer"
         } else {
@@ -800,6 +818,13 @@ impl World {
         }
     }
 
+    /// Quiescence: the caches catch up with the API server.
+    fn sync_all(&mut self, proc: ProcId) {
+        for kind in 0..3 {
+            self.sync(proc, kind);
+        }
+    }
+
     async fn tick(&mut self, by: Duration) {
         self.trace.step(self.step, &format!("time advances {by:?}"));
         // In small slices: a timer that fires may arm the next.
@@ -1053,9 +1078,7 @@ impl World {
             }
             self.binder();
             for proc in self.alive() {
-                for kind in 0..3 {
-                    self.sync(proc, kind);
-                }
+                self.sync_all(proc);
             }
             for proc in self.alive() {
                 let ctx = self.ctx(proc);
@@ -1070,6 +1093,7 @@ impl World {
                     self.start_claim_reconcile(proc, Some(claim));
                 }
                 self.drain_calls().await;
+                self.sync_all(proc);
                 let mut volumes: Vec<String> = ctx
                     .volumes
                     .state()
@@ -1081,6 +1105,7 @@ impl World {
                     self.start_volume_reconcile(proc, Some(volume));
                 }
                 self.drain_calls().await;
+                self.sync_all(proc);
                 let mut idle: Vec<String> = ctx
                     .journal
                     .registry()

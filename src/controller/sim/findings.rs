@@ -21,8 +21,9 @@ pub enum Hole {
     SharedSnapshot,
     /// 5: the reaper works on an operation a claim reconcile works on too.
     ReaperRace,
-    /// 6: a record whose removal was lost is reaped after its PV and volume were deleted:
-    /// the replay creates the volume again and a stale cached PV is taken to hold it.
+    /// 6: a replay (the reaper's, or a claim retry's from a stale cache) creates again a
+    /// volume the volume reconciler already deleted with its PV, and a PV that is gone or
+    /// going (a stale cached one, or one being deleted) is taken to hold it.
     StaleReplay,
     Unknown,
 }
@@ -63,13 +64,28 @@ pub fn classify(world: &World, violation: &Violation) -> Hole {
                     return Hole::NodeMove;
                 }
             }
+            // Another node's driver made a volume of the same name: both nodes provisioned
+            // the claim, and one took the other's PV for its own.
+            let elsewhere = world.drivers.values().any(|other| {
+                other.label() != driver
+                    && other
+                        .lock()
+                        .history
+                        .get(name)
+                        .is_some_and(|touches| touches.iter().any(|t| !t.delete && t.changed))
+            });
+            if elsewhere {
+                return Hole::NodeMove;
+            }
             let touches = history(name);
             let Some(last_create) = touches.iter().rposition(|t| !t.delete && t.changed) else {
                 return Hole::Unknown;
             };
-            let deleted_before = touches[..last_create].iter().any(|t| t.delete && t.changed);
             let creator = &touches[last_create];
-            if deleted_before && by(creator, " reap ") {
+            let deleted_by_pv = touches[..last_create]
+                .iter()
+                .any(|t| t.delete && t.changed && by(t, " pv "));
+            if deleted_by_pv {
                 return Hole::StaleReplay;
             }
             if by(creator, " claim ") && touches.iter().any(|t| by(t, " reap ")) {

@@ -1069,7 +1069,7 @@ impl World {
         }
         let mut stable = 0;
         let mut last = None;
-        for _round in 0..40 {
+        for _round in 0..60 {
             self.step += 1;
             self.trace.step(self.step, "quiescence round");
             self.drain_calls().await;
@@ -1123,12 +1123,14 @@ impl World {
                     self.drain_calls().await;
                 }
             }
-            self.tick(Duration::from_secs(40)).await;
+            self.tick(Duration::from_secs(45)).await;
             self.check(false)?;
             let fingerprint = self.fingerprint();
             if last.as_ref() == Some(&fingerprint) {
                 stable += 1;
-                if stable >= 3 {
+                // Unchanged for longer than the slowest retry (an infeasible claim waits
+                // --retry-interval-max, 300 s).
+                if stable >= 8 {
                     break;
                 }
             } else {

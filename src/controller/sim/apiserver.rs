@@ -91,11 +91,6 @@ impl ApiServer {
         let key = (resource.to_owned(), namespace.to_owned(), name.to_owned());
         self.lock().delete(&key, &Value::Null).is_ok()
     }
-
-    /// The current resourceVersion: changes whenever anything was written.
-    pub fn version(&self) -> u64 {
-        self.lock().version
-    }
 }
 
 fn key_of(resource: &str, object: &Value) -> Key {
@@ -334,12 +329,13 @@ fn percent_decode(text: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() + 0 && i + 2 <= bytes.len() - 1 {
-            if let Ok(byte) = u8::from_str_radix(&text[i + 1..i + 3], 16) {
-                out.push(byte);
-                i += 3;
-                continue;
-            }
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(byte) = u8::from_str_radix(&text[i + 1..i + 3], 16)
+        {
+            out.push(byte);
+            i += 3;
+            continue;
         }
         out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
         i += 1;

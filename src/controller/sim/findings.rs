@@ -36,14 +36,12 @@ pub fn classify(world: &World, violation: &Violation) -> Hole {
     let history = |name: &str| -> Vec<Touch> {
         let mut all = Vec::new();
         for driver in world.drivers.values() {
-            if violation
+            let relevant = violation
                 .driver
                 .as_deref()
-                .is_none_or(|d| d == driver.label() || violation.kind != Kind::Leak)
-            {
-                if let Some(touches) = driver.lock().history.get(name) {
-                    all.extend(touches.iter().cloned());
-                }
+                .is_none_or(|d| d == driver.label() || violation.kind != Kind::Leak);
+            if relevant && let Some(touches) = driver.lock().history.get(name) {
+                all.extend(touches.iter().cloned());
             }
         }
         all

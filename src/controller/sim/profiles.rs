@@ -28,6 +28,7 @@ const NONE: Profile = Profile {
     bad_class: false,
     in_tree_pv: false,
     secrets: false,
+    pause: 0,
     steps: 200,
 };
 
@@ -133,6 +134,25 @@ pub fn races() -> Profile {
     }
 }
 
+/// Central mode with leader election: the leader pauses, a second replica takes over once the
+/// lease expires, the paused one resumes deposed (its fence closed) and exits.
+pub fn failover() -> Profile {
+    Profile {
+        name: "failover",
+        faults: Faults {
+            timeout_created: 150,
+            lost_answer: 50,
+            ..NONE.faults
+        },
+        pause: 4,
+        claim_deletes: 2,
+        claim_creates: 2,
+        claims: 3,
+        steps: 250,
+        ..NONE
+    }
+}
+
 pub fn calm() -> Profile {
     NONE
 }
@@ -140,14 +160,11 @@ pub fn calm() -> Profile {
 pub fn all() -> Vec<Profile> {
     vec![
         calm(),
+        failover(),
         node_moves(),
         final_errors(),
         in_tree(),
         restores(),
         races(),
     ]
-}
-
-pub fn by_name(name: &str) -> Option<Profile> {
-    all().into_iter().find(|p| p.name == name)
 }

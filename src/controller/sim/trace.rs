@@ -28,14 +28,6 @@ impl Trace {
         self.lock().names.insert(proc, name.to_owned());
     }
 
-    pub fn proc_name(&self, proc: ProcId) -> String {
-        self.lock()
-            .names
-            .get(&proc)
-            .cloned()
-            .unwrap_or_else(|| format!("p{proc}"))
-    }
-
     /// Starts step `n`, described by `what`.
     pub fn step(&self, n: usize, what: &str) {
         let mut state = self.lock();
@@ -58,10 +50,6 @@ impl Trace {
     /// A note (an invariant's finding, a fault).
     pub fn note(&self, what: &str) {
         self.lock().lines.push(format!("    ! {what}"));
-    }
-
-    pub fn current_step(&self) -> usize {
-        self.lock().step
     }
 
     pub fn render(&self) -> String {

@@ -19,7 +19,9 @@ use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::apiserver::{ApiServer, ProcessService, text};
 use super::driver::{Driver, Faults, INVALID_PARAMETER, ProcessDriver};
@@ -80,6 +82,9 @@ pub struct Profile {
     pub in_tree_pv: bool,
     /// The class names a provisioner secret (read before each CreateVolume and replay).
     pub secrets: bool,
+    /// Central mode with leader election: the weight of a leader pause (a second replica
+    /// takes over after the lease expires; the paused one resumes deposed, then exits).
+    pub pause: u32,
     pub steps: usize,
 }
 
@@ -137,7 +142,18 @@ struct Process {
     claims_listed: Option<Shared<BoxFuture<'static, bool>>>,
     /// Actors in flight, by what they do.
     tasks: BTreeMap<String, JoinHandle<()>>,
+    /// With leader election: where the leader's renewals go (its `LeaseFence` reads them).
+    lease: Option<watch::Sender<Option<Instant>>>,
+    /// Paused (SIGSTOP) since then: nothing of it runs, its lease is not renewed.
+    paused_at: Option<Instant>,
+    /// Resumed after another replica took over: it no longer renews and exits soon.
+    deposed: bool,
 }
+
+/// The leader election's timing: a renewal proves leadership for the renew deadline; another
+/// replica takes over a lease not renewed for the lease duration.
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+const LEASE_DURATION: Duration = Duration::from_secs(15);
 
 pub struct World {
     pub seed: u64,
@@ -174,6 +190,9 @@ enum StepKind {
     DeleteSnapshot,
     Crash,
     Restart,
+    Pause,
+    Resume,
+    Exit,
 }
 
 impl World {
@@ -450,10 +469,13 @@ impl World {
             grants: None,
             attachments: None,
         };
-        let fenced = FencedDriver {
-            csi: driver,
-            fence: LeaseFence::open(),
+        let (lease, fence) = if self.profile.pause > 0 {
+            let (renewals, renewed) = watch::channel(Some(Instant::now()));
+            (Some(renewals), LeaseFence::new(renewed, RENEW_DEADLINE))
+        } else {
+            (None, LeaseFence::open())
         };
+        let fenced = FencedDriver { csi: driver, fence };
         let ctx = Arc::new(Context::new(
             client,
             fenced,
@@ -482,6 +504,9 @@ impl World {
             writers: Some(writers),
             claims_listed: Some(claims_listed),
             tasks: BTreeMap::new(),
+            lease,
+            paused_at: None,
+            deposed: false,
         });
         self.settle().await;
     }
@@ -508,6 +533,51 @@ impl World {
     fn alive(&self) -> Vec<ProcId> {
         (0..self.procs.len())
             .filter(|p| self.procs[*p].alive)
+            .collect()
+    }
+
+    /// Alive and not paused: its tasks run.
+    fn active(&self) -> Vec<ProcId> {
+        (0..self.procs.len())
+            .filter(|p| self.procs[*p].alive && self.procs[*p].paused_at.is_none())
+            .collect()
+    }
+
+    /// The calls waiting whose process runs.
+    fn releasable(&self) -> Vec<super::gate::Waiting> {
+        self.gate
+            .waiting()
+            .into_iter()
+            .filter(|call| self.procs[call.proc].paused_at.is_none())
+            .collect()
+    }
+
+    /// Every running leader renews its lease (it does every 2 s).
+    fn renew_leases(&self) {
+        for process in &self.procs {
+            if process.alive
+                && process.paused_at.is_none()
+                && !process.deposed
+                && let Some(lease) = &process.lease
+            {
+                lease.send_replace(Some(Instant::now()));
+            }
+        }
+    }
+
+    /// Slots whose process is gone (or paused past the lease duration): a new one may start.
+    fn vacant_slots(&self) -> Vec<String> {
+        let now = Instant::now();
+        self.slots()
+            .into_iter()
+            .filter(|slot| {
+                !self.procs.iter().any(|p| {
+                    p.alive
+                        && &p.slot == slot
+                        && !p.deposed
+                        && p.paused_at.is_none_or(|at| now < at + LEASE_DURATION)
+                })
+            })
             .collect()
     }
 
@@ -571,11 +641,14 @@ impl World {
 
     fn weights(&self) -> Vec<(StepKind, u32)> {
         let p = &self.profile;
-        let waiting = !self.gate.waiting().is_empty();
-        let dead_slot = self
-            .slots()
+        let waiting = !self.releasable().is_empty();
+        let dead_slot = !self.vacant_slots().is_empty();
+        let pausable = self.pausable().is_some();
+        let paused = self.procs.iter().any(|p| p.alive && p.paused_at.is_some());
+        let deposed = self
+            .procs
             .iter()
-            .any(|slot| !self.procs.iter().any(|p| p.alive && &p.slot == slot));
+            .any(|p| p.alive && p.deposed && p.paused_at.is_none());
         vec![
             (StepKind::Release, if waiting { 40 } else { 0 }),
             (StepKind::ReconcileClaim, 14),
@@ -594,10 +667,23 @@ impl World {
             (StepKind::DeleteSnapshot, p.snapshot_deletes),
             (StepKind::Crash, p.crash),
             (StepKind::Restart, if dead_slot { 6 } else { 0 }),
+            (StepKind::Pause, if pausable { p.pause } else { 0 }),
+            (
+                StepKind::Resume,
+                if paused && dead_slot {
+                    0
+                } else if paused {
+                    4
+                } else {
+                    0
+                },
+            ),
+            (StepKind::Exit, if deposed { 3 } else { 0 }),
         ]
     }
 
     async fn one_step(&mut self) {
+        self.renew_leases();
         let weights = self.weights();
         let pick = self
             .rng
@@ -605,7 +691,7 @@ impl World {
         let kind = weights[pick].0;
         match kind {
             StepKind::Release => {
-                let waiting = self.gate.waiting();
+                let waiting = self.releasable();
                 let call = &waiting[self.rng.below(waiting.len())];
                 self.trace.step(
                     self.step,
@@ -676,12 +762,43 @@ impl World {
                     self.crash(proc);
                 }
             }
-            StepKind::Restart => {
-                let dead: Vec<String> = self
-                    .slots()
+            StepKind::Pause => {
+                if let Some(proc) = self.pausable() {
+                    self.trace.step(
+                        self.step,
+                        &format!("leader {} pauses", self.procs[proc].name),
+                    );
+                    self.procs[proc].paused_at = Some(Instant::now());
+                }
+            }
+            StepKind::Resume => {
+                if let Some(proc) = self
+                    .alive()
                     .into_iter()
-                    .filter(|slot| !self.procs.iter().any(|p| p.alive && &p.slot == slot))
-                    .collect();
+                    .find(|p| self.procs[*p].paused_at.is_some())
+                {
+                    self.trace.step(
+                        self.step,
+                        &format!(
+                            "{} resumes, deposed: another replica leads",
+                            self.procs[proc].name
+                        ),
+                    );
+                    self.procs[proc].paused_at = None;
+                    self.procs[proc].deposed = true;
+                }
+            }
+            StepKind::Exit => {
+                if let Some(proc) = self.alive().into_iter().find(|p| self.procs[*p].deposed) {
+                    self.trace.note(&format!(
+                        "{} finds its lease lost and exits",
+                        self.procs[proc].name
+                    ));
+                    self.crash(proc);
+                }
+            }
+            StepKind::Restart => {
+                let dead = self.vacant_slots();
                 let slot = dead[self.rng.below(dead.len())].clone();
                 self.trace.step(self.step, &format!("restart on {slot}"));
                 self.start_process(&slot).await;
@@ -690,8 +807,26 @@ impl World {
     }
 
     fn pick_proc(&mut self) -> Option<ProcId> {
-        let alive = self.alive();
-        (!alive.is_empty()).then(|| alive[self.rng.below(alive.len())])
+        let active = self.active();
+        (!active.is_empty()).then(|| active[self.rng.below(active.len())])
+    }
+
+    /// A leader that may pause now: running, not deposed, with no driver call waiting at the
+    /// gate (its fence was checked before the gate: a pause there is the window the fence
+    /// admits, see src/fence.rs).
+    fn pausable(&self) -> Option<ProcId> {
+        if self.profile.pause == 0 || self.procs.iter().any(|p| p.alive && p.paused_at.is_some()) {
+            return None;
+        }
+        let waiting = self.gate.waiting();
+        self.active().into_iter().find(|proc| {
+            !self.procs[*proc].deposed
+                && !waiting.iter().any(|call| {
+                    call.proc == *proc
+                        && (call.what.starts_with("CreateVolume")
+                            || call.what.starts_with("DeleteVolume"))
+                })
+        })
     }
 
     fn ctx(&self, proc: ProcId) -> Arc<Context> {
@@ -833,6 +968,7 @@ impl World {
         while !left.is_zero() {
             let d = left.min(slice.max(left / 20));
             tokio::time::advance(d).await;
+            self.renew_leases();
             self.settle().await;
             left -= d;
         }
@@ -1062,6 +1198,15 @@ impl World {
         if invalid {
             self.recreate_class(Some(true));
         }
+        for proc in self.alive() {
+            if self.procs[proc].paused_at.is_some() || self.procs[proc].deposed {
+                self.trace.note(&format!(
+                    "{} exits (its lease is lost)",
+                    self.procs[proc].name
+                ));
+                self.crash(proc);
+            }
+        }
         for slot in self.slots() {
             if !self.procs.iter().any(|p| p.alive && p.slot == slot) {
                 self.start_process(&slot).await;
@@ -1175,10 +1320,6 @@ impl World {
             ));
         }
         out
-    }
-
-    pub fn step_number(&self) -> usize {
-        self.step
     }
 }
 

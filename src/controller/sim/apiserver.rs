@@ -469,6 +469,17 @@ impl tower::Service<Request<Body>> for ProcessService {
             } else {
                 this.gate.pass(this.proc, &what).await
             };
+            // A journal write says which records it stores.
+            let records = (path.contains("provisioningjournals")
+                && (parts.method == Method::PUT || parts.method == Method::POST))
+                .then(|| {
+                    let names: Vec<&str> = sent["spec"]["operations"]
+                        .as_array()
+                        .map(|ops| ops.iter().map(|op| text(&op["volumeName"])).collect())
+                        .unwrap_or_default();
+                    format!(" [{}]", names.join(", "))
+                })
+                .unwrap_or_default();
             let result = this
                 .server
                 .lock()
@@ -480,8 +491,11 @@ impl tower::Service<Request<Body>> for ProcessService {
                 } else {
                     format!("{code} {}", text(&object["reason"]))
                 };
-                this.trace
-                    .call(this.proc, actor.as_deref(), &format!("{what} → {outcome}"));
+                this.trace.call(
+                    this.proc,
+                    actor.as_deref(),
+                    &format!("{what}{records} → {outcome}"),
+                );
             }
             let response = Response::builder()
                 .status(code)

@@ -25,6 +25,10 @@ pub enum Hole {
     /// volume the volume reconciler already deleted with its PV, and a PV that is gone or
     /// going (a stale cached one, or one being deleted) is taken to hold it.
     StaleReplay,
+    /// 7: a deposed leader (resumed after a pause, its fence closed) settles its fenced
+    /// attempt by removing the record, and its journal writer erases from the shared shard a
+    /// record the new leader adopted and replays.
+    DeposedLeader,
     Unknown,
 }
 
@@ -88,6 +92,9 @@ pub fn classify(world: &World, violation: &Violation) -> Hole {
             }
             if by(creator, " claim ") && touches.iter().any(|t| by(t, " reap ")) {
                 return Hole::ReaperRace;
+            }
+            if world.deposed_any() {
+                return Hole::DeposedLeader;
             }
             Hole::Unknown
         }

@@ -35,6 +35,8 @@ pub struct Store {
     next_uid: u64,
     /// Events accepted (and dropped).
     pub events: u64,
+    /// Every journal write that was stored: the writing process and the records it holds.
+    pub journal_writes: Vec<(ProcId, Vec<String>)>,
 }
 
 /// The API server's state, shared by every process's service.
@@ -470,21 +472,30 @@ impl tower::Service<Request<Body>> for ProcessService {
                 this.gate.pass(this.proc, &what).await
             };
             // A journal write says which records it stores.
-            let records = (path.contains("provisioningjournals")
-                && (parts.method == Method::PUT || parts.method == Method::POST))
-                .then(|| {
-                    let names: Vec<&str> = sent["spec"]["operations"]
-                        .as_array()
-                        .map(|ops| ops.iter().map(|op| text(&op["volumeName"])).collect())
-                        .unwrap_or_default();
-                    format!(" [{}]", names.join(", "))
+            let journal_write = path.contains("provisioningjournals")
+                && (parts.method == Method::PUT || parts.method == Method::POST);
+            let names: Vec<String> = sent["spec"]["operations"]
+                .as_array()
+                .map(|ops| {
+                    ops.iter()
+                        .map(|op| text(&op["volumeName"]).to_owned())
+                        .collect()
                 })
                 .unwrap_or_default();
-            let result = this
-                .server
-                .lock()
-                .handle(&parts.method, &path, &query, &content, sent);
-            let (code, object) = result.unwrap_or_else(|failure| failure);
+            let records = if journal_write {
+                format!(" [{}]", names.join(", "))
+            } else {
+                String::new()
+            };
+            let (code, object) = {
+                let mut store = this.server.lock();
+                let result = store.handle(&parts.method, &path, &query, &content, sent);
+                let (code, object) = result.unwrap_or_else(|failure| failure);
+                if journal_write && code < 300 {
+                    store.journal_writes.push((this.proc, names));
+                }
+                (code, object)
+            };
             if !is_event {
                 let outcome = if code < 300 {
                     code.to_string()

@@ -29,6 +29,10 @@ pub enum Hole {
     /// attempt by removing the record, and its journal writer erases from the shared shard a
     /// record the new leader adopted and replays.
     DeposedLeader,
+    /// 8 (the root of 2, reached without a lost removal): a record recovered after a crash is
+    /// "may exist" for good, so a replay answered with a final error (the recorded request is
+    /// refused: written before the crash from a stale class) can never settle it.
+    RecoveredFinalError,
     Unknown,
 }
 
@@ -108,13 +112,16 @@ pub fn classify(world: &World, violation: &Violation) -> Hole {
                 t.outcome.starts_with("INVALID_ARGUMENT")
                     || t.outcome.starts_with("RESOURCE_EXHAUSTED")
             };
-            if creates.first().is_some_and(final_error)
+            let stuck = creates.len() > 1
                 && creates
                     .last()
-                    .is_some_and(|t| final_error(t) || t.outcome.starts_with("ALREADY_EXISTS"))
-                && creates.len() > 1
-            {
-                return Hole::LazyRemoval;
+                    .is_some_and(|t| final_error(t) || t.outcome.starts_with("ALREADY_EXISTS"));
+            if stuck {
+                return if lost_removal(world, name, &touches) {
+                    Hole::LazyRemoval
+                } else {
+                    Hole::RecoveredFinalError
+                };
             }
             let in_tree = world
                 .server
@@ -131,4 +138,32 @@ pub fn classify(world: &World, violation: &Violation) -> Hole {
             Hole::Unknown
         }
     }
+}
+
+/// Whether a process whose first attempt of `name` (a record it made itself, not one it
+/// recovered) got a final error (nothing created) crashed before any journal write of its own
+/// without the record: the lazy removal was lost.
+fn lost_removal(world: &World, name: &str, touches: &[Touch]) -> bool {
+    let final_error = |t: &Touch| {
+        t.outcome.starts_with("INVALID_ARGUMENT") || t.outcome.starts_with("RESOURCE_EXHAUSTED")
+    };
+    let store = world.server.lock();
+    touches
+        .iter()
+        .filter(|t| !t.delete && !t.changed && final_error(t) && t.actor.contains(" claim "))
+        .filter_map(|t| t.actor.split_whitespace().next())
+        .any(|process| {
+            let Some(proc) = world.proc_id(process) else {
+                return false;
+            };
+            if !world.crashed(proc) || world.recovered(proc, name) {
+                return false;
+            }
+            store
+                .journal_writes
+                .iter()
+                .rev()
+                .find(|(writer, _)| *writer == proc)
+                .is_some_and(|(_, names)| names.iter().any(|n| n == name))
+        })
 }

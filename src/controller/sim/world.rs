@@ -148,6 +148,10 @@ struct Process {
     paused_at: Option<Instant>,
     /// Resumed after another replica took over: it no longer renews and exits soon.
     deposed: bool,
+    /// Stopped gracefully (not a crash).
+    stopped: bool,
+    /// The records durable when it started (its journal recovered them).
+    loaded: BTreeSet<String>,
 }
 
 /// The leader election's timing: a renewal proves leadership for the renew deadline; another
@@ -436,6 +440,10 @@ impl World {
         };
         self.trace
             .note(&format!("{name} starts: loads its journal"));
+        let loaded: BTreeSet<String> = invariants::durable_records(self)
+            .into_iter()
+            .map(|record| record.volume_name)
+            .collect();
         let journal = Journal::load(
             client.clone(),
             RateLimitLayer::unlimited(),
@@ -507,6 +515,8 @@ impl World {
             lease,
             paused_at: None,
             deposed: false,
+            stopped: false,
+            loaded,
         });
         self.settle().await;
     }
@@ -534,6 +544,21 @@ impl World {
         (0..self.procs.len())
             .filter(|p| self.procs[*p].alive)
             .collect()
+    }
+
+    /// The process named `name` (`<slot>#<incarnation>`).
+    pub fn proc_id(&self, name: &str) -> Option<ProcId> {
+        self.procs.iter().position(|p| p.name == name)
+    }
+
+    /// Whether the process crashed (its memory lost, not a graceful stop).
+    pub fn crashed(&self, proc: ProcId) -> bool {
+        self.gate.is_dead(proc) && !self.procs[proc].stopped
+    }
+
+    /// Whether the process recovered the record of `name` when it started.
+    pub fn recovered(&self, proc: ProcId, name: &str) -> bool {
+        self.procs[proc].loaded.contains(name)
     }
 
     /// Whether a leader was ever deposed in this run.
@@ -1203,6 +1228,7 @@ impl World {
         self.drain_calls().await;
         let process = &mut self.procs[proc];
         process.tasks.clear();
+        process.stopped = true;
         process.alive = false;
         process.claims = None;
         process.volumes = None;

@@ -29,6 +29,8 @@ const NONE: Profile = Profile {
     in_tree_pv: false,
     secrets: false,
     pause: 0,
+    reaps: 6,
+    consistency: false,
     steps: 200,
 };
 

@@ -32,7 +32,7 @@ pub fn run_seed(profile: &Profile, seed: u64) -> Result<String, Failure> {
 
 #[test]
 fn seeds() {
-    let seeds = env_number("SIM_SEEDS", 4);
+    let seeds = env_number("SIM_SEEDS", 25);
     let only = std::env::var("SIM_PROFILE").ok();
     // SIM_TALLY=1: run every seed and count the findings by hole, instead of failing at the
     // first.

@@ -82,6 +82,10 @@ pub struct Profile {
     pub in_tree_pv: bool,
     /// The class names a provisioner secret (read before each CreateVolume and replay).
     pub secrets: bool,
+    /// The weight of a reap step (the reaper's scan taking one idle operation).
+    pub reaps: u32,
+    /// `--provisioning-consistency` by default: claims carry the consistency finalizer.
+    pub consistency: bool,
     /// Central mode with leader election: the weight of a leader pause (a second replica
     /// takes over after the lease expires; the paused one resumes deposed, then exits).
     pub pause: u32,
@@ -426,7 +430,7 @@ impl World {
             snapshot_orphan_sweep_interval: Duration::from_secs(300),
             event_component: "csi-provisioner".to_owned(),
             hostname: name.clone(),
-            consistency_by_default: false,
+            consistency_by_default: self.profile.consistency,
             journal_namespace: JOURNAL_NAMESPACE.to_owned(),
             journal_scope: scope.clone(),
             journal_timeout: Duration::from_secs(10),
@@ -683,7 +687,7 @@ impl World {
             (StepKind::Release, if waiting { 40 } else { 0 }),
             (StepKind::ReconcileClaim, 14),
             (StepKind::ReconcileVolume, 6),
-            (StepKind::Reap, 6),
+            (StepKind::Reap, p.reaps),
             (StepKind::Sweep, if p.restores { 3 } else { 0 }),
             (StepKind::Sync, 10),
             (StepKind::TickSmall, 8),

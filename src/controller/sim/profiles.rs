@@ -30,6 +30,7 @@ const NONE: Profile = Profile {
     secrets: false,
     pause: 0,
     reaps: 6,
+    slow_calls: 150,
     consistency: false,
     steps: 200,
 };
@@ -128,6 +129,8 @@ pub fn races() -> Profile {
         },
         crash: 0,
         secrets: true,
+        slow_calls: 400,
+        reaps: 12,
         claim_deletes: 6,
         claim_creates: 3,
         claims: 3,

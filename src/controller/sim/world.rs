@@ -82,6 +82,8 @@ pub struct Profile {
     pub in_tree_pv: bool,
     /// The class names a provisioner secret (read before each CreateVolume and replay).
     pub secrets: bool,
+    /// Per-mille chance that a call is slow (waits 3 to 32 steps before it may go through).
+    pub slow_calls: u32,
     /// The weight of a reap step (the reaper's scan taking one idle operation).
     pub reaps: u32,
     /// `--provisioning-consistency` by default: claims carry the consistency finalizer.
@@ -175,6 +177,9 @@ pub struct World {
     procs: Vec<Process>,
     incarnations: BTreeMap<String, usize>,
     next_claim: usize,
+    /// The step from which each waiting call may be let through: a slow call (a loaded API
+    /// server, a busy driver) waits some steps, which widens the windows between calls.
+    ready_at: BTreeMap<u64, usize>,
     step: usize,
 }
 
@@ -236,6 +241,7 @@ impl World {
             procs: Vec::new(),
             incarnations: BTreeMap::new(),
             next_claim: 0,
+            ready_at: BTreeMap::new(),
             step: 0,
         };
         world.seed_objects();
@@ -583,7 +589,30 @@ impl World {
             .waiting()
             .into_iter()
             .filter(|call| self.procs[call.proc].paused_at.is_none())
+            .filter(|call| {
+                self.ready_at
+                    .get(&call.id)
+                    .is_none_or(|at| *at <= self.step)
+            })
             .collect()
+    }
+
+    /// Draws the latency of each call that arrived at the gate since the last step.
+    fn time_new_calls(&mut self) {
+        let waiting = self.gate.waiting();
+        for call in &waiting {
+            if self.ready_at.contains_key(&call.id) {
+                continue;
+            }
+            let delay = if self.rng.chance(self.profile.slow_calls) {
+                3 + self.rng.below(30)
+            } else {
+                0
+            };
+            self.ready_at.insert(call.id, self.step + delay);
+        }
+        let ids: BTreeSet<u64> = waiting.iter().map(|call| call.id).collect();
+        self.ready_at.retain(|id, _| ids.contains(id));
     }
 
     /// Every running leader renews its lease (it does every 2 s).
@@ -718,6 +747,7 @@ impl World {
 
     async fn one_step(&mut self) {
         self.renew_leases();
+        self.time_new_calls();
         let weights = self.weights();
         let pick = self
             .rng

@@ -10,11 +10,12 @@
 #   hack/simulate.sh --holes K                           asserts each known hole of issue #31 is
 #                                                        found within K seeds of its profile
 #
-# Profiles: calm, node-moves, final-errors, in-tree, restores, races (src/controller/sim/profiles.rs).
+# Profiles: calm, failover, node-moves, final-errors, in-tree, restores, races
+# (src/controller/sim/profiles.rs). Reports and the seeds of the known holes: see the module docs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 test_name=controller::sim::tests::seeds
 while [ $# -gt 0 ]; do

@@ -31,7 +31,8 @@ pub enum Hole {
     DeposedLeader,
     /// 8 (the root of 2, reached without a lost removal): a record recovered after a crash is
     /// "may exist" for good, so a replay answered with a final error (the recorded request is
-    /// refused: written before the crash from a stale class) can never settle it.
+    /// refused: written before the crash from a stale class) can never settle it. Documented
+    /// (docs/journal.md rule 3b and "Limits"): the world accepts it rather than failing.
     RecoveredFinalError,
     Unknown,
 }

@@ -694,12 +694,21 @@ impl World {
         }
     }
 
+    /// The first violated invariant fails the run, except a documented limit: a record
+    /// recovered after a restart whose replay the driver refuses with a final error stays,
+    /// by design (docs/journal.md, rule 3b and "Limits": an admin removes it).
     fn check(&self, quiescent: bool) -> Result<(), Failure> {
-        let found = invariants::check(self, quiescent);
-        match found.into_iter().next() {
-            Some(violation) => Err(self.fail(violation)),
-            None => Ok(()),
+        for violation in invariants::check(self, quiescent) {
+            if classify(self, &violation) == Hole::RecoveredFinalError {
+                self.trace.note(&format!(
+                    "accepted (docs/journal.md rule 3b, Limits): {}",
+                    violation.message
+                ));
+                continue;
+            }
+            return Err(self.fail(violation));
         }
+        Ok(())
     }
 
     fn weights(&self) -> Vec<(StepKind, u32)> {

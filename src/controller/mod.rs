@@ -27,6 +27,8 @@ mod orphans;
 mod ownership;
 mod queue;
 mod runner;
+#[cfg(test)]
+mod sim;
 mod snapshot_sweeper;
 mod sources;
 mod topology_cache;

@@ -35,7 +35,7 @@ use crate::provision::{
 /// Why reaping one operation did not finish; it is retried with a backoff, and the text is
 /// stored in its journal record.
 #[derive(Debug, Error)]
-enum ReapError {
+pub(super) enum ReapError {
     #[error("failed to read claim {claim}: {source}")]
     ClaimRead { claim: String, source: kube::Error },
     #[error("failed to read PersistentVolume {name}: {source}")]
@@ -134,14 +134,7 @@ impl Reaper {
                 .map(|operation| async move {
                     // The claim reconcile may have taken the operation since the list: then it
                     // is not idle, and the reaper leaves it (the mark is held to the end).
-                    let registry = ctx.journal.registry();
-                    let outcome = if still_wanted(ctx, &operation) {
-                        Ok(Reaped::NotAnOrphan)
-                    } else if let Some(_reaping) = registry.take_idle(&operation.volume_name) {
-                        reap(ctx, &operation).await
-                    } else {
-                        Ok(Reaped::NotAnOrphan)
-                    };
+                    let outcome = reap_idle(ctx, &operation).await;
                     (operation, outcome)
                 })
                 .buffer_unordered(concurrency.max(1));
@@ -224,7 +217,7 @@ fn secret_wait_message(operation: &Operation, error: &ReapError) -> Option<Strin
     ))
 }
 
-enum Reaped {
+pub(super) enum Reaped {
     NotAnOrphan,
     Done,
 }
@@ -261,6 +254,19 @@ fn still_wanted(ctx: &Context, operation: &Operation) -> bool {
             .volumes
             .get(&ObjectRef::new(&operation.volume_name))
             .is_none()
+}
+
+/// Reaps one operation that was idle when the reaper listed them, unless a claim reconcile
+/// has taken it since: marked busy for the whole reap (`Registry::take_idle`, docs/journal.md
+/// rule 16), except in the common case of [`still_wanted`], where nothing is done.
+pub(super) async fn reap_idle(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError> {
+    if still_wanted(ctx, operation) {
+        return Ok(Reaped::NotAnOrphan);
+    }
+    match ctx.journal.registry().take_idle(&operation.volume_name) {
+        Some(_reaping) => reap(ctx, operation).await,
+        None => Ok(Reaped::NotAnOrphan),
+    }
 }
 
 /// Reaps one operation the caller has marked busy (`Registry::take_idle`), so that no claim

@@ -343,8 +343,9 @@ pub enum PvOfOperation {
     /// Node mode: it is the same claim's PV, but of another node's volume (the claim moved
     /// there): this node's operation is an orphan, its volume unused.
     ServesAnotherNode,
-    /// Another claim's or driver's, or (node mode) one whose node cannot be told: it says
-    /// nothing of the operation, whose replay's handle decides (`pv_holds_volume`).
+    /// Another claim's or driver's, one being deleted, or (node mode) one whose node cannot
+    /// be told: it says nothing of the operation, whose replay's handle decides
+    /// (`pv_holds_volume`).
     Unrelated,
 }
 
@@ -357,7 +358,9 @@ pub fn pv_of_operation(
     claim_uid: &str,
     node: Option<&NodeScope<'_>>,
 ) -> PvOfOperation {
-    if !pv_is_for_claim(pv, driver, claim_uid) {
+    // A PV being deleted may have had its volume deleted already, and a replay may have
+    // created it again since: it ends nothing (the replay's holder check waits for it to go).
+    if !pv_is_for_claim(pv, driver, claim_uid) || pv.metadata.deletion_timestamp.is_some() {
         return PvOfOperation::Unrelated;
     }
     match node.map(|node| volume_place(pv, driver, node)) {

@@ -111,7 +111,7 @@ pub enum ClaimError {
     /// Node mode: another node's journal holds an operation for the volume name; that node
     /// sees it through or, once the claim has left it, deletes what it made.
     #[error(
-        "node {node} still holds an operation for volume {volume} (the claim was on that node before); it is retried once that node has finished or cleaned it up"
+        "node {node} still holds an operation for volume {volume} (the claim was on that node before); it is retried once that node has finished or cleaned it up (if that node is gone for good, see \"When a node is gone for good\" in docs/journal.md)"
     )]
     HeldByNode { volume: String, node: String },
     #[error("{0}")]
@@ -123,8 +123,8 @@ pub enum ClaimError {
         node: String,
         error: Box<ClaimError>,
     },
-    /// A final error the journal could not store as the operation's end: the operation stays
-    /// and the same request is retried (nothing rests on the unstored removal).
+    /// A final error whose removal from the journal was not stored (the writer stopped: the
+    /// process is exiting): nothing rests on it; a restart replays the recorded request.
     #[error("{error}; {journal}")]
     Unsettled {
         error: CallError,
@@ -691,6 +691,19 @@ async fn prepare<'a>(
         .journal
         .record(operation(pvc, plan, &planned_request))
         .await?;
+    // The source's protection, put back if a release took it off since: required for a new
+    // operation; best effort for one recorded before (rule 12: its source may be gone by now,
+    // which must not keep it from finishing).
+    if let Some(source) = &plan.source {
+        let new_operation = planned_request.volume_content_source.is_some();
+        match sources::reprotect_after_record(ctx, source).await {
+            Err(error) if new_operation => return Err(error.into()),
+            Err(error) => {
+                debug!(claim = %claim_key(pvc), %error, "the recorded restore's source could not be protected again")
+            }
+            Ok(()) => {}
+        }
+    }
     // A retry sends what was recorded first, with that record's secret: the driver may hold a
     // volume made from it, and a changed request would only be answered ALREADY_EXISTS.
     let secrets = if recorded.provisioner_secret == plan.secrets.provisioner {

@@ -380,7 +380,11 @@ pub fn every_node_journal(operations: &[Operation]) -> Step {
         .iter()
         .map(|operation| OperationRecord::from_operation(operation, Default::default()))
         .collect();
-    journal_listed(vec![shard(records)])
+    let mut theirs = shard(records);
+    // Another node's shard: not named like this sidecar's (whose own operations come from its
+    // registry, not from this list).
+    theirs.metadata.name = Some(format!("{JOURNAL_BASE_NAME}.other-node-0"));
+    journal_listed(vec![theirs])
 }
 
 /// The journal's scope. In node mode the shards keep the central names, so the journal steps

@@ -186,8 +186,9 @@ pub(super) async fn protect(ctx: &Context, source: &DataSource) -> Result<(), So
 /// something else still reads the snapshot (docs/journal.md rule 12), judged as the sweeper
 /// judges it (`provision::snapshot_verdict`): another Pending claim restoring it (not
 /// `claim_uid`, the one just provisioned), or an operation in flight restoring from its
-/// handle: this sidecar's, and in node mode every node's as stored now. When that cannot be
-/// told, or a request fails, the finalizer stays for the orphan sweeper.
+/// handle: this sidecar's, and in node mode every node's as stored now. Upstream removes it
+/// at once (docs/flags.md "Clones and snapshot restores"). When that cannot be told, or a
+/// request fails, the finalizer stays for the sweeper.
 pub(super) async fn release_snapshot(ctx: &Context, source: &DataSource, claim_uid: &str) {
     if source.kind != SourceKind::Snapshot {
         return;
@@ -227,6 +228,21 @@ pub(super) async fn release_snapshot(ctx: &Context, source: &DataSource, claim_u
             warn!(snapshot = %source.name, %error, "failed to remove the restore's finalizer from the snapshot")
         }
     }
+}
+
+/// After a restore's operation is recorded, before CreateVolume: puts the snapshot's
+/// protection back if another restore's release took it off between this claim's
+/// [`protect`] and its record (the release saw this claim neither Pending in a lagging cache
+/// nor in the journal yet). From the record on, every release sees the operation and keeps
+/// the snapshot (docs/journal.md rule 12).
+pub(super) async fn reprotect_after_record(
+    ctx: &Context,
+    source: &DataSource,
+) -> Result<(), SourceError> {
+    if source.kind != SourceKind::Snapshot {
+        return Ok(());
+    }
+    protect(ctx, source).await
 }
 
 fn has_protection(snapshot: &VolumeSnapshot) -> bool {
@@ -270,21 +286,14 @@ enum ReleaseCheckError {
     Content { name: String, source: kube::Error },
 }
 
-/// What [`snapshot_verdict`] needs for one snapshot: the other Pending restores (from the
-/// claim cache), the sources of the operations in flight, and the snapshot's content.
+/// What [`snapshot_verdict`] needs for one snapshot after the restore of claim `claim_uid`:
+/// the other Pending restores (from the claim cache), the sources of the operations in
+/// flight, and the snapshot's content.
 async fn release_inputs(
     ctx: &Context,
     snapshot: &VolumeSnapshot,
     claim_uid: &str,
 ) -> Result<(PendingRestores, InFlightSources, ReadContent), ReleaseCheckError> {
-    let claims = ctx
-        .claims
-        .state()
-        .iter()
-        .filter(|claim| claim.uid().as_deref() != Some(claim_uid))
-        .map(|claim| claim.to_claim())
-        .collect::<Result<Vec<PersistentVolumeClaim>, _>>()?;
-    let in_flight = InFlightSources::new(&ctx.journal.sources_in_flight().await?);
     let bound = snapshot
         .status
         .as_ref()
@@ -303,6 +312,15 @@ async fn release_inputs(
             }
         }
     };
+    // Read last, right before the removal: a restore recorded meanwhile is seen.
+    let claims = ctx
+        .claims
+        .state()
+        .iter()
+        .filter(|claim| claim.uid().as_deref() != Some(claim_uid))
+        .map(|claim| claim.to_claim())
+        .collect::<Result<Vec<PersistentVolumeClaim>, _>>()?;
+    let in_flight = InFlightSources::new(&ctx.journal.sources_in_flight().await?);
     Ok((PendingRestores::new(&claims), in_flight, content))
 }
 

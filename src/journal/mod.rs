@@ -67,10 +67,6 @@ pub enum JournalError {
         "the journal did not store the operation within {0:?}; CreateVolume is not sent until it does"
     )]
     NotDurable(Duration),
-    #[error(
-        "the journal did not store the operation's removal within {0:?}; the operation is kept and retried"
-    )]
-    NotForgotten(Duration),
     #[error("the journal was not flushed within {0:?}")]
     NotFlushed(Duration),
     #[error("the journal writer stopped")]
@@ -289,7 +285,7 @@ impl Journal {
     /// After a failed CreateVolume (or its replay): the operation stays, with the failure
     /// noted, once any attempt `may_have_created` the volume; otherwise nothing exists under
     /// its name and it is forgotten, durably (see [`Self::forget_durably`]). Returns whether
-    /// it stays; `Err` if it was to go but its removal was not stored: it stays then too.
+    /// it stays; `Err` if it was to go but the writer stopped before storing its removal.
     pub async fn settle_failure(
         &self,
         volume_name: &str,
@@ -315,7 +311,10 @@ impl Journal {
     /// back, send another request for the name, release the claim) rests on it, and a record
     /// reloaded after a crash may exist as far as anyone can tell, so no final error could
     /// ever settle it again (docs/journal.md, rule 15). Until the removal is stored the
-    /// operation stays known here; on `Err` it stays, and the next attempt replays it.
+    /// operation stays known here. No timeout: a removal given up on would still be written
+    /// later by the shard's writer, and a retry that trusted the record in memory would send
+    /// CreateVolume with none on disk (rule 1); the writer retries until the API server takes
+    /// it. `Err` only if the writer stopped (the process is exiting).
     pub async fn forget_durably(&self, volume_name: &str) -> Result<(), JournalError> {
         let placed = self.placement().locate(volume_name);
         if let Some(shard) = placed {
@@ -324,11 +323,7 @@ impl Journal {
                 volume_name: volume_name.to_owned(),
             };
             self.queue(shard, change, Some(durable))?;
-            match tokio::time::timeout(self.record_timeout, stored).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(JournalError::WriterGone),
-                Err(_) => return Err(JournalError::NotForgotten(self.record_timeout)),
-            }
+            stored.await.map_err(|_| JournalError::WriterGone)?;
             self.placement().release(volume_name);
         }
         self.holdings.registry.complete(volume_name);
@@ -385,7 +380,14 @@ impl Journal {
                 .list(&ListParams::default().labels(selector))
                 .await
                 .map_err(JournalError::EveryNode)?;
-            sources.extend(recorded_sources(&shards.items).map_err(JournalError::Unreadable)?);
+            // This node's own operations are the registry's, which is ahead of its shards
+            // (a removal written lazily would keep a source protected for nothing).
+            let others: Vec<ProvisioningJournal> = shards
+                .items
+                .into_iter()
+                .filter(|shard| shard_index(&shard.name_any(), &self.base_name).is_none())
+                .collect();
+            sources.extend(recorded_sources(&others).map_err(JournalError::Unreadable)?);
         }
         Ok(sources)
     }
@@ -471,7 +473,14 @@ fn first_copies(shards: &[(usize, ProvisioningJournal)]) -> HashMap<String, usiz
     let mut seen: HashMap<&str, (usize, &OperationRecord)> = HashMap::new();
     let mut duplicated = HashSet::new();
     for (index, shard) in shards {
-        for record in &shard.spec.operations {
+        // A copy this build cannot replay is kept untouched wherever it is (`Holdings::adopt`)
+        // and never chosen over a readable one.
+        for record in shard
+            .spec
+            .operations
+            .iter()
+            .filter(|record| record.to_operation().is_ok())
+        {
             match seen.get(record.volume_name.as_str()) {
                 None => {
                     seen.insert(&record.volume_name, (*index, record));

@@ -423,6 +423,17 @@ fn in_node_mode_a_pv_of_another_node_holds_another_volume_of_the_same_handle() {
     assert_eq!(of(&unknown, Some(&node)), PvOfOperation::Unrelated);
     assert_eq!(of(&theirs, None), PvOfOperation::Ends, "central mode");
     assert_eq!(of(&other_claim, Some(&node)), PvOfOperation::Unrelated);
+    let mut going = mine.clone();
+    going.metadata.deletion_timestamp = PvBuilder::new()
+        .deleting()
+        .build()
+        .metadata
+        .deletion_timestamp;
+    assert_eq!(
+        of(&going, Some(&node)),
+        PvOfOperation::Unrelated,
+        "being deleted"
+    );
 }
 
 #[test]

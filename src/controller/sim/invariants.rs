@@ -146,7 +146,16 @@ pub fn check(world: &World, quiescent: bool) -> Vec<Violation> {
         else {
             continue;
         };
-        if pv_names.contains(record.volume_name.as_str()) {
+        // An operation reads its source from its first CreateVolume on: before that, the claim
+        // puts the protection back after recording (`sources::reprotect_after_record`).
+        let sent = world.drivers.values().any(|driver| {
+            driver
+                .lock()
+                .history
+                .get(&record.volume_name)
+                .is_some_and(|touches| touches.iter().any(|touch| !touch.delete))
+        });
+        if pv_names.contains(record.volume_name.as_str()) || !sent {
             continue;
         }
         for content in contents

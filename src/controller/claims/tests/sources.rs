@@ -208,6 +208,8 @@ async fn a_restore_protects_the_snapshot_until_its_pv_is_saved() {
                 .echo(200),
             secret_read(),
             record_written(),
+            // Recorded: still protected (a release in between would have been undone).
+            get(SNAPSHOT_PATH).answer(200, snapshot(&[SNAPSHOT_PROTECTION_FINALIZER])),
             create_volume(
                 CreateVolumeCall {
                     content_source: from_snapshot("snap-handle"),
@@ -254,6 +256,7 @@ async fn a_finished_restore_keeps_the_snapshot_protected_while_another_restores_
             get(SNAPSHOT_PATH).answer(200, snapshot(&[SNAPSHOT_PROTECTION_FINALIZER])),
             secret_read(),
             journal_replaced(json!([our_record(), {"volumeName": "pvc-other"}])),
+            get(SNAPSHOT_PATH).answer(200, snapshot(&[SNAPSHOT_PROTECTION_FINALIZER])),
             create_volume(
                 CreateVolumeCall {
                     content_source: from_snapshot("snap-handle"),
@@ -358,6 +361,8 @@ async fn a_granted_cross_namespace_restore_reads_and_releases_the_snapshot_there
                 .echo(200),
             secret_read(),
             record_written(),
+            get(OTHER_SNAPSHOT_PATH)
+                .answer(200, in_other(snapshot(&[SNAPSHOT_PROTECTION_FINALIZER]))),
             create_volume(
                 CreateVolumeCall {
                     content_source: from_snapshot("snap-handle"),

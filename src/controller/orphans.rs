@@ -292,6 +292,7 @@ async fn reap(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError>
                 .map(|pv| of_operation(operation, ctx, &pv))
             {
                 Some(PvOfOperation::Ends) => {
+                    still_leading(ctx)?;
                     ctx.journal.complete(&operation.volume_name);
                     return Ok(Reaped::Done);
                 }
@@ -314,11 +315,22 @@ async fn reap(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError>
         return Err(error);
     }
     // With a PV, the volume reconciler deletes the volume once the PV is Released.
+    still_leading(ctx)?;
     ctx.journal.complete(&operation.volume_name);
     if let Some(claim) = &deleting_claim {
         release_finalizer(ctx, claim).await?;
     }
     Ok(Reaped::Done)
+}
+
+/// A record is dropped only by the leader: a deposed one (paused past its Lease) would write
+/// its shard without a record the new leader took in and still replays (docs/journal.md rule
+/// 9). Driver calls check the fence themselves; dropping a record calls no driver.
+fn still_leading(ctx: &Context) -> Result<(), ReapError> {
+    ctx.driver
+        .fence
+        .check()
+        .map_err(|fenced| ReapError::Driver(CallError::Fenced(fenced)))
 }
 
 async fn release_finalizer(ctx: &Context, claim: &PersistentVolumeClaim) -> Result<(), ReapError> {

@@ -155,7 +155,11 @@ pub fn check(world: &World, quiescent: bool) -> Vec<Violation> {
                 .get(&record.volume_name)
                 .is_some_and(|touches| touches.iter().any(|touch| !touch.delete))
         });
-        if pv_names.contains(record.volume_name.as_str()) || !sent {
+        let slot = record.node.as_deref().unwrap_or("central");
+        if pv_names.contains(record.volume_name.as_str())
+            || !sent
+            || world.settled_in_memory(slot, &record.volume_name)
+        {
             continue;
         }
         for content in contents

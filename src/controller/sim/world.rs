@@ -561,6 +561,22 @@ impl World {
         self.procs.iter().position(|p| p.name == name)
     }
 
+    /// Whether a live, unpaused process of `slot` ("central" or the node) has settled the
+    /// operation of `name` in memory while its shard still holds it (a removal not yet
+    /// written): it reads nothing any more.
+    pub fn settled_in_memory(&self, slot: &str, name: &str) -> bool {
+        self.procs.iter().any(|process| {
+            process.alive
+                && process.paused_at.is_none()
+                && !process.deposed
+                && process.slot == slot
+                && process
+                    .ctx
+                    .as_ref()
+                    .is_some_and(|ctx| !ctx.journal.registry().contains(name))
+        })
+    }
+
     /// Whether the process crashed (its memory lost, not a graceful stop).
     pub fn crashed(&self, proc: ProcId) -> bool {
         self.gate.is_dead(proc) && !self.procs[proc].stopped

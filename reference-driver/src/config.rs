@@ -23,7 +23,15 @@ pub enum ConfigError {
     StateDir,
     #[error("--segment {0:?} is given twice")]
     DuplicateSegment(Labels),
+    #[error("{given} needs {missing} too: give both or neither")]
+    RegistrationFlags {
+        given: &'static str,
+        missing: &'static str,
+    },
 }
+
+/// Default mode of the CSI socket: owner only.
+pub const DEFAULT_SOCKET_MODE: u32 = 0o600;
 
 /// A CSI driver that keeps fake volumes in a JSON file, for testing CSI sidecars.
 #[derive(Debug, Parser)]
@@ -117,6 +125,31 @@ pub struct Cli {
     /// the volume (ControllerModifyVolume stays UNIMPLEMENTED).
     #[arg(long)]
     pub modify_volume: bool,
+
+    /// Serve the kubelet's plugin registration API on this unix socket (in the kubelet's
+    /// plugins_registry directory, e.g. /registration/reference.csi.example.com-reg.sock).
+    /// Replaced at start, removed at shutdown. Needs --kubelet-endpoint.
+    #[arg(long, value_name = "PATH", value_parser = parse_endpoint)]
+    pub kubelet_registration_socket: Option<PathBuf>,
+
+    /// The CSI socket as the kubelet sees it on the host (e.g.
+    /// /var/lib/kubelet/plugins/reference.csi.example.com/csi.sock), reported to the kubelet at
+    /// registration. Needs --kubelet-registration-socket.
+    #[arg(long, value_name = "PATH", value_parser = parse_endpoint)]
+    pub kubelet_endpoint: Option<PathBuf>,
+
+    /// Permissions of the CSI socket, in octal (e.g. 0660 lets the socket's group connect).
+    #[arg(long, value_name = "OCTAL", default_value = "0600", value_parser = parse_socket_mode)]
+    pub socket_mode: u32,
+}
+
+/// `--kubelet-registration-socket` and `--kubelet-endpoint`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeletRegistration {
+    /// Where the registration API is served.
+    pub socket: PathBuf,
+    /// The CSI socket path reported to the kubelet.
+    pub kubelet_endpoint: PathBuf,
 }
 
 /// One `--segment` as given; its capacity defaults to `--capacity` once all flags are known.
@@ -147,6 +180,10 @@ pub struct DriverConfig {
     pub volume_id_prefix: Option<String>,
     /// `--no-snapshots` and `--no-clone` turn these off.
     pub features: Features,
+    /// `--kubelet-registration-socket` with `--kubelet-endpoint`.
+    pub registration: Option<KubeletRegistration>,
+    /// `--socket-mode`.
+    pub socket_mode: u32,
 }
 
 impl DriverConfig {
@@ -169,6 +206,8 @@ impl DriverConfig {
             request_log: None,
             volume_id_prefix: None,
             features: Features::default(),
+            registration: None,
+            socket_mode: DEFAULT_SOCKET_MODE,
         }
     }
 }
@@ -183,6 +222,25 @@ impl TryFrom<Cli> for DriverConfig {
         if cli.max_volume_size <= 0 {
             return Err(ConfigError::MaxVolumeSize);
         }
+        let registration = match (cli.kubelet_registration_socket, cli.kubelet_endpoint) {
+            (None, None) => None,
+            (Some(socket), Some(kubelet_endpoint)) => Some(KubeletRegistration {
+                socket,
+                kubelet_endpoint,
+            }),
+            (Some(_), None) => {
+                return Err(ConfigError::RegistrationFlags {
+                    given: "--kubelet-registration-socket",
+                    missing: "--kubelet-endpoint",
+                });
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::RegistrationFlags {
+                    given: "--kubelet-endpoint",
+                    missing: "--kubelet-registration-socket",
+                });
+            }
+        };
         let control_file = cli
             .control_file
             .unwrap_or_else(|| cli.state_dir.join(CONTROL_FILE));
@@ -232,12 +290,25 @@ impl TryFrom<Cli> for DriverConfig {
                 get_capacity: !cli.no_get_capacity,
                 modify_volume: cli.modify_volume,
             },
+            registration,
+            socket_mode: cli.socket_mode,
         })
     }
 }
 
 fn parse_endpoint(s: &str) -> Result<PathBuf, String> {
     socket::parse_endpoint(s).map_err(|e| e.to_string())
+}
+
+/// An octal permission mode such as `0660` or `660`, of at most the permission bits.
+fn parse_socket_mode(s: &str) -> Result<u32, String> {
+    let digits = s.strip_prefix("0o").unwrap_or(s);
+    match u32::from_str_radix(digits, 8) {
+        Ok(mode) if !digits.is_empty() && mode <= 0o777 => Ok(mode),
+        _ => Err(format!(
+            "expected an octal mode of at most 0777, such as 0660, got {s:?}"
+        )),
+    }
 }
 
 /// The CSI spec's domain-name rule, narrowed to what csi-sanity accepts (letters at both ends).
@@ -560,6 +631,50 @@ mod tests {
                 err.contains(flag),
                 "{args:?}: {err:?} should mention {flag}"
             );
+        }
+    }
+
+    #[test]
+    fn registration_flags_come_together() {
+        let base = ["--endpoint=/csi/csi.sock", "--state-dir=/s"];
+        let c = parse(&base).unwrap();
+        assert_eq!(c.registration, None);
+        assert_eq!(c.socket_mode, 0o600);
+        let c = parse(
+            &[
+                &base[..],
+                &[
+                    "--kubelet-registration-socket=/registration/r-reg.sock",
+                    "--kubelet-endpoint=unix:///var/lib/kubelet/plugins/r/csi.sock",
+                    "--socket-mode=0660",
+                ],
+            ]
+            .concat(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.registration,
+            Some(KubeletRegistration {
+                socket: "/registration/r-reg.sock".into(),
+                kubelet_endpoint: "/var/lib/kubelet/plugins/r/csi.sock".into(),
+            })
+        );
+        assert_eq!(c.socket_mode, 0o660);
+        for (extra, named) in [
+            (
+                "--kubelet-registration-socket=/r.sock",
+                "--kubelet-endpoint",
+            ),
+            (
+                "--kubelet-endpoint=/e.sock",
+                "--kubelet-registration-socket",
+            ),
+            ("--socket-mode=0999", "--socket-mode"),
+            ("--socket-mode=1777", "--socket-mode"),
+            ("--socket-mode=", "--socket-mode"),
+        ] {
+            let err = parse(&[&base[..], &[extra]].concat()).unwrap_err();
+            assert!(err.contains(named), "{extra}: {err}");
         }
     }
 

@@ -1,5 +1,7 @@
-//! A small reference CSI driver for testing the provisioner: fake volumes and snapshots kept in a
-//! JSON file, plus fault injection. It serves Identity, Controller and Node on one unix socket.
+//! A small reference CSI driver for testing the provisioner: volumes and snapshots recorded in a
+//! JSON file, each volume's data a directory or sparse file next to it, plus fault injection. It
+//! serves Identity, Controller and Node on one unix socket, and optionally the kubelet's plugin
+//! registration API on another.
 //! docs/reference-driver.md is the user-facing description; this comment is the design summary.
 //!
 //! # What it implements
@@ -14,9 +16,17 @@
 //!   watch a sidecar refuse what its driver cannot do. Snapshots are independent copies: a
 //!   volume with snapshots may be deleted. A restore or clone is placed in its source's segment
 //!   when the requirements allow it.
-//! - Node: NodePublishVolume creates the target (a directory for mount access, an empty file for
-//!   block access; nothing is mounted, no privileges needed) and NodeUnpublishVolume removes it;
-//!   NodeGetInfo, NodeGetCapabilities (none).
+//! - Node (STAGE_UNSTAGE_VOLUME, GET_VOLUME_STATS): NodeStageVolume bind-mounts a mount
+//!   volume's data directory on the staging path; NodePublishVolume bind-mounts the staging path
+//!   (or a block volume's `.block` file) on the target, read-only if asked; NodeUnpublishVolume
+//!   and NodeUnstageVolume unmount what mountinfo lists and remove the target;
+//!   NodeGetVolumeStats is `statvfs` (or a block volume's size); NodeGetInfo. Mounts use the
+//!   mount(2) syscall through rustix (`mounts`), so they need root. Stagings and publications are
+//!   recorded before mounting. `node` holds the filesystem side.
+//! - Kubelet registration (`registration`): with `--kubelet-registration-socket` and
+//!   `--kubelet-endpoint`, `pluginregistration.Registration` (GetInfo, NotifyRegistrationStatus)
+//!   on a socket in the kubelet's plugins_registry directory, re-created at start, removed at
+//!   shutdown.
 //! - Every other RPC answers UNIMPLEMENTED.
 //!
 //! Errors follow the spec exactly: arguments are validated before any lookup; unknown ids are
@@ -33,9 +43,13 @@
 //! are in `topology`.
 //!
 //! # State
-//! `<state-dir>/state.json` holds every volume, snapshot and node publication. It is replaced
-//! atomically (temp file, fsync, rename, directory fsync) before a change is acknowledged, and
-//! loaded at start, so volumes survive restarts and tests can count them after chaos.
+//! `<state-dir>/state.json` holds every volume, snapshot, node staging and publication. It is
+//! replaced atomically (temp file, fsync, rename, directory fsync) before a change is
+//! acknowledged, and loaded at start, so volumes survive restarts and tests can count them after
+//! chaos. Several processes may share the directory: every access holds an exclusive flock on
+//! `state.json.lock` for the whole read-modify-write and re-reads the file when its identity
+//! changed (`store`). Volume data lives in `<state-dir>/volumes/` (`data`): made before the
+//! record is saved, removed after the record is; data without a record is removed at start.
 //!
 //! # Fault injection
 //! Modelled as pre/post hooks around every RPC:
@@ -64,8 +78,12 @@
 //! logged and ignored.
 
 mod config;
+mod data;
 mod faults;
 mod guard;
+pub mod mounts;
+mod node;
+pub mod registration;
 mod request_log;
 mod service;
 mod socket;
@@ -84,8 +102,10 @@ use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
 
 pub use config::{
-    CONTROL_FILE, Cli, ConfigError, DEFAULT_DRIVER_NAME, DEFAULT_NODE_ID, DriverConfig, SegmentFlag,
+    CONTROL_FILE, Cli, ConfigError, DEFAULT_DRIVER_NAME, DEFAULT_NODE_ID, DEFAULT_SOCKET_MODE,
+    DriverConfig, KubeletRegistration, SegmentFlag,
 };
+pub use data::{VOLUMES_DIR, VolumeData};
 pub use faults::{
     Action, DelayRule, FaultParseError, FaultRule, FaultRules, MethodPattern, Phase, Times,
 };
@@ -93,9 +113,10 @@ pub use request_log::RequestLog;
 pub use service::Driver;
 pub use socket::SocketError;
 pub use state::{
-    AccessKind, ContentSource, Features, Limits, Publication, SnapshotRecord, State, VolumeRecord,
+    AccessKind, ContentSource, Features, Limits, Publication, SnapshotRecord, Staging, State,
+    VolumeRecord,
 };
-pub use store::{STATE_FILE, StoreError, load_state};
+pub use store::{LOCK_FILE, STATE_FILE, StoreError, load_state};
 pub use topology::{Labels, Segment};
 
 /// How long in-flight calls may run on after a shutdown request before the server stops anyway
@@ -127,9 +148,19 @@ pub struct BoundDriver {
     listener: UnixListener,
     endpoint: PathBuf,
     socket: socket::SocketId,
+    registration: Option<BoundRegistration>,
 }
 
-/// Loads the state and creates the socket (mode 0600). Once this returns, clients may connect.
+/// The kubelet registration socket and what it answers.
+struct BoundRegistration {
+    service: registration::Registration,
+    listener: UnixListener,
+    path: PathBuf,
+    socket: socket::SocketId,
+}
+
+/// Loads the state and creates the socket (mode `--socket-mode`, 0600 by default), and the
+/// kubelet registration socket if configured. Once this returns, clients may connect.
 pub fn bind(config: &DriverConfig) -> Result<BoundDriver, DriverError> {
     let mut driver = Driver::open(config)?;
     if let Some(path) = &config.request_log {
@@ -139,7 +170,33 @@ pub fn bind(config: &DriverConfig) -> Result<BoundDriver, DriverError> {
         })?;
         driver = driver.with_request_log(log);
     }
-    let (listener, socket) = socket::bind_private(&config.endpoint)?;
+    let (listener, socket) = socket::bind_with_mode(&config.endpoint, config.socket_mode)?;
+    // The registration socket comes last: once it exists the kubelet may call the CSI socket.
+    let registration = match &config.registration {
+        None => None,
+        Some(reg) => match socket::bind_replacing(&reg.socket, 0o600) {
+            Ok((listener, id)) => {
+                tracing::info!(
+                    socket = %reg.socket.display(),
+                    kubelet_endpoint = %reg.kubelet_endpoint.display(),
+                    "serving kubelet plugin registration"
+                );
+                Some(BoundRegistration {
+                    service: registration::Registration::new(
+                        config.driver_name.clone(),
+                        reg.kubelet_endpoint.display().to_string(),
+                    ),
+                    listener,
+                    path: reg.socket.clone(),
+                    socket: id,
+                })
+            }
+            Err(e) => {
+                socket::remove_if_ours(&config.endpoint, socket);
+                return Err(e.into());
+            }
+        },
+    };
     tracing::info!(
         endpoint = %config.endpoint.display(),
         driver = %config.driver_name,
@@ -151,6 +208,7 @@ pub fn bind(config: &DriverConfig) -> Result<BoundDriver, DriverError> {
         listener,
         endpoint: config.endpoint.clone(),
         socket,
+        registration,
     })
 }
 
@@ -160,6 +218,18 @@ impl BoundDriver {
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), DriverError> {
         let stop = Arc::new(tokio::sync::Notify::new());
         let stopped = stop.clone();
+        let registration = self.registration.map(|reg| {
+            let task = tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(
+                        registration::proto::registration_server::RegistrationServer::new(
+                            reg.service,
+                        ),
+                    )
+                    .serve_with_incoming(UnixListenerStream::new(reg.listener)),
+            );
+            (task, reg.path, reg.socket)
+        });
         let server = tonic::transport::Server::builder()
             .add_service(csi_spec::identity_server::IdentityServer::new(
                 self.driver.clone(),
@@ -177,6 +247,9 @@ impl BoundDriver {
             result = &mut server => result,
             () = &mut shutdown => {
                 tracing::info!("shutting down");
+                if let Some((_, path, id)) = &registration {
+                    socket::remove_if_ours(path, *id);
+                }
                 socket::remove_if_ours(&self.endpoint, self.socket);
                 stop.notify_one();
                 match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
@@ -189,6 +262,12 @@ impl BoundDriver {
             }
         };
         socket::remove_if_ours(&self.endpoint, self.socket);
+        if let Some((task, path, id)) = registration {
+            socket::remove_if_ours(&path, id);
+            // Its calls answer at once and change nothing, so an open kubelet connection is no
+            // reason to wait.
+            task.abort();
+        }
         result.map_err(DriverError::from)
     }
 }

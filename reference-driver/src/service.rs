@@ -3,11 +3,9 @@
 //! all wrapped in the fault hooks and the per-call log line.
 
 use std::fmt::Debug;
-use std::fs;
 use std::future::Future;
-use std::io;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tonic::{Code, Request, Response, Status};
@@ -15,17 +13,21 @@ use uuid::Uuid;
 
 use csi_spec as csi;
 use csi_spec::controller_service_capability::rpc::Type as ControllerRpc;
+use csi_spec::node_service_capability::rpc::Type as NodeRpc;
 use csi_spec::plugin_capability::service::Type as PluginService;
 
 use super::config::DriverConfig;
+use super::data::VolumeData;
 use super::faults::{Action, FaultInjector, Phase};
 use super::guard::{self, InFlight};
+use super::mounts;
+use super::node;
 use super::request_log::{self, RequestLog};
 use super::state::{
-    self, AccessKind, CreateSnapshotDecision, CreateVolumeDecision, CsiError, Features, Limits,
-    PublishDecision, State,
+    self, AccessKind, ContentSource, CreateSnapshotDecision, CreateVolumeDecision, CsiError,
+    Features, Limits, PublishDecision, Staging, State, VolumeRecord,
 };
-use super::store::{Store, StoreError};
+use super::store::{Locked, Store, StoreError};
 use super::topology::{self, Labels};
 use super::validate;
 
@@ -72,6 +74,10 @@ fn controller_capabilities(features: Features, attach_required: bool) -> Vec<Con
         .collect()
 }
 
+/// Node capabilities: staging (a bind mount of the volume's data at the staging path) and
+/// volume statistics.
+const NODE_CAPABILITIES: &[NodeRpc] = &[NodeRpc::StageUnstageVolume, NodeRpc::GetVolumeStats];
+
 /// The name fault and delay rules know a CreateVolume by: `CreateVolume/snapshot` for a
 /// restore, `CreateVolume/volume` for a clone (see `faults::CALL_KINDS`), else `CreateVolume`.
 /// Taken from the raw request, since before-faults fire before validation.
@@ -102,10 +108,12 @@ struct Inner {
     node_id: String,
     node_topology: Labels,
     limits: Limits,
+    /// The state, shared with other processes on the same state directory: locked (flock) for
+    /// decide + save + commit, never across an await, so a cancelled call cannot leave memory
+    /// and disk disagreeing.
     store: Store,
-    /// Held only for decide + save + commit, never across an await, so a cancelled call cannot
-    /// leave memory and disk disagreeing.
-    state: Mutex<State>,
+    /// The volumes' data under `<state-dir>/volumes/`.
+    data: VolumeData,
     inflight: InFlight,
     faults: FaultInjector,
     features: Features,
@@ -118,13 +126,28 @@ impl Driver {
     /// Loads the saved state (or starts empty).
     pub fn open(config: &DriverConfig) -> Result<Self, StoreError> {
         let store = Store::open(&config.state_dir)?;
-        let state = store.load()?;
-        tracing::info!(
-            state = %store.path().display(),
-            volumes = state.volumes.len(),
-            snapshots = state.snapshots.len(),
-            "state loaded"
-        );
+        let data = VolumeData::new(&config.state_dir);
+        {
+            // Under the lock, so no other process is between making data and recording it.
+            let locked = store.lock()?;
+            let state = locked.state();
+            let (removed, created) = data.sweep(state).map_err(|source| StoreError::Write {
+                path: config.state_dir.join(super::data::VOLUMES_DIR),
+                source,
+            })?;
+            for path in &removed {
+                tracing::info!(path = %path.display(), "removed volume data no record names");
+            }
+            for id in &created {
+                tracing::info!(volume = %id, "made missing data for a recorded volume");
+            }
+            tracing::info!(
+                state = %store.path().display(),
+                volumes = state.volumes.len(),
+                snapshots = state.snapshots.len(),
+                "state loaded"
+            );
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 driver_name: config.driver_name.clone(),
@@ -132,7 +155,7 @@ impl Driver {
                 node_topology: config.node_topology.clone(),
                 limits: config.limits.clone(),
                 store,
-                state: Mutex::new(state),
+                data,
                 inflight: InFlight::default(),
                 faults: FaultInjector::new(config.faults.clone(), config.control_file.clone()),
                 features: config.features,
@@ -154,29 +177,29 @@ impl Driver {
         self
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
-        // Every update replaces the whole state in one assignment after a successful save, so
-        // the value behind a poisoned lock is still a consistent state.
+    /// The current state, locked against this and every other process on the state directory.
+    fn lock(&self) -> Result<Locked<'_>, CsiError> {
         self.inner
-            .state
+            .store
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .map_err(|e| CsiError::Internal(e.to_string()))
+    }
+
+    /// Runs `read` on the current state, under the lock.
+    fn read<T>(&self, read: impl FnOnce(&State) -> T) -> Result<T, CsiError> {
+        Ok(read(self.lock()?.state()))
     }
 
     /// Runs `decide` on the current state; when it returns a new state, saves it and only then
-    /// makes it current.
+    /// makes it current. All under the lock.
     fn mutate<T>(
         &self,
         decide: impl FnOnce(&State) -> Result<(T, Option<State>), CsiError>,
     ) -> Result<T, CsiError> {
-        let mut state = self.state();
-        let (value, next) = decide(&state)?;
+        let mut locked = self.lock()?;
+        let (value, next) = decide(locked.state())?;
         if let Some(next) = next {
-            self.inner
-                .store
-                .save(&next)
-                .map_err(|e| CsiError::Internal(e.to_string()))?;
-            *state = next;
+            save(&mut locked, next)?;
         }
         Ok(value)
     }
@@ -260,20 +283,39 @@ impl Driver {
             Some(prefix) => format!("{prefix}{}", args.name),
             None => format!("vol-{}", Uuid::new_v4()),
         };
-        let volume = self.mutate(|state| {
-            if let Some(existing) = state.volume_by_name(&args.name) {
-                held.add(guard::volume_id(&existing.id))?;
-            }
-            let decision = state::decide_create_volume(state, &args, &self.inner.limits, new_id)?;
-            Ok(match decision {
-                CreateVolumeDecision::Existing(volume) => (volume, None),
-                CreateVolumeDecision::Create(volume) => {
-                    let mut next = state.clone();
-                    next.volumes.insert(volume.id.clone(), volume.clone());
-                    (volume, Some(next))
+        let mut locked = self.lock()?;
+        let state = locked.state();
+        if let Some(existing) = state.volume_by_name(&args.name) {
+            held.add(guard::volume_id(&existing.id))?;
+        }
+        let volume = match state::decide_create_volume(state, &args, &self.inner.limits, new_id)? {
+            CreateVolumeDecision::Existing(volume) => volume,
+            CreateVolumeDecision::Create(volume) => {
+                // Data first, record second: a crash in between leaves data without a record,
+                // which the next start removes, never a record without its data. A clone
+                // starts as a copy of its source's data; a restore starts empty.
+                let source = match &volume.source {
+                    Some(ContentSource::Volume(id)) => state
+                        .volumes
+                        .get(id)
+                        .map(|source| self.inner.data.path(id, source.access)),
+                    _ => None,
+                };
+                self.inner
+                    .data
+                    .create(&volume, source.as_deref())
+                    .map_err(|e| {
+                        CsiError::Internal(format!("cannot make the data of {}: {e}", volume.id))
+                    })?;
+                let mut next = state.clone();
+                next.volumes.insert(volume.id.clone(), volume.clone());
+                if let Err(e) = save(&mut locked, next) {
+                    let _ = self.inner.data.remove(&volume.id, volume.access);
+                    return Err(e);
                 }
-            })
-        })?;
+                volume
+            }
+        };
         Ok(volume.to_csi())
     }
 
@@ -284,16 +326,19 @@ impl Driver {
             .inflight
             .acquire(guard::volume_id(&req.volume_id))?;
         self.pause("DeleteVolume").await;
-        self.mutate(|state| {
-            Ok(match state::decide_delete_volume(state, &req.volume_id)? {
-                None => ((), None),
-                Some(volume) => {
-                    let mut next = state.clone();
-                    next.volumes.remove(&volume.id);
-                    ((), Some(next))
-                }
-            })
-        })
+        let mut locked = self.lock()?;
+        let Some(volume) = state::decide_delete_volume(locked.state(), &req.volume_id)? else {
+            return Ok(());
+        };
+        // Record first, data second: a crash in between leaves data without a record (removed
+        // at the next start), never a record whose data is gone.
+        let mut next = locked.state().clone();
+        next.volumes.remove(&volume.id);
+        save(&mut locked, next)?;
+        if let Err(error) = self.inner.data.remove(&volume.id, volume.access) {
+            tracing::warn!(volume = %volume.id, %error, "cannot remove the volume's data; the next start will");
+        }
+        Ok(())
     }
 
     async fn exec_validate_volume_capabilities(
@@ -313,10 +358,7 @@ impl Driver {
             .collect::<Result<Vec<_>, _>>()?;
         self.pause("ValidateVolumeCapabilities").await;
         let access = self
-            .state()
-            .volumes
-            .get(&req.volume_id)
-            .map(|v| v.access)
+            .read(|state| state.volumes.get(&req.volume_id).map(|v| v.access))?
             .ok_or_else(|| {
                 CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
             })?;
@@ -354,7 +396,7 @@ impl Driver {
         req: &csi::ListVolumesRequest,
     ) -> Result<csi::ListVolumesResponse, CsiError> {
         self.pause("ListVolumes").await;
-        let volumes: Vec<_> = self.state().volumes.values().cloned().collect();
+        let volumes: Vec<_> = self.read(|state| state.volumes.values().cloned().collect())?;
         let (page, next_token) = state::page(&volumes, req.max_entries, &req.starting_token)?;
         Ok(csi::ListVolumesResponse {
             entries: page
@@ -374,7 +416,7 @@ impl Driver {
     ) -> Result<csi::GetCapacityResponse, CsiError> {
         self.pause("GetCapacity").await;
         let term = req.accessible_topology.as_ref().map(validate::labels);
-        let usage = self.state().usage();
+        let usage = self.read(State::usage)?;
         let (available, largest) = topology::capacity(
             &self.inner.limits.segments,
             &usage,
@@ -445,8 +487,9 @@ impl Driver {
         req: &csi::ListSnapshotsRequest,
     ) -> Result<csi::ListSnapshotsResponse, CsiError> {
         self.pause("ListSnapshots").await;
-        let snapshots =
-            state::filter_snapshots(&self.state(), &req.snapshot_id, &req.source_volume_id);
+        let snapshots = self.read(|state| {
+            state::filter_snapshots(state, &req.snapshot_id, &req.source_volume_id)
+        })?;
         let (page, next_token) = state::page(&snapshots, req.max_entries, &req.starting_token)?;
         Ok(csi::ListSnapshotsResponse {
             entries: page
@@ -465,10 +508,102 @@ impl Driver {
     ) -> Result<csi::Snapshot, CsiError> {
         validate::required("snapshot_id", &req.snapshot_id)?;
         self.pause("GetSnapshot").await;
-        state::find_snapshot(&self.state(), &req.snapshot_id).map(|s| s.to_csi())
+        self.read(|state| state::find_snapshot(state, &req.snapshot_id).map(|s| s.to_csi()))?
     }
 
     // ----------------------------------------------------------------------- node
+
+    async fn exec_node_stage(&self, req: &csi::NodeStageVolumeRequest) -> Result<(), CsiError> {
+        let access = validate::node_stage(req)?;
+        let _held = self
+            .inner
+            .inflight
+            .acquire(guard::volume_id(&req.volume_id))?;
+        self.pause("NodeStageVolume").await;
+        let staging = Path::new(&req.staging_target_path);
+        let mut locked = self.lock()?;
+        let state = locked.state();
+        let volume = find_volume(state, &req.volume_id)?;
+        if volume.access != access {
+            return Err(CsiError::InvalidArgument(format!(
+                "volume {} was created for {:?} access, not {access:?}",
+                volume.id, volume.access
+            )));
+        }
+        if let Some(other) = state
+            .volumes
+            .values()
+            .find(|v| v.id != volume.id && v.stagings.contains_key(&req.staging_target_path))
+        {
+            return Err(CsiError::AlreadyExists(format!(
+                "volume {} is staged at {}",
+                other.id, req.staging_target_path
+            )));
+        }
+        let recorded = volume.stagings.contains_key(&req.staging_target_path);
+        let data = self.inner.data.path(&volume.id, access);
+        if access == AccessKind::Mount && !recorded && is_mounted(staging)? {
+            return Err(CsiError::AlreadyExists(format!(
+                "something else is mounted at {}",
+                req.staging_target_path
+            )));
+        }
+        // Record first, mount second: a crash in between leaves a record whose unstage finds
+        // nothing mounted, never a mount nobody knows about.
+        if !recorded {
+            let mut next = state.clone();
+            if let Some(v) = next.volumes.get_mut(&req.volume_id) {
+                v.stagings
+                    .insert(req.staging_target_path.clone(), Staging { access });
+            }
+            save(&mut locked, next)?;
+        }
+        let staged = match access {
+            AccessKind::Mount => node::ensure_dir(staging).and_then(|()| {
+                if mounts::is_mount_point(staging)? {
+                    Ok(())
+                } else {
+                    mounts::bind(&data, staging)
+                }
+            }),
+            // Nothing to prepare: publish binds the volume's file itself.
+            AccessKind::Block => Ok(()),
+        };
+        if let Err(error) = staged {
+            if !recorded {
+                forget(&mut locked, &req.volume_id, |v| {
+                    v.stagings.remove(&req.staging_target_path).is_some()
+                });
+            }
+            return Err(CsiError::Internal(format!(
+                "cannot stage {} at {}: {error}",
+                req.volume_id, req.staging_target_path
+            )));
+        }
+        Ok(())
+    }
+
+    async fn exec_node_unstage(&self, req: &csi::NodeUnstageVolumeRequest) -> Result<(), CsiError> {
+        validate::required("volume_id", &req.volume_id)?;
+        validate::required("staging_target_path", &req.staging_target_path)?;
+        let _held = self
+            .inner
+            .inflight
+            .acquire(guard::volume_id(&req.volume_id))?;
+        self.pause("NodeUnstageVolume").await;
+        let staging = Path::new(&req.staging_target_path);
+        let mut locked = self.lock()?;
+        let volume = find_volume(locked.state(), &req.volume_id)?;
+        if volume.access == AccessKind::Mount {
+            mounts::unmount_all(staging).map_err(|e| {
+                CsiError::Internal(format!("cannot unmount {}: {e}", req.staging_target_path))
+            })?;
+        }
+        forget(&mut locked, &req.volume_id, |v| {
+            v.stagings.remove(&req.staging_target_path).is_some()
+        });
+        Ok(())
+    }
 
     async fn exec_node_publish(&self, req: &csi::NodePublishVolumeRequest) -> Result<(), CsiError> {
         let wanted = validate::node_publish(req)?;
@@ -477,29 +612,55 @@ impl Driver {
             .inflight
             .acquire(guard::volume_id(&req.volume_id))?;
         self.pause("NodePublishVolume").await;
-        // Record first, create second: a crash in between leaves a record whose unpublish is a
-        // no-op, never a directory nobody knows about.
-        let decision = self.mutate(|state| {
-            let decision =
-                state::decide_node_publish(state, &req.volume_id, &req.target_path, &wanted)?;
-            if decision == PublishDecision::AlreadyPublished {
-                return Ok((decision, None));
-            }
+        let target = Path::new(&req.target_path);
+        let mut locked = self.lock()?;
+        let state = locked.state();
+        let decision =
+            state::decide_node_publish(state, &req.volume_id, &req.target_path, &wanted)?;
+        let volume = find_volume(state, &req.volume_id)?;
+        let data = self.inner.data.path(&volume.id, volume.access);
+        // With a staging path, the volume must be staged there; a mount volume is then bound
+        // from it. Without one (a CO that skips staging), from the data itself.
+        let source = if req.staging_target_path.is_empty() {
+            data
+        } else if !volume.stagings.contains_key(&req.staging_target_path) {
+            return Err(CsiError::FailedPrecondition(format!(
+                "volume {} is not staged at {}",
+                volume.id, req.staging_target_path
+            )));
+        } else if wanted.access == AccessKind::Mount {
+            Path::new(&req.staging_target_path).to_path_buf()
+        } else {
+            data
+        };
+        let fresh = decision == PublishDecision::Publish;
+        if fresh && is_mounted(target)? {
+            return Err(CsiError::AlreadyExists(format!(
+                "something else is mounted at {}",
+                req.target_path
+            )));
+        }
+        // Record first, mount second: a crash in between leaves a record whose unpublish finds
+        // nothing mounted, never a mount nobody knows about (DeleteVolume refuses recorded ones).
+        if fresh {
             let mut next = state.clone();
-            if let Some(volume) = next.volumes.get_mut(&req.volume_id) {
-                volume
-                    .publications
+            if let Some(v) = next.volumes.get_mut(&req.volume_id) {
+                v.publications
                     .insert(req.target_path.clone(), wanted.clone());
             }
-            Ok((decision, Some(next)))
-        })?;
-        if let Err(error) = create_target(Path::new(&req.target_path), wanted.access) {
-            if decision == PublishDecision::Publish {
-                self.forget_publication(&req.volume_id, &req.target_path)?;
+            save(&mut locked, next)?;
+        }
+        if let Err(error) = node::publish(&source, target, wanted.access, wanted.readonly) {
+            if fresh {
+                let _ = mounts::unmount_all(target);
+                let _ = node::remove_target(target);
+                forget(&mut locked, &req.volume_id, |v| {
+                    v.publications.remove(&req.target_path).is_some()
+                });
             }
             return Err(CsiError::Internal(format!(
-                "cannot create target {}: {error}",
-                req.target_path
+                "cannot publish {} at {}: {error}",
+                req.volume_id, req.target_path
             )));
         }
         Ok(())
@@ -516,25 +677,62 @@ impl Driver {
             .inflight
             .acquire(guard::volume_id(&req.volume_id))?;
         self.pause("NodeUnpublishVolume").await;
+        let target = Path::new(&req.target_path);
+        let mut locked = self.lock()?;
         let publication =
-            state::decide_node_unpublish(&self.state(), &req.volume_id, &req.target_path)?;
-        let Some(publication) = publication else {
+            state::decide_node_unpublish(locked.state(), &req.volume_id, &req.target_path)?;
+        let mounted = is_mounted(target)?;
+        if publication.is_none() && !mounted {
+            // Not ours and nothing mounted: nothing to undo.
             return Ok(());
-        };
-        remove_target(Path::new(&req.target_path), publication.access).map_err(|error| {
+        }
+        if mounted {
+            mounts::unmount_all(target).map_err(|e| {
+                CsiError::Internal(format!("cannot unmount {}: {e}", req.target_path))
+            })?;
+        }
+        node::remove_target(target).map_err(|error| {
             CsiError::Internal(format!("cannot remove target {}: {error}", req.target_path))
         })?;
-        self.forget_publication(&req.volume_id, &req.target_path)
+        forget(&mut locked, &req.volume_id, |v| {
+            v.publications.remove(&req.target_path).is_some()
+        });
+        Ok(())
     }
 
-    fn forget_publication(&self, volume_id: &str, target: &str) -> Result<(), CsiError> {
-        self.mutate(|state| {
-            let mut next = state.clone();
-            let removed = next
-                .volumes
-                .get_mut(volume_id)
-                .and_then(|v| v.publications.remove(target));
-            Ok(((), removed.map(|_| next)))
+    async fn exec_node_get_volume_stats(
+        &self,
+        req: &csi::NodeGetVolumeStatsRequest,
+    ) -> Result<csi::NodeGetVolumeStatsResponse, CsiError> {
+        validate::required("volume_id", &req.volume_id)?;
+        validate::required("volume_path", &req.volume_path)?;
+        self.pause("NodeGetVolumeStats").await;
+        let (access, capacity) = self.read(|state| {
+            let volume = find_volume(state, &req.volume_id)?;
+            let path = req.volume_path.trim_end_matches('/');
+            let here = |p: &String| p == &req.volume_path || p.trim_end_matches('/') == path;
+            if volume.publications.keys().any(here) || volume.stagings.keys().any(here) {
+                Ok((volume.access, volume.capacity_bytes))
+            } else {
+                Err(CsiError::NotFound(format!(
+                    "volume {} is neither published nor staged at {}",
+                    volume.id, req.volume_path
+                )))
+            }
+        })??;
+        let path = Path::new(&req.volume_path);
+        if !path.exists() {
+            return Err(CsiError::NotFound(format!(
+                "{} does not exist",
+                req.volume_path
+            )));
+        }
+        let usage = node::stats(path, access, capacity).map_err(|e| {
+            CsiError::Internal(format!("cannot read the usage of {}: {e}", req.volume_path))
+        })?;
+        Ok(csi::NodeGetVolumeStatsResponse {
+            usage,
+            volume_condition: None,
         })
     }
 
@@ -610,39 +808,38 @@ fn now() -> (i64, i32) {
     )
 }
 
-/// A directory for mount access, an empty file standing in for the device for block access.
-fn create_target(path: &Path, access: AccessKind) -> io::Result<()> {
-    match access {
-        AccessKind::Mount => match fs::create_dir(path) {
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
-            other => other,
-        },
-        AccessKind::Block => {
-            if path.is_dir() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    "a directory is in the way",
-                ));
-            }
-            fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(path)
-                .map(drop)
-        }
+/// Saves `next` as the state, under the lock the caller holds.
+fn save(locked: &mut Locked<'_>, next: State) -> Result<(), CsiError> {
+    locked
+        .save(next)
+        .map_err(|e| CsiError::Internal(e.to_string()))
+}
+
+/// Undoes a record when the work it announced failed or was undone: `change` edits the volume
+/// and says whether it changed anything. A failed save is logged; the record stays, which only
+/// makes a later call do (idempotent) work again.
+fn forget(
+    locked: &mut Locked<'_>,
+    volume_id: &str,
+    change: impl FnOnce(&mut VolumeRecord) -> bool,
+) {
+    let mut next = locked.state().clone();
+    let changed = next.volumes.get_mut(volume_id).is_some_and(change);
+    if changed && let Err(error) = save(locked, next) {
+        tracing::warn!(volume = volume_id, %error, "cannot drop a node record");
     }
 }
 
-fn remove_target(path: &Path, access: AccessKind) -> io::Result<()> {
-    let removed = match access {
-        AccessKind::Mount => fs::remove_dir(path),
-        AccessKind::Block => fs::remove_file(path),
-    };
-    match removed {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
-    }
+fn find_volume<'a>(state: &'a State, id: &str) -> Result<&'a VolumeRecord, CsiError> {
+    state
+        .volumes
+        .get(id)
+        .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
+}
+
+fn is_mounted(path: &Path) -> Result<bool, CsiError> {
+    mounts::is_mount_point(path)
+        .map_err(|e| CsiError::Internal(format!("cannot read the mount table: {e}")))
 }
 
 // ------------------------------------------------------------------- gRPC glue
@@ -930,20 +1127,22 @@ impl csi::node_server::Node for Driver {
         &self,
         request: Request<csi::NodeStageVolumeRequest>,
     ) -> RpcResult<csi::NodeStageVolumeResponse> {
-        reply(
-            self.unimplemented("NodeStageVolume", &request.into_inner())
-                .await,
-        )
+        let req = request.into_inner();
+        let result = self
+            .call("NodeStageVolume", &req, self.exec_node_stage(&req))
+            .await;
+        reply(result.map(|()| csi::NodeStageVolumeResponse {}))
     }
 
     async fn node_unstage_volume(
         &self,
         request: Request<csi::NodeUnstageVolumeRequest>,
     ) -> RpcResult<csi::NodeUnstageVolumeResponse> {
-        reply(
-            self.unimplemented("NodeUnstageVolume", &request.into_inner())
-                .await,
-        )
+        let req = request.into_inner();
+        let result = self
+            .call("NodeUnstageVolume", &req, self.exec_node_unstage(&req))
+            .await;
+        reply(result.map(|()| csi::NodeUnstageVolumeResponse {}))
     }
 
     async fn node_publish_volume(
@@ -972,9 +1171,14 @@ impl csi::node_server::Node for Driver {
         &self,
         request: Request<csi::NodeGetVolumeStatsRequest>,
     ) -> RpcResult<csi::NodeGetVolumeStatsResponse> {
+        let req = request.into_inner();
         reply(
-            self.unimplemented("NodeGetVolumeStats", &request.into_inner())
-                .await,
+            self.call(
+                "NodeGetVolumeStats",
+                &req,
+                self.exec_node_get_volume_stats(&req),
+            )
+            .await,
         )
     }
 
@@ -997,7 +1201,14 @@ impl csi::node_server::Node for Driver {
             self.call("NodeGetCapabilities", &req, async {
                 self.pause("NodeGetCapabilities").await;
                 Ok(csi::NodeGetCapabilitiesResponse {
-                    capabilities: Vec::new(),
+                    capabilities: NODE_CAPABILITIES
+                        .iter()
+                        .map(|t| csi::NodeServiceCapability {
+                            r#type: Some(csi::node_service_capability::Type::Rpc(
+                                csi::node_service_capability::Rpc { r#type: *t as i32 },
+                            )),
+                        })
+                        .collect(),
                 })
             })
             .await,

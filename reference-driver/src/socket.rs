@@ -64,8 +64,36 @@ pub struct SocketId {
 
 /// Binds a listener at `path` whose socket file is never accessible to anyone but the owner: it is
 /// bound inside a fresh 0700 directory, chmod-ed to 0600 and only then renamed into place.
+#[cfg(test)]
 pub fn bind_private(path: &Path) -> Result<(UnixListener, SocketId), SocketError> {
+    bind_with_mode(path, 0o600)
+}
+
+/// Like `bind_private`, with the socket chmod-ed to `mode` before it is renamed into place, so it is
+/// never reachable with other permissions.
+pub fn bind_with_mode(path: &Path, mode: u32) -> Result<(UnixListener, SocketId), SocketError> {
     remove_stale(path)?;
+    bind_fresh(path, mode)
+}
+
+/// Binds at `path` like [`bind_with_mode`], but first removes any socket there, served or not:
+/// the kubelet's registration socket, which must appear anew at every start for the kubelet's
+/// directory watch to see it. Anything else than a socket at the path is still refused.
+pub fn bind_replacing(path: &Path, mode: u32) -> Result<(UnixListener, SocketId), SocketError> {
+    match fs::symlink_metadata(path) {
+        Ok(meta) if !meta.file_type().is_socket() => {
+            return Err(SocketError::NotASocket {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(_) => fs::remove_file(path).map_err(io_err("cannot remove old socket", path))?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("cannot stat", path)(e)),
+    }
+    bind_fresh(path, mode)
+}
+
+fn bind_fresh(path: &Path, mode: u32) -> Result<(UnixListener, SocketId), SocketError> {
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -78,16 +106,20 @@ pub fn bind_private(path: &Path) -> Result<(UnixListener, SocketId), SocketError
         .create(&private_dir)
         .map_err(io_err("cannot create directory", &private_dir))?;
     let staged = private_dir.join("s");
-    let result = bind_and_move(&staged, path);
+    let result = bind_and_move(&staged, path, mode);
     // The directory is empty again whether or not the socket made it into place.
     let _ = fs::remove_file(&staged);
     let _ = fs::remove_dir(&private_dir);
     result
 }
 
-fn bind_and_move(staged: &Path, path: &Path) -> Result<(UnixListener, SocketId), SocketError> {
+fn bind_and_move(
+    staged: &Path,
+    path: &Path,
+    mode: u32,
+) -> Result<(UnixListener, SocketId), SocketError> {
     let listener = UnixListener::bind(staged).map_err(io_err("cannot bind", staged))?;
-    fs::set_permissions(staged, fs::Permissions::from_mode(0o600))
+    fs::set_permissions(staged, fs::Permissions::from_mode(mode))
         .map_err(io_err("cannot set permissions of", staged))?;
     fs::rename(staged, path).map_err(io_err("cannot move socket to", path))?;
     let meta = fs::symlink_metadata(path).map_err(io_err("cannot stat", path))?;
@@ -120,7 +152,7 @@ fn remove_stale(path: &Path) -> Result<(), SocketError> {
     fs::remove_file(path).map_err(io_err("cannot remove stale socket", path))
 }
 
-/// Removes the socket if it is still the one [`bind_private`] created.
+/// Removes the socket if it is still the one a bind of this module created.
 pub fn remove_if_ours(path: &Path, id: SocketId) {
     let ours = fs::symlink_metadata(path)
         .map(|m| m.dev() == id.dev && m.ino() == id.ino)
@@ -204,5 +236,22 @@ mod tests {
             Err(SocketError::NotASocket { .. })
         ));
         assert_eq!(fs::read(&file).unwrap(), b"x");
+    }
+
+    #[tokio::test]
+    async fn replacing_bind_takes_over_a_live_socket_with_its_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reg.sock");
+        let (_old, old_id) = bind_private(&path).unwrap();
+        let (_new, new_id) = bind_replacing(&path, 0o660).unwrap();
+        assert_ne!(old_id, new_id);
+        let meta = fs::symlink_metadata(&path).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+        let file = dir.path().join("regular");
+        fs::write(&file, b"x").unwrap();
+        assert!(matches!(
+            bind_replacing(&file, 0o600),
+            Err(SocketError::NotASocket { .. })
+        ));
     }
 }

@@ -120,6 +120,15 @@ pub struct VolumeRecord {
     /// Keyed by target path.
     #[serde(default)]
     pub publications: BTreeMap<String, Publication>,
+    /// NodeStageVolume staging paths, keyed by path (absent in files of earlier releases).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stagings: BTreeMap<String, Staging>,
+}
+
+/// One NodeStageVolume staging path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Staging {
+    pub access: AccessKind,
 }
 
 impl VolumeRecord {
@@ -341,6 +350,7 @@ pub fn decide_create_volume(
         source: args.source.clone(),
         topology: segment.labels.clone(),
         publications: BTreeMap::new(),
+        stagings: BTreeMap::new(),
     }))
 }
 
@@ -454,6 +464,11 @@ pub fn decide_delete_volume(state: &State, id: &str) -> Result<Option<VolumeReco
     if let Some(target) = volume.publications.keys().next() {
         return Err(CsiError::FailedPrecondition(format!(
             "volume {id} is still published at {target}"
+        )));
+    }
+    if let Some(path) = volume.stagings.keys().next() {
+        return Err(CsiError::FailedPrecondition(format!(
+            "volume {id} is still staged at {path}"
         )));
     }
     Ok(Some(volume.clone()))
@@ -1135,6 +1150,24 @@ mod tests {
         assert!(matches!(
             decide_node_unpublish(&state, "fake-vol-id", "/t"),
             Err(CsiError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn delete_refuses_staged_volumes() {
+        let mut state = State::default();
+        create(&mut state, &args("a", GI, 0), "vol-a").unwrap();
+        if let Some(v) = state.volumes.get_mut("vol-a") {
+            v.stagings.insert(
+                "/staging".into(),
+                Staging {
+                    access: AccessKind::Mount,
+                },
+            );
+        }
+        assert!(matches!(
+            decide_delete_volume(&state, "vol-a"),
+            Err(CsiError::FailedPrecondition(m)) if m.contains("staged")
         ));
     }
 

@@ -196,6 +196,17 @@ pub fn node_publish(req: &csi::NodePublishVolumeRequest) -> Result<Publication, 
     })
 }
 
+/// The checked part of NodeStageVolume: volume id, staging path and the access kind wanted.
+pub fn node_stage(req: &csi::NodeStageVolumeRequest) -> Result<AccessKind, CsiError> {
+    required("volume_id", &req.volume_id)?;
+    required("staging_target_path", &req.staging_target_path)?;
+    let cap = req
+        .volume_capability
+        .as_ref()
+        .ok_or_else(|| CsiError::InvalidArgument("volume_capability is required".into()))?;
+    served_capability(cap)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -377,6 +388,80 @@ mod tests {
                 node_publish(&broken),
                 Err(CsiError::InvalidArgument(_))
             ));
+        }
+    }
+
+    #[test]
+    fn node_requests_need_their_fields() {
+        let staged = csi::NodeStageVolumeRequest {
+            volume_id: "vol-1".into(),
+            staging_target_path: "/staging".into(),
+            volume_capability: Some(cap(true, Mode::SingleNodeWriter)),
+            ..Default::default()
+        };
+        assert_eq!(node_stage(&staged), Ok(AccessKind::Block));
+        for broken in [
+            csi::NodeStageVolumeRequest {
+                volume_id: String::new(),
+                ..staged.clone()
+            },
+            csi::NodeStageVolumeRequest {
+                staging_target_path: String::new(),
+                ..staged.clone()
+            },
+            csi::NodeStageVolumeRequest {
+                volume_capability: None,
+                ..staged.clone()
+            },
+            csi::NodeStageVolumeRequest {
+                volume_capability: Some(csi::VolumeCapability {
+                    access_type: None,
+                    ..cap(false, Mode::SingleNodeWriter)
+                }),
+                ..staged.clone()
+            },
+            csi::NodeStageVolumeRequest {
+                volume_capability: Some(cap(false, Mode::SingleNodeSingleWriter)),
+                ..staged.clone()
+            },
+        ] {
+            assert!(
+                matches!(node_stage(&broken), Err(CsiError::InvalidArgument(_))),
+                "{broken:?}"
+            );
+        }
+        let published = csi::NodePublishVolumeRequest {
+            volume_id: "vol-1".into(),
+            target_path: "/target".into(),
+            volume_capability: Some(cap(false, Mode::SingleNodeWriter)),
+            readonly: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            node_publish(&published),
+            Ok(Publication {
+                access: AccessKind::Mount,
+                readonly: true
+            })
+        );
+        for broken in [
+            csi::NodePublishVolumeRequest {
+                volume_id: String::new(),
+                ..published.clone()
+            },
+            csi::NodePublishVolumeRequest {
+                target_path: String::new(),
+                ..published.clone()
+            },
+            csi::NodePublishVolumeRequest {
+                volume_capability: None,
+                ..published.clone()
+            },
+        ] {
+            assert!(
+                matches!(node_publish(&broken), Err(CsiError::InvalidArgument(_))),
+                "{broken:?}"
+            );
         }
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod cluster;
 pub mod csi_wire;
+pub mod in_cluster;
 pub mod manifests;
 pub mod mock_driver;
 pub mod peers;
@@ -47,6 +48,7 @@ pub fn control_plane_with_apiserver_flags(
     shared_control_plane(StartOptions {
         apiserver_flags,
         scheduler: false,
+        node: None,
     })
 }
 
@@ -57,11 +59,37 @@ pub fn control_plane_with_scheduler() -> &'static ControlPlane {
     let cp = shared_control_plane(StartOptions {
         apiserver_flags: &[],
         scheduler: true,
+        node: None,
     });
     assert!(
         cp.scheduler_url().is_some(),
         "this test binary's control plane was started without kube-scheduler: call \
          support::control_plane_with_scheduler() before anything else touches the cluster"
+    );
+    cp
+}
+
+/// The test binary's control plane with a real node (containerd and a kubelet, with the images
+/// of `hack/build-images.sh` imported), started on first use; every test of such a binary calls
+/// this first. One node runs per machine: a second test binary with a node waits for the
+/// first to end (docs/control-plane.md, "A real node").
+pub fn control_plane_with_node() -> &'static ControlPlane {
+    static IMAGES: OnceLock<Result<Vec<std::path::PathBuf>, String>> = OnceLock::new();
+    let images = match IMAGES.get_or_init(|| {
+        csi_testbed::workspace::images().map_err(|e| format!("building the node's images: {e}"))
+    }) {
+        Ok(images) => images.as_slice(),
+        Err(e) => panic!("{e}"),
+    };
+    let cp = shared_control_plane(StartOptions {
+        apiserver_flags: &[],
+        scheduler: true,
+        node: Some(images),
+    });
+    assert!(
+        cp.node().is_some(),
+        "this test binary's control plane was started without a node: call \
+         support::control_plane_with_node() before anything else touches the cluster"
     );
     cp
 }

@@ -188,16 +188,55 @@ pub async fn apply(client: &Client, objects: &[Value], for_real: &[&str], manage
 }
 
 /// A pod of the Deployment's or DaemonSet's template, created as a dry run (admission runs,
-/// nothing is stored).
+/// nothing is stored) in the workload's namespace; and the sidecar container alone (with the
+/// pod's security context and the volumes it mounts) in a namespace that enforces the
+/// `restricted` Pod Security profile: deploy/'s namespace admits privileged pods for the node
+/// plugin, but the sidecar itself must meet `restricted`.
 pub async fn dry_run_pod(client: &Client, deployment: &Value) {
     let namespace = deployment["metadata"]["namespace"]
         .as_str()
         .unwrap_or_default();
+    let spec = &deployment["spec"]["template"]["spec"];
+    dry_run_pod_in(client, namespace, spec.clone(), "a pod of deploy/").await;
+    let Some(sidecar) = spec["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == "csi-provisioner"))
+    else {
+        return;
+    };
+    let mounted: Vec<&Value> = sidecar["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| &m["name"])
+        .collect();
+    let mut alone = spec.clone();
+    alone["containers"] = Value::Array(vec![sidecar.clone()]);
+    alone["volumes"] = Value::Array(
+        spec["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|v| mounted.contains(&&v["name"]))
+            .cloned()
+            .collect(),
+    );
+    let restricted = restricted_namespace(client).await;
+    dry_run_pod_in(
+        client,
+        &restricted,
+        alone,
+        "the sidecar container of deploy/ under the restricted Pod Security profile",
+    )
+    .await;
+}
+
+async fn dry_run_pod_in(client: &Client, namespace: &str, spec: Value, what: &str) {
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "pod-security-check", "namespace": namespace},
-        "spec": deployment["spec"]["template"]["spec"],
+        "spec": spec,
     }))
     .expect("the workload's template is a pod spec");
     let dry_run = PostParams {
@@ -208,8 +247,27 @@ pub async fn dry_run_pod(client: &Client, deployment: &Value) {
         .create(&dry_run, &pod)
         .await
     {
-        panic!("a pod of deploy/ is not admitted: {e}");
+        panic!("{what} is not admitted: {e}");
     }
+}
+
+/// A namespace enforcing `restricted`, shared by the tests of a control plane.
+async fn restricted_namespace(client: &Client) -> String {
+    const NAME: &str = "pod-security-restricted";
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": NAME,
+            "labels": {"pod-security.kubernetes.io/enforce": "restricted"},
+        },
+    }))
+    .expect("namespace");
+    match namespaces.create(&PostParams::default(), &namespace).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("creating the namespace {NAME}: {e}"),
+    }
+    NAME.to_owned()
 }
 
 pub async fn wait_established(client: &Client, name: &str) {

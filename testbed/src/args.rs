@@ -17,6 +17,17 @@ namespace-controller,\
 garbage-collector-controller,\
 persistentvolume-expander-controller";
 
+/// What a real node adds (`StartOptions::node`): the `default` ServiceAccount and the
+/// `kube-root-ca.crt` ConfigMap of every namespace (pods mount both with their token), the
+/// workload controllers that turn deploy/'s Deployment and DaemonSet into pods, and the node
+/// lifecycle controller, which lifts the `not-ready` taint once the kubelet reports Ready.
+pub const NODE_CONTROLLERS: &str = "serviceaccount-controller,\
+root-ca-certificate-publisher-controller,\
+deployment-controller,\
+replicaset-controller,\
+daemonset-controller,\
+node-lifecycle-controller";
+
 /// Client rate limits of the controller manager and the scheduler: the defaults (20/30 and 50/100)
 /// would make the binder, or the scheduler's claim updates and pod bindings, the bottleneck of
 /// the benchmarks.
@@ -44,22 +55,21 @@ pub struct ApiServer<'a> {
     pub port: u16,
     pub cert_dir: &'a Path,
     pub pki: &'a PkiFiles,
+    /// A real node runs: serve where its pods reach the `kubernetes` Service, authorize the
+    /// kubelet as a production cluster does, and mount ServiceAccount tokens in pods.
+    pub node: bool,
 }
 
 pub fn apiserver(a: &ApiServer<'_>) -> Vec<String> {
     let port = a.port;
-    vec![
+    let mut args = vec![
         format!("--etcd-servers=http://127.0.0.1:{}", a.etcd_port),
         format!("--cert-dir={}", a.cert_dir.display()),
         format!("--tls-cert-file={}", a.pki.serving_cert.display()),
         format!("--tls-private-key-file={}", a.pki.serving_key.display()),
         format!("--secure-port={port}"),
-        "--bind-address=127.0.0.1".to_owned(),
         "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
         "--allow-privileged=true".to_owned(),
-        "--authorization-mode=RBAC".to_owned(),
-        // No controller creates the `default` ServiceAccount here, so pods would be refused.
-        "--disable-admission-plugins=ServiceAccount".to_owned(),
         format!("--client-ca-file={}", a.pki.client_ca.display()),
         format!("--service-account-issuer=https://127.0.0.1:{port}/"),
         format!(
@@ -74,7 +84,34 @@ pub fn apiserver(a: &ApiServer<'_>) -> Vec<String> {
         "--endpoint-reconciler-type=none".to_owned(),
         // Otherwise benchmarks of non-exempt identities measure API Priority and Fairness.
         "--enable-priority-and-fairness=false".to_owned(),
-    ]
+    ];
+    if a.node {
+        let service_ip = crate::node::SERVICE_IP;
+        args.extend([
+            // The first address of the service range, which the kubelet gives pods as
+            // KUBERNETES_SERVICE_HOST (port 443); the testbed puts it on loopback, so pods on the
+            // node's bridge reach the apiserver there without a kube-proxy.
+            format!("--bind-address={service_ip}"),
+            format!("--advertise-address={service_ip}"),
+            "--authorization-mode=Node,RBAC".to_owned(),
+            "--enable-admission-plugins=NodeRestriction".to_owned(),
+            // Logs of pods (and `kubectl exec`) go through the kubelet, as the admin.
+            format!(
+                "--kubelet-client-certificate={}",
+                a.pki.admin_cert.display()
+            ),
+            format!("--kubelet-client-key={}", a.pki.admin_key.display()),
+            "--kubelet-preferred-address-types=InternalIP".to_owned(),
+        ]);
+    } else {
+        args.extend([
+            "--bind-address=127.0.0.1".to_owned(),
+            "--authorization-mode=RBAC".to_owned(),
+            // No controller creates the `default` ServiceAccount here, so pods would be refused.
+            "--disable-admission-plugins=ServiceAccount".to_owned(),
+        ]);
+    }
+    args
 }
 
 pub struct ControllerManager<'a> {
@@ -82,12 +119,19 @@ pub struct ControllerManager<'a> {
     pub port: u16,
     pub cert_dir: &'a Path,
     pub pki: &'a PkiFiles,
+    /// A real node runs: also [`NODE_CONTROLLERS`].
+    pub node: bool,
 }
 
 pub fn controller_manager(a: &ControllerManager<'_>) -> Vec<String> {
-    vec![
+    let controllers = if a.node {
+        format!("{CONTROLLERS},{NODE_CONTROLLERS}")
+    } else {
+        CONTROLLERS.to_owned()
+    };
+    let mut args = vec![
         format!("--kubeconfig={}", a.kubeconfig.display()),
-        format!("--controllers={CONTROLLERS}"),
+        format!("--controllers={controllers}"),
         "--leader-elect=false".to_owned(),
         "--use-service-account-credentials=false".to_owned(),
         // Served so that start-up can wait on /healthz and the benchmarks can read the client
@@ -100,7 +144,12 @@ pub fn controller_manager(a: &ControllerManager<'_>) -> Vec<String> {
         format!("--tls-private-key-file={}", a.pki.serving_key.display()),
         format!("--kube-api-qps={CLIENT_QPS}"),
         format!("--kube-api-burst={CLIENT_BURST}"),
-    ]
+    ];
+    if a.node {
+        // What the root-CA publisher puts in every namespace's `kube-root-ca.crt`.
+        args.push(format!("--root-ca-file={}", a.pki.serving_ca.display()));
+    }
+    args
 }
 
 pub struct Scheduler<'a> {
@@ -202,6 +251,8 @@ mod tests {
             client_ca: p("client-ca"),
             admin_cert: p("admin.crt"),
             admin_key: p("admin.key"),
+            node_cert: p("node.crt"),
+            node_key: p("node.key"),
             service_account_public: p("sa.pub"),
             service_account_private: p("sa.key"),
         }
@@ -224,6 +275,7 @@ mod tests {
             port: 6443,
             cert_dir: Path::new("/run/certs"),
             pki: &pki,
+            node: false,
         });
         assert!(args.contains(&"--secure-port=6443".to_owned()));
         assert!(args.contains(&"--service-account-issuer=https://127.0.0.1:6443/".to_owned()));
@@ -239,6 +291,7 @@ mod tests {
             port: 10257,
             cert_dir: Path::new("/run/kcm"),
             pki: &pki,
+            node: false,
         });
         let controllers = args
             .iter()

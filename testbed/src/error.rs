@@ -16,6 +16,10 @@ pub enum Component {
     SnapshotController,
     /// One per CSI driver (crate::snapshots).
     CsiSnapshotter,
+    /// The container runtime of a real node (crate::node).
+    Containerd,
+    /// The kubelet of a real node (crate::node).
+    Kubelet,
 }
 
 impl Component {
@@ -28,6 +32,8 @@ impl Component {
             Component::Scheduler => "kube-scheduler",
             Component::SnapshotController => "snapshot-controller",
             Component::CsiSnapshotter => "csi-snapshotter",
+            Component::Containerd => "containerd",
+            Component::Kubelet => "kubelet",
         }
     }
 }
@@ -60,6 +66,9 @@ pub enum Error {
 
     #[error("choosing free loopback ports: {0}")]
     FreePorts(#[source] std::io::Error),
+
+    #[error("a real node cannot run here: {0}")]
+    NodeUnavailable(String),
 
     #[error("starting the process supervisor: {0}")]
     Supervisor(String),

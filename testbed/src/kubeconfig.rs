@@ -13,6 +13,15 @@ const NAME: &str = "csi-testbed";
 
 /// Pure: the kubeconfig text for the admin user against `server`.
 pub fn render(server: &str, pki: &PkiFiles) -> String {
+    render_user(server, pki, "admin", &pki.admin_cert, &pki.admin_key)
+}
+
+/// Pure: the kubelet's kubeconfig (its `system:node:` identity) against `server`.
+pub fn render_node(server: &str, pki: &PkiFiles) -> String {
+    render_user(server, pki, "node", &pki.node_cert, &pki.node_key)
+}
+
+fn render_user(server: &str, pki: &PkiFiles, user: &str, cert: &Path, key: &Path) -> String {
     let doc = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Config",
@@ -24,15 +33,15 @@ pub fn render(server: &str, pki: &PkiFiles) -> String {
             },
         }],
         "users": [{
-            "name": "admin",
+            "name": user,
             "user": {
-                "client-certificate": pki.admin_cert,
-                "client-key": pki.admin_key,
+                "client-certificate": cert,
+                "client-key": key,
             },
         }],
         "contexts": [{
             "name": NAME,
-            "context": { "cluster": NAME, "user": "admin", "namespace": "default" },
+            "context": { "cluster": NAME, "user": user, "namespace": "default" },
         }],
         "current-context": NAME,
     });
@@ -65,6 +74,8 @@ mod tests {
             client_ca: p("client-ca.crt"),
             admin_cert: p("admin.crt"),
             admin_key: p("admin.key"),
+            node_cert: p("node.crt"),
+            node_key: p("node.key"),
             service_account_public: p("sa.pub"),
             service_account_private: p("sa.key"),
         };

@@ -18,6 +18,7 @@ mod binaries;
 pub mod chaos;
 mod error;
 mod kubeconfig;
+pub mod node;
 pub mod nodes;
 mod pki;
 mod ports;
@@ -56,8 +57,10 @@ const FAILURE_LOG_LINES: usize = 30;
 /// A running control plane. Dropping it stops all processes (SIGTERM, then SIGKILL) and removes
 /// its temporary directory unless `CSI_TESTBED_KEEP=1`.
 pub struct ControlPlane {
-    // Held only for its `Drop`. Field order is teardown order: the processes die before their
+    // Held only for their `Drop`. Field order is teardown order: the node's pods, kubelet and
+    // runtime stop while the apiserver still answers, and the processes die before their
     // directory is removed.
+    node: Option<node::Node>,
     _supervisor: Supervisor,
     workdir: tempfile::TempDir,
     keep: bool,
@@ -67,6 +70,7 @@ pub struct ControlPlane {
     scheduler_url: Option<String>,
     logs: Vec<(Component, PathBuf)>,
     startup: Duration,
+    bin_dir: PathBuf,
 }
 
 /// What [`ControlPlane::start_with`] starts beyond etcd, kube-apiserver and
@@ -80,6 +84,11 @@ pub struct StartOptions<'a> {
     /// plugin writes `volume.kubernetes.io/selected-node`). It schedules onto Node objects that
     /// tests create; no kubelet runs.
     pub scheduler: bool,
+    /// Also run a real node ([`node`]: containerd and a kubelet registered as
+    /// [`node::NODE_NAME`]), with these `docker-archive` images imported into its runtime.
+    /// Implies the scheduler. The apiserver then serves on [`node::SERVICE_IP`] port
+    /// [`node::APISERVER_PORT`], with ServiceAccount tokens and the Node authorizer.
+    pub node: Option<&'a [PathBuf]>,
 }
 
 impl ControlPlane {
@@ -96,6 +105,7 @@ impl ControlPlane {
         Self::start_with(StartOptions {
             apiserver_flags,
             scheduler: false,
+            node: None,
         })
         .await
     }
@@ -106,8 +116,23 @@ impl ControlPlane {
         let StartOptions {
             apiserver_flags,
             scheduler,
+            node: node_images,
         } = options;
+        let with_node = node_images.is_some();
+        let scheduler = scheduler || with_node;
         let started = Instant::now();
+        // Before the apiserver, which listens on the address this puts on loopback.
+        let host = if with_node {
+            Some(
+                tokio::task::spawn_blocking(node::Host::prepare)
+                    .await
+                    .map_err(|e| {
+                        Error::NodeUnavailable(format!("preparing the host failed: {e}"))
+                    })??,
+            )
+        } else {
+            None
+        };
         let binaries = tokio::task::spawn_blocking(move || binaries::locate(scheduler))
             .await
             .map_err(|e| Error::LocateBinaries(format!("locating task failed: {e}")))??;
@@ -149,12 +174,36 @@ impl ControlPlane {
             })
             .await?[0];
 
-        let apiserver_port = run
-            .launch(Component::ApiServer, 1, APISERVER_READY_TIMEOUT, |ports| {
-                apiserver_attempt(&layout, &pki_files, etcd_port, ports[0], apiserver_flags)
+        let apiserver_url = if with_node {
+            // A fixed address and port: the ones pods are told.
+            let url = format!("https://{}:{}", node::SERVICE_IP, node::APISERVER_PORT);
+            run.launch(Component::ApiServer, 0, APISERVER_READY_TIMEOUT, |_| {
+                apiserver_attempt(
+                    &layout,
+                    &pki_files,
+                    etcd_port,
+                    (url.clone(), node::APISERVER_PORT),
+                    apiserver_flags,
+                    true,
+                )
             })
-            .await?[0];
-        let apiserver_url = https_url(apiserver_port);
+            .await?;
+            url
+        } else {
+            let port = run
+                .launch(Component::ApiServer, 1, APISERVER_READY_TIMEOUT, |ports| {
+                    apiserver_attempt(
+                        &layout,
+                        &pki_files,
+                        etcd_port,
+                        (https_url(ports[0]), ports[0]),
+                        apiserver_flags,
+                        false,
+                    )
+                })
+                .await?[0];
+            https_url(port)
+        };
 
         let kubeconfig = layout.kubeconfig();
         let controller_manager_port = run
@@ -168,6 +217,7 @@ impl ControlPlane {
                         port: ports[0],
                         cert_dir: &layout.controller_manager_certs(),
                         pki: &pki_files,
+                        node: with_node,
                     });
                     let probe =
                         health_client(ports[0], pki.serving_ca_der()).map(|client| Probe::Https {
@@ -202,6 +252,22 @@ impl ControlPlane {
             None
         };
 
+        let node = match (host, node_images) {
+            (Some(host), Some(images)) => Some(
+                node::Node::start(node::NodeStart {
+                    host,
+                    run_dir: &layout.root,
+                    logs_dir: &layout.logs(),
+                    apiserver_url: &apiserver_url,
+                    pki: &pki_files,
+                    images,
+                    admin: kube::Client::try_from(kubeconfig::config(&kubeconfig).await?)?,
+                })
+                .await?,
+            ),
+            _ => None,
+        };
+
         let startup = started.elapsed();
         eprintln!(
             "[testbed] control plane ready in {:.1}s: {apiserver_url}, KUBECONFIG={}",
@@ -216,8 +282,10 @@ impl ControlPlane {
         .into_iter()
         .chain(scheduler.then_some(Component::Scheduler))
         .map(|c| (c, layout.log(c)))
+        .chain(node.iter().flat_map(|n| n.log_paths().iter().cloned()))
         .collect();
         Ok(ControlPlane {
+            node,
             _supervisor: supervisor,
             workdir,
             keep,
@@ -227,6 +295,7 @@ impl ControlPlane {
             scheduler_url: scheduler_port.map(https_url),
             logs,
             startup,
+            bin_dir: binaries.dir().to_owned(),
         })
     }
 
@@ -255,6 +324,16 @@ impl ControlPlane {
     /// `/readyz` answer without credentials), if it was started.
     pub fn scheduler_url(&self) -> Option<&str> {
         self.scheduler_url.as_deref()
+    }
+
+    /// The kubectl built with the control plane (for `kubectl apply -k`, as users deploy).
+    pub fn kubectl(&self) -> PathBuf {
+        self.bin_dir.join("kubectl")
+    }
+
+    /// The real node, if one was asked for ([`StartOptions::node`]).
+    pub fn node(&self) -> Option<&node::Node> {
+        self.node.as_ref()
     }
 
     /// Log file of each component (its stdout and stderr).
@@ -304,23 +383,25 @@ fn keep_requested() -> bool {
     std::env::var(KEEP_ENV).is_ok_and(|v| v == "1")
 }
 
-/// Writes the kubeconfig for this attempt's port; the probe is an admin client built from it.
+/// Writes the kubeconfig for this attempt's URL; the probe is an admin client built from it.
 async fn apiserver_attempt(
     layout: &Layout,
     pki: &PkiFiles,
     etcd_port: u16,
-    port: u16,
+    (url, port): (String, u16),
     extra_flags: &[&str],
+    node: bool,
 ) -> Result<(Vec<String>, Probe), Error> {
     let mut args = args::apiserver(&args::ApiServer {
         etcd_port,
         port,
         cert_dir: &layout.apiserver_certs(),
         pki,
+        node,
     });
     args.extend(extra_flags.iter().map(|flag| (*flag).to_owned()));
     let path = layout.kubeconfig();
-    pki::write_file(&path, &kubeconfig::render(&https_url(port), pki))?;
+    pki::write_file(&path, &kubeconfig::render(&url, pki))?;
     let mut config = kubeconfig::config(&path).await?;
     // The poll loop retries (and watches the process meanwhile); the client must not.
     config.default_retry = false;

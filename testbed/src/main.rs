@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use csi_testbed::ControlPlane;
+use csi_testbed::{ControlPlane, StartOptions};
 
 mod bench;
 
@@ -21,23 +21,63 @@ enum Command {
     /// Start etcd, kube-apiserver and kube-controller-manager, print the KUBECONFIG, and run until
     /// Ctrl-C or SIGTERM; then stop everything and remove the run's directory
     /// (kept with CSI_TESTBED_KEEP=1).
-    Up,
+    Up(UpArgs),
     /// Benchmark our sidecar against upstream external-provisioner v6.3.0 and write
     /// docs/benchmarks.md (see that file for the method).
     Bench(bench::BenchArgs),
 }
 
+#[derive(clap::Args)]
+struct UpArgs {
+    /// Also run kube-scheduler.
+    #[arg(long)]
+    scheduler: bool,
+    /// Also run a real node: containerd and a kubelet (built by hack/build-node.sh), with the
+    /// images of hack/build-images.sh imported (implies --scheduler; root only, one per
+    /// machine; docs/control-plane.md "A real node").
+    #[arg(long)]
+    node: bool,
+    /// With --node: import the images listed in DIR/images.txt (`FILE NAME` a line, files
+    /// relative to DIR) instead of building them with hack/build-images.sh.
+    #[arg(long, value_name = "DIR", requires = "node")]
+    images: Option<std::path::PathBuf>,
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Up => up().await,
+        Command::Up(args) => up(args).await,
         Command::Bench(args) => bench::run(args).await,
     }
 }
 
-async fn up() -> ExitCode {
+async fn up(args: UpArgs) -> ExitCode {
+    let images = if args.node {
+        let listed = move || match args.images {
+            Some(dir) => csi_testbed::workspace::images_in(&dir),
+            None => csi_testbed::workspace::images(),
+        };
+        match tokio::task::spawn_blocking(listed).await {
+            Ok(Ok(archives)) => Some(archives),
+            Ok(Err(e)) => {
+                eprintln!("testbed: building the node's images: {e}");
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("testbed: building the node's images: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
+    let options = StartOptions {
+        apiserver_flags: &[],
+        scheduler: args.scheduler,
+        node: images.as_deref(),
+    };
     let control_plane = tokio::select! {
-        started = ControlPlane::start() => started,
+        started = ControlPlane::start_with(options) => started,
         () = shutdown_signal() => {
             // Dropping the start-up future has already stopped whatever it had started.
             eprintln!("testbed: interrupted during start-up");

@@ -24,6 +24,8 @@ pub struct Pki {
     client_ca: String,
     admin_cert: String,
     admin_key: String,
+    node_cert: String,
+    node_key: String,
     service_account_public: String,
     service_account_private: String,
 }
@@ -37,6 +39,10 @@ pub struct PkiFiles {
     pub client_ca: PathBuf,
     pub admin_cert: PathBuf,
     pub admin_key: PathBuf,
+    /// The kubelet's client identity (`system:node:<name>` in `system:nodes`, what the Node
+    /// authorizer and NodeRestriction admission expect); used only by a real node.
+    pub node_cert: PathBuf,
+    pub node_key: PathBuf,
     pub service_account_public: PathBuf,
     pub service_account_private: PathBuf,
 }
@@ -48,8 +54,16 @@ impl Pki {
 
         let serving_issuer = Issuer::from_params(&serving_ca_params, &serving_ca_key);
         let serving_key = KeyPair::generate()?;
-        let mut serving =
-            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?;
+        // In-cluster clients of a real node reach the apiserver as the `kubernetes` Service.
+        let mut serving = CertificateParams::new(vec![
+            "localhost".to_owned(),
+            "127.0.0.1".to_owned(),
+            crate::node::SERVICE_IP.to_owned(),
+            "kubernetes".to_owned(),
+            "kubernetes.default".to_owned(),
+            "kubernetes.default.svc".to_owned(),
+            "kubernetes.default.svc.cluster.local".to_owned(),
+        ])?;
         serving
             .distinguished_name
             .push(DnType::CommonName, "localhost");
@@ -68,6 +82,18 @@ impl Pki {
         admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         let admin_cert = admin.signed_by(&admin_key, &client_issuer)?;
 
+        let node_key = KeyPair::generate()?;
+        let mut node = CertificateParams::new(Vec::<String>::new())?;
+        node.distinguished_name.push(
+            DnType::CommonName,
+            format!("system:node:{}", crate::node::NODE_NAME),
+        );
+        node.distinguished_name
+            .push(DnType::OrganizationName, "system:nodes");
+        node.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        node.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let node_cert = node.signed_by(&node_key, &client_issuer)?;
+
         let service_account = KeyPair::generate()?;
 
         Ok(Pki {
@@ -78,6 +104,8 @@ impl Pki {
             client_ca: client_ca.pem(),
             admin_cert: admin_cert.pem(),
             admin_key: admin_key.serialize_pem(),
+            node_cert: node_cert.pem(),
+            node_key: node_key.serialize_pem(),
             service_account_public: service_account.public_key_pem(),
             service_account_private: service_account.serialize_pem(),
         })
@@ -100,6 +128,8 @@ impl Pki {
             client_ca: dir.join("client-ca.crt"),
             admin_cert: dir.join("admin.crt"),
             admin_key: dir.join("admin.key"),
+            node_cert: dir.join("node.crt"),
+            node_key: dir.join("node.key"),
             service_account_public: dir.join("service-account.pub"),
             service_account_private: dir.join("service-account.key"),
         };
@@ -109,6 +139,8 @@ impl Pki {
         write_file(&files.client_ca, &self.client_ca)?;
         write_file(&files.admin_cert, &self.admin_cert)?;
         write_file(&files.admin_key, &self.admin_key)?;
+        write_file(&files.node_cert, &self.node_cert)?;
+        write_file(&files.node_key, &self.node_key)?;
         write_file(&files.service_account_public, &self.service_account_public)?;
         write_file(
             &files.service_account_private,

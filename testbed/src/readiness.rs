@@ -12,6 +12,10 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 pub enum Probe {
     /// etcd's plain-HTTP `/health` on its client port.
     EtcdHealth { port: u16 },
+    /// A unix socket accepts connections (containerd's).
+    UnixSocket { path: std::path::PathBuf },
+    /// Plain-HTTP `GET path` on 127.0.0.1 answered 200 `ok` (the kubelet's healthz).
+    Http { port: u16, path: &'static str },
     /// `GET path` answered `ok` over HTTPS (kube-apiserver `/readyz`, controller manager `/healthz`).
     Https {
         client: kube::Client,
@@ -26,6 +30,15 @@ impl Probe {
             Probe::EtcdHealth { port } => tokio::time::timeout(PROBE_TIMEOUT, etcd_health(*port))
                 .await
                 .map_err(|_| format!("no answer within {PROBE_TIMEOUT:?}"))?,
+            Probe::UnixSocket { path } => tokio::net::UnixStream::connect(path)
+                .await
+                .map(drop)
+                .map_err(|e| format!("connect {}: {e}", path.display())),
+            Probe::Http { port, path } => {
+                tokio::time::timeout(PROBE_TIMEOUT, plain_http_ok(*port, path))
+                    .await
+                    .map_err(|_| format!("no answer within {PROBE_TIMEOUT:?}"))?
+            }
             Probe::Https { client, path } => {
                 let request = http::Request::get(*path)
                     .body(Vec::new())
@@ -45,11 +58,32 @@ impl Probe {
 }
 
 async fn etcd_health(port: u16) -> Result<(), String> {
+    etcd_healthy(&http_get(port, "/health").await?)
+}
+
+async fn plain_http_ok(port: u16, path: &str) -> Result<(), String> {
+    let response = http_get(port, path).await?;
+    let status_ok = response
+        .lines()
+        .next()
+        .is_some_and(|status| status.split_whitespace().nth(1) == Some("200"));
+    if status_ok && response.split("\r\n\r\n").nth(1).map(str::trim) == Some("ok") {
+        Ok(())
+    } else {
+        Err(format!(
+            "{path} answered {:?}",
+            response.chars().take(200).collect::<String>()
+        ))
+    }
+}
+
+/// A raw HTTP/1.0 `GET path` on 127.0.0.1:port; the whole response.
+async fn http_get(port: u16, path: &str) -> Result<String, String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))
         .await
         .map_err(|e| format!("connect: {e}"))?;
     stream
-        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await
         .map_err(|e| format!("send: {e}"))?;
     let mut response = Vec::new();
@@ -57,7 +91,7 @@ async fn etcd_health(port: u16) -> Result<(), String> {
         .read_to_end(&mut response)
         .await
         .map_err(|e| format!("receive: {e}"))?;
-    etcd_healthy(&String::from_utf8_lossy(&response))
+    Ok(String::from_utf8_lossy(&response).into_owned())
 }
 
 /// Pure: judges a raw HTTP/1.0 response of etcd's `/health`.

@@ -135,6 +135,29 @@ pub fn snapshotter() -> Result<PathBuf, ScriptError> {
     run_build_script("build-snapshotter.sh")
 }
 
+/// The images a real node's pods use ([`crate::node`]), as `docker-archive` tarballs: the
+/// sidecar's and the reference driver's images built from the Dockerfile, and the pause and
+/// busybox images, all built here by `hack/build-images.sh` (no registry is reachable) and
+/// cached outside the work tree. Its output directory lists them in `images.txt`
+/// (`FILE NAME` a line).
+pub fn images() -> Result<Vec<PathBuf>, ScriptError> {
+    images_in(&run_build_script("build-images.sh")?)
+}
+
+/// The tarballs a directory's `images.txt` lists (see [`images`]).
+pub fn images_in(dir: &Path) -> Result<Vec<PathBuf>, ScriptError> {
+    let listing = dir.join("images.txt");
+    let text = std::fs::read_to_string(&listing).map_err(|source| ScriptError::Spawn {
+        script: listing.display().to_string(),
+        source,
+    })?;
+    Ok(text
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .map(|file| dir.join(file))
+        .collect())
+}
+
 /// Runs a build script of hack/, forwarding its progress (stderr); its last stdout line is what
 /// it built: the directory holding the binaries, or the one binary (it returns at once when they
 /// are cached).

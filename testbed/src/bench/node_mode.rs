@@ -105,6 +105,7 @@ pub async fn node_mode(
     let cp = ControlPlane::start_with(StartOptions {
         apiserver_flags: &[],
         scheduler: true,
+        node: None,
     })
     .await
     .map_err(|e| BenchError::Step {

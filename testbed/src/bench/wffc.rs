@@ -65,6 +65,7 @@ pub async fn wait_for_first_consumer(
     let cp = ControlPlane::start_with(StartOptions {
         apiserver_flags: &[],
         scheduler: true,
+        node: None,
     })
     .await
     .map_err(|e| BenchError::Step {

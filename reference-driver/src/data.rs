@@ -1,0 +1,249 @@
+//! The data of each volume on disk, under `<state-dir>/volumes/`: a directory `<id>/` for a
+//! mount volume, a sparse file `<id>.block` of the volume's capacity for a block volume.
+//!
+//! Ordering against the records in `state.json` (all of it happens under the state lock):
+//! - CreateVolume makes the data (in a hidden temporary name, fsync-ed, renamed into place, the
+//!   directory fsync-ed) *before* the record is saved, so a record never names missing data.
+//! - DeleteVolume saves the record's removal *before* removing the data.
+//!
+//! A crash can therefore leave data without a record, never the reverse. [`VolumeData::sweep`]
+//! runs at start-up and removes such data (and leftover temporary names), and makes empty data
+//! for records that have none (state files of releases that kept no data).
+
+use std::collections::BTreeSet;
+use std::fs::{self, File};
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use super::state::{AccessKind, State, VolumeRecord};
+
+/// The directory under the state directory that holds the volumes' data.
+pub const VOLUMES_DIR: &str = "volumes";
+const BLOCK_SUFFIX: &str = ".block";
+
+/// The data of every volume, under one directory.
+#[derive(Clone, Debug)]
+pub struct VolumeData {
+    dir: PathBuf,
+}
+
+/// A volume id as a file name: kept as it is when it only has letters, digits, `-`, `_` and
+/// `.` (and does not start with `.`), as `vol-<uuid>` ids do; otherwise every other byte is
+/// written `%XX` (ids from `--volume-id-prefix` may hold `/`).
+pub fn file_name(id: &str) -> String {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    let mut name = String::with_capacity(id.len());
+    for (i, b) in id.bytes().enumerate() {
+        if plain(b) && !(i == 0 && b == b'.') {
+            name.push(char::from(b));
+        } else {
+            name.push_str(&format!("%{b:02X}"));
+        }
+    }
+    name
+}
+
+impl VolumeData {
+    pub fn new(state_dir: &Path) -> Self {
+        Self {
+            dir: state_dir.join(VOLUMES_DIR),
+        }
+    }
+
+    /// Where the data of volume `id` with `access` lives.
+    pub fn path(&self, id: &str, access: AccessKind) -> PathBuf {
+        match access {
+            AccessKind::Mount => self.dir.join(file_name(id)),
+            AccessKind::Block => self.dir.join(format!("{}{BLOCK_SUFFIX}", file_name(id))),
+        }
+    }
+
+    /// Makes fresh data for `volume`: empty, or a copy of `source` (the data of the volume it
+    /// clones, with the same access). Whatever was at the path before (a leftover) is replaced.
+    /// Durable when this returns.
+    pub fn create(&self, volume: &VolumeRecord, source: Option<&Path>) -> io::Result<()> {
+        fs::create_dir_all(&self.dir)?;
+        let path = self.path(&volume.id, volume.access);
+        let tmp = self.dir.join(format!(
+            ".{}.tmp",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        remove_any(&tmp)?;
+        let size = u64::try_from(volume.capacity_bytes).unwrap_or(0);
+        let made = match volume.access {
+            AccessKind::Mount => make_dir(&tmp, source),
+            AccessKind::Block => make_block(&tmp, source, size),
+        };
+        if let Err(e) = made {
+            let _ = remove_any(&tmp);
+            return Err(e);
+        }
+        remove_any(&path)?;
+        fs::rename(&tmp, &path)?;
+        File::open(&self.dir)?.sync_all()
+    }
+
+    /// Removes the data of a volume; nothing there is fine.
+    pub fn remove(&self, id: &str, access: AccessKind) -> io::Result<()> {
+        remove_any(&self.path(id, access))
+    }
+
+    /// Start-up reconciliation with the records: removes every entry no record names (data of a
+    /// volume whose CreateVolume or DeleteVolume was cut short, temporary names), and makes empty
+    /// data for records without any. Returns (removed, created).
+    pub fn sweep(&self, state: &State) -> io::Result<(Vec<PathBuf>, Vec<String>)> {
+        fs::create_dir_all(&self.dir)?;
+        let expected: BTreeSet<PathBuf> = state
+            .volumes
+            .values()
+            .map(|v| self.path(&v.id, v.access))
+            .collect();
+        let mut removed = Vec::new();
+        for entry in fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            if !expected.contains(&path) {
+                remove_any(&path)?;
+                removed.push(path);
+            }
+        }
+        let mut created = Vec::new();
+        for volume in state.volumes.values() {
+            if fs::symlink_metadata(self.path(&volume.id, volume.access)).is_err() {
+                self.create(volume, None)?;
+                created.push(volume.id.clone());
+            }
+        }
+        Ok((removed, created))
+    }
+}
+
+/// A directory every pod user may write to (the kubelet applies no fsGroup to these volumes).
+fn make_dir(path: &Path, source: Option<&Path>) -> io::Result<()> {
+    fs::create_dir(path)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o777))?;
+    if let Some(source) = source {
+        copy_tree(source, path)?;
+    }
+    File::open(path)?.sync_all()
+}
+
+/// A sparse file of `size` bytes (a copy of `source` first, when cloning).
+fn make_block(path: &Path, source: Option<&Path>, size: u64) -> io::Result<()> {
+    if let Some(source) = source {
+        fs::copy(source, path)?;
+    }
+    let file = File::options()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    file.set_len(size)?;
+    file.sync_all()
+}
+
+/// Copies directories, regular files and symlinks; other kinds (sockets, fifos) are skipped.
+fn copy_tree(from: &Path, to: &Path) -> io::Result<()> {
+    for entry in fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            fs::create_dir(&target)?;
+            fs::set_permissions(&target, entry.metadata()?.permissions())?;
+            copy_tree(&entry.path(), &target)?;
+        } else if kind.is_file() {
+            fs::copy(entry.path(), &target)?;
+        } else if kind.is_symlink() {
+            std::os::unix::fs::symlink(fs::read_link(entry.path())?, &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes a file or a whole directory tree; nothing there is fine.
+fn remove_any(path: &Path) -> io::Result<()> {
+    let removed = match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+        Err(e) => Err(e),
+    };
+    match removed {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    fn volume(id: &str, access: AccessKind, size: i64) -> VolumeRecord {
+        VolumeRecord {
+            id: id.into(),
+            name: id.into(),
+            capacity_bytes: size,
+            access,
+            parameters: BTreeMap::new(),
+            mutable_parameters: BTreeMap::new(),
+            source: None,
+            topology: BTreeMap::new(),
+            publications: BTreeMap::new(),
+            stagings: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn ids_become_safe_file_names() {
+        assert_eq!(file_name("vol-0a1b_c.d"), "vol-0a1b_c.d");
+        assert_eq!(
+            file_name("projects/p/disks/pvc-1"),
+            "projects%2Fp%2Fdisks%2Fpvc-1"
+        );
+        assert_eq!(file_name(".."), "%2E.");
+        assert_eq!(file_name("a%b"), "a%25b");
+    }
+
+    #[test]
+    fn creates_clones_removes_and_sweeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = VolumeData::new(dir.path());
+        let mount = volume("vol-m", AccessKind::Mount, 1 << 20);
+        let block = volume("vol-b", AccessKind::Block, 1 << 40);
+        data.create(&mount, None).unwrap();
+        data.create(&block, None).unwrap();
+        let block_path = data.path("vol-b", AccessKind::Block);
+        assert_eq!(block_path, dir.path().join("volumes/vol-b.block"));
+        let meta = fs::metadata(&block_path).unwrap();
+        assert_eq!(meta.len(), 1 << 40);
+        assert!(meta.blocks() < 1024, "the block file is sparse");
+        let mount_path = data.path("vol-m", AccessKind::Mount);
+        assert!(mount_path.is_dir());
+        fs::create_dir(mount_path.join("sub")).unwrap();
+        fs::write(mount_path.join("sub/f"), b"hello").unwrap();
+
+        let clone = volume("vol-c", AccessKind::Mount, 1 << 20);
+        data.create(&clone, Some(&mount_path)).unwrap();
+        let clone_path = data.path("vol-c", AccessKind::Mount);
+        assert_eq!(fs::read(clone_path.join("sub/f")).unwrap(), b"hello");
+
+        // A record for vol-m and a new one without data; vol-b and vol-c have none.
+        let mut state = State::default();
+        state.volumes.insert("vol-m".into(), mount.clone());
+        let old = volume("vol-old", AccessKind::Block, 4096);
+        state.volumes.insert("vol-old".into(), old);
+        fs::write(dir.path().join("volumes/.vol-x.tmp"), b"").unwrap();
+        let (removed, created) = data.sweep(&state).unwrap();
+        assert_eq!(removed.len(), 3, "{removed:?}");
+        assert_eq!(created, ["vol-old"]);
+        assert!(!block_path.exists() && !clone_path.exists());
+        assert_eq!(fs::read(mount_path.join("sub/f")).unwrap(), b"hello");
+
+        data.remove("vol-m", AccessKind::Mount).unwrap();
+        data.remove("vol-m", AccessKind::Mount).unwrap();
+        assert!(!mount_path.exists());
+    }
+}

@@ -1,0 +1,875 @@
+//! A real node beside the control plane (`StartOptions::node`, `testbed up --node`): containerd
+//! 2.x with Debian's runc and a CNI bridge, and a kubelet registered as [`NODE_NAME`], so pods
+//! run as on a production node. docs/control-plane.md ("A real node") says what differs.
+//!
+//! The node is machine-wide, as a kubelet is: it uses `/var/lib/kubelet` (deploy/'s DaemonSet
+//! names that path), a bridge, an address on loopback and the kubelet's ports. So one node runs
+//! per machine at a time ([`Host::prepare`] takes a lock), and every start first removes what a
+//! killed earlier run left behind (containers, mounts, directories, the bridge).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node as NodeObject;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::error::{Component, Error};
+use crate::process::{self, Supervisor};
+use crate::readiness::Probe;
+
+/// The Node's name (and the kubelet's `--hostname-override`).
+pub const NODE_NAME: &str = "csi-testbed-node";
+/// The `kubernetes` Service's ClusterIP (first address of `--service-cluster-ip-range`), which
+/// the kubelet gives pods as `KUBERNETES_SERVICE_HOST`. The testbed puts it on loopback and the
+/// apiserver listens on it, port [`APISERVER_PORT`]: pods on the bridge reach it through the
+/// host without a kube-proxy. It is also the node's InternalIP.
+pub const SERVICE_IP: &str = "10.0.0.1";
+/// The `kubernetes` Service's port, which pods are told (`KUBERNETES_SERVICE_PORT`).
+pub const APISERVER_PORT: u16 = 443;
+/// The kubelet's root directory: the path deploy/'s node DaemonSet mounts.
+pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
+/// containerd's root (images, snapshots), wiped at every start.
+const STATE_ROOT: &str = "/var/lib/csi-testbed-node";
+/// Sockets, containerd's state, the CNI configuration and IPAM leases, the kubelet's
+/// configuration. Every node process has this path on its command line, which is how a later
+/// start finds what a killed run left.
+const RUN_ROOT: &str = "/run/csi-testbed-node";
+/// Outside [`RUN_ROOT`], which start-up wipes while holding it.
+const LOCK_FILE: &str = "/run/csi-testbed-node.lock";
+const BRIDGE: &str = "csitb0";
+const POD_SUBNET: &str = "10.88.0.0/16";
+const KUBELET_HEALTHZ_PORT: u16 = 10248;
+const CNI_BIN_DIR: &str = "/usr/lib/cni";
+/// Where the kubelet puts pods (cgroupfs driver): the `pids` hierarchy on cgroup v1, the
+/// unified one on v2.
+const POD_CGROUPS: [&str; 2] = ["/sys/fs/cgroup/pids/kubepods", "/sys/fs/cgroup/kubepods"];
+
+const CONTAINERD_READY_TIMEOUT: Duration = Duration::from_secs(30);
+const KUBELET_READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// From the kubelet's first answer to a Ready Node without the `not-ready` taint: the node
+/// lifecycle controller lifts it within its 5 s monitor period.
+const NODE_READY_TIMEOUT: Duration = Duration::from_secs(120);
+const POLL: Duration = Duration::from_millis(250);
+const LEFTOVER_KILL_ROUNDS: u32 = 40;
+
+/// The machine's side of the node: the lock, the loopback address, the kubelet's shared root.
+/// Taken before the apiserver starts (it listens on [`SERVICE_IP`]); dropping it removes all
+/// of that again.
+pub struct Host {
+    _lock: File,
+    address_added: bool,
+}
+
+impl Host {
+    /// Checks what a node needs, takes the machine's node lock (waiting for another run's node
+    /// to end), removes a killed run's leftovers and prepares the host.
+    pub fn prepare() -> Result<Self, Error> {
+        check_prerequisites()?;
+        let lock = take_lock()?;
+        clean_slate();
+        for dir in [KUBELET_ROOT, STATE_ROOT, RUN_ROOT] {
+            std::fs::create_dir_all(dir).map_err(|source| Error::WriteFile {
+                path: dir.into(),
+                source,
+            })?;
+        }
+        // Bidirectional mount propagation (the node plugin's mounts reaching the kubelet and
+        // the pods) needs the kubelet's root to be a shared mount; `/` is private here.
+        run_host("mount", &["--bind", KUBELET_ROOT, KUBELET_ROOT])?;
+        run_host("mount", &["--make-rshared", KUBELET_ROOT])?;
+        let address_added = add_service_address()?;
+        Ok(Host {
+            _lock: lock,
+            address_added,
+        })
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        clean_slate();
+        if self.address_added {
+            let cidr = format!("{SERVICE_IP}/32");
+            if let Err(e) = run_host("ip", &["addr", "del", &cidr, "dev", "lo"]) {
+                eprintln!("[testbed] node: {e}");
+            }
+        }
+    }
+}
+
+/// The running node: containerd and the kubelet. Dropping it stops the pods' containers, then
+/// the kubelet and containerd, then cleans the host.
+pub struct Node {
+    supervisor: Supervisor,
+    ctr: PathBuf,
+    logs: Vec<(Component, PathBuf)>,
+    // Last: the host is cleaned once every process is gone.
+    _host: Host,
+}
+
+/// The node's binaries: `hack/build-node.sh`'s output directory.
+struct NodeBinaries {
+    dir: PathBuf,
+}
+
+impl NodeBinaries {
+    fn locate() -> Result<Self, Error> {
+        let dir = crate::workspace::run_build_script("build-node.sh")
+            .map_err(|e| Error::NodeUnavailable(format!("building the node binaries: {e}")))?;
+        for name in ["kubelet", "containerd", "containerd-shim-runc-v2", "ctr"] {
+            if !dir.join(name).is_file() {
+                return Err(Error::NodeUnavailable(format!(
+                    "{} has no {name}",
+                    dir.display()
+                )));
+            }
+        }
+        Ok(NodeBinaries { dir })
+    }
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+/// What [`Node::start`] needs from the control plane.
+pub struct NodeStart<'a> {
+    pub host: Host,
+    /// The run directory (logs, the kubelet's kubeconfig and certificates).
+    pub run_dir: &'a Path,
+    pub logs_dir: &'a Path,
+    pub apiserver_url: &'a str,
+    pub pki: &'a crate::pki::PkiFiles,
+    /// `docker-archive` tarballs imported into containerd before the kubelet starts (no
+    /// registry is reachable: every image a pod uses, the pause image included).
+    pub images: &'a [PathBuf],
+    pub admin: kube::Client,
+}
+
+impl Node {
+    pub async fn start(start: NodeStart<'_>) -> Result<Self, Error> {
+        let NodeStart {
+            host,
+            run_dir,
+            logs_dir,
+            apiserver_url,
+            pki,
+            images,
+            admin,
+        } = start;
+        let binaries = tokio::task::spawn_blocking(NodeBinaries::locate)
+            .await
+            .map_err(|e| Error::NodeUnavailable(format!("locating task failed: {e}")))??;
+        let runc = find_in_path("runc").ok_or_else(|| {
+            Error::NodeUnavailable("runc is not installed (apt-get install runc)".to_owned())
+        })?;
+        let cni_dir = Path::new(RUN_ROOT).join("cni");
+        let kubelet_dir = Path::new(RUN_ROOT).join("kubelet");
+        for dir in [&cni_dir, &kubelet_dir] {
+            std::fs::create_dir_all(dir).map_err(|source| Error::WriteFile {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let containerd_config = Path::new(RUN_ROOT).join("containerd.toml");
+        write(
+            &containerd_config,
+            &containerd_toml(&binaries.path("containerd-shim-runc-v2"), &runc),
+        )?;
+        write(&cni_dir.join("10-csi-testbed.conflist"), &cni_conflist())?;
+        let kubelet_config = kubelet_dir.join("config.yaml");
+        write(
+            &kubelet_config,
+            &kubelet_yaml(&containerd_socket(), &pki.client_ca),
+        )?;
+        let kubelet_kubeconfig = run_dir.join("kubelet.kubeconfig");
+        crate::pki::write_file(
+            &kubelet_kubeconfig,
+            &crate::kubeconfig::render_node(apiserver_url, pki),
+        )?;
+
+        let containerd_log = logs_dir.join("containerd.log");
+        let kubelet_log = logs_dir.join("kubelet.log");
+        // Its reaper must not remove the run directory: the control plane's does.
+        let mut node = Node {
+            supervisor: Supervisor::new(run_dir, true)?,
+            ctr: binaries.path("ctr"),
+            logs: vec![
+                (Component::Containerd, containerd_log.clone()),
+                (Component::Kubelet, kubelet_log.clone()),
+            ],
+            _host: host,
+        };
+
+        node.supervisor.spawn(
+            Component::Containerd,
+            &binaries.path("containerd"),
+            &[format!("--config={}", containerd_config.display())],
+            &containerd_log,
+        )?;
+        node.wait_ready(
+            Component::Containerd,
+            &Probe::UnixSocket {
+                path: containerd_socket(),
+            },
+            CONTAINERD_READY_TIMEOUT,
+            &containerd_log,
+        )
+        .await?;
+        for image in images {
+            node.import(image).await?;
+        }
+
+        node.supervisor.spawn(
+            Component::Kubelet,
+            &binaries.path("kubelet"),
+            &[
+                format!("--config={}", kubelet_config.display()),
+                format!("--kubeconfig={}", kubelet_kubeconfig.display()),
+                format!("--hostname-override={NODE_NAME}"),
+                format!("--node-ip={SERVICE_IP}"),
+                format!("--root-dir={KUBELET_ROOT}"),
+                format!("--cert-dir={}", kubelet_dir.join("pki").display()),
+                // Logs each pod's and volume's steps: what a failing in-cluster test needs.
+                "--v=2".to_owned(),
+            ],
+            &kubelet_log,
+        )?;
+        node.wait_ready(
+            Component::Kubelet,
+            &Probe::Http {
+                port: KUBELET_HEALTHZ_PORT,
+                path: "/healthz",
+            },
+            KUBELET_READY_TIMEOUT,
+            &kubelet_log,
+        )
+        .await?;
+        node.wait_schedulable(&admin, &kubelet_log).await?;
+        Ok(node)
+    }
+
+    /// Each node component's log (containerd, kubelet).
+    pub fn log_paths(&self) -> &[(Component, PathBuf)] {
+        &self.logs
+    }
+
+    /// containerd's socket (for `ctr --address`, e.g. to kill a container as the runtime would
+    /// see it die).
+    pub fn containerd_socket(&self) -> PathBuf {
+        containerd_socket()
+    }
+
+    /// The `ctr` binary matching the node's containerd.
+    pub fn ctr(&self) -> &Path {
+        &self.ctr
+    }
+
+    async fn import(&mut self, archive: &Path) -> Result<(), Error> {
+        let output = tokio::process::Command::new(&self.ctr)
+            .arg(format!("--address={}", containerd_socket().display()))
+            .args(["--namespace=k8s.io", "images", "import"])
+            .arg(archive)
+            .output()
+            .await
+            .map_err(|e| Error::NodeUnavailable(format!("running ctr: {e}")))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(Error::NodeUnavailable(format!(
+                "importing the image {} into containerd failed ({}): {}",
+                archive.display(),
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )))
+        }
+    }
+
+    async fn wait_ready(
+        &mut self,
+        component: Component,
+        probe: &Probe,
+        timeout: Duration,
+        log: &Path,
+    ) -> Result<(), Error> {
+        let started = Instant::now();
+        eprintln!("[testbed] starting {component} ...");
+        loop {
+            if let Some(status) = self.supervisor.exit_status(component) {
+                return Err(Error::Exited {
+                    component,
+                    status: status.to_string(),
+                    log: log.to_owned(),
+                    log_tail: process::log_tail(log, 30),
+                });
+            }
+            let last_error = match probe.check().await {
+                Ok(()) => {
+                    eprintln!(
+                        "[testbed] {component} ready in {:.1}s",
+                        started.elapsed().as_secs_f64()
+                    );
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            if started.elapsed() > timeout {
+                return Err(Error::NotReady {
+                    component,
+                    waited: started.elapsed(),
+                    last_error,
+                    log: log.to_owned(),
+                    log_tail: process::log_tail(log, 30),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Until the Node reports Ready and carries no `not-ready`/`unreachable` taint: from then
+    /// on a pod is scheduled onto it and started.
+    async fn wait_schedulable(&mut self, admin: &kube::Client, log: &Path) -> Result<(), Error> {
+        let nodes: kube::Api<NodeObject> = kube::Api::all(admin.clone());
+        let started = Instant::now();
+        loop {
+            let state = match nodes.get_opt(NODE_NAME).await {
+                Ok(Some(node)) => node_schedulable(&node),
+                Ok(None) => Err("not registered yet".to_owned()),
+                Err(e) => Err(e.to_string()),
+            };
+            match state {
+                Ok(()) => {
+                    eprintln!(
+                        "[testbed] node {NODE_NAME} Ready and schedulable in {:.1}s",
+                        started.elapsed().as_secs_f64()
+                    );
+                    return Ok(());
+                }
+                Err(last_error) if started.elapsed() > NODE_READY_TIMEOUT => {
+                    return Err(Error::NotReady {
+                        component: Component::Kubelet,
+                        waited: started.elapsed(),
+                        last_error: format!("Node {NODE_NAME}: {last_error}"),
+                        log: log.to_owned(),
+                        log_tail: process::log_tail(log, 30),
+                    });
+                }
+                Err(_) => {}
+            }
+            if let Some(status) = self.supervisor.exit_status(Component::Kubelet) {
+                return Err(Error::Exited {
+                    component: Component::Kubelet,
+                    status: status.to_string(),
+                    log: log.to_owned(),
+                    log_tail: process::log_tail(log, 30),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Kills every container of the node through containerd (the pods' processes are not in
+    /// the supervisor's process groups: the runtime's shims own them).
+    fn kill_containers(&self) {
+        let address = format!("--address={}", containerd_socket().display());
+        let listed = Command::new(&self.ctr)
+            .args([address.as_str(), "--namespace=k8s.io", "tasks", "ls", "-q"])
+            .output();
+        let Ok(listed) = listed else { return };
+        for task in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
+            let _ = Command::new(&self.ctr)
+                .args([
+                    address.as_str(),
+                    "--namespace=k8s.io",
+                    "tasks",
+                    "kill",
+                    "--signal=SIGKILL",
+                    task,
+                ])
+                .output();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        eprintln!("[testbed] stopping the node ...");
+        // The kubelet first, so it does not restart what is killed next.
+        self.supervisor.stop(Component::Kubelet);
+        self.kill_containers();
+        self.supervisor.stop(Component::Containerd);
+        // `_host` cleans up after the fields before it are dropped.
+    }
+}
+
+/// Pure: whether a Node object is Ready and free of the taints that keep pods off it.
+fn node_schedulable(node: &NodeObject) -> Result<(), String> {
+    let status = node.status.as_ref().ok_or("no status yet")?;
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready");
+    match ready {
+        Some(c) if c.status == "True" => {}
+        Some(c) => {
+            return Err(format!(
+                "Ready is {} ({})",
+                c.status,
+                c.message.as_deref().unwrap_or("")
+            ));
+        }
+        None => return Err("no Ready condition yet".to_owned()),
+    }
+    let blocking = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
+    match blocking {
+        Some(t) => Err(format!("tainted {}:{}", t.key, t.effect)),
+        None => Ok(()),
+    }
+}
+
+fn containerd_socket() -> PathBuf {
+    Path::new(RUN_ROOT).join("containerd.sock")
+}
+
+/// Pure: containerd's configuration. The CRI plugin runs pods with runc on cgroupfs (the
+/// kubelet's driver here), networks them with the CNI bridge, and keeps pod network namespaces
+/// under its state directory, so a cleanup finds them.
+fn containerd_toml(shim: &Path, runc: &Path) -> String {
+    let socket = containerd_socket();
+    format!(
+        r#"version = 3
+root = "{STATE_ROOT}/containerd"
+state = "{RUN_ROOT}/containerd"
+
+[grpc]
+  address = "{socket}"
+
+[plugins.'io.containerd.cri.v1.runtime']
+  # Raising the sandbox's oom_score_adj to the runtime's own: this VM refuses to lower it
+  # (root without CAP_SYS_RESOURCE over it), and runc fails the pod sandbox otherwise.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = ['{CNI_BIN_DIR}']
+  conf_dir = '{RUN_ROOT}/cni'
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = 'io.containerd.runc.v2'
+  runtime_path = '{shim}'
+
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  BinaryName = '{runc}'
+  SystemdCgroup = false
+"#,
+        socket = socket.display(),
+        shim = shim.display(),
+        runc = runc.display(),
+    )
+}
+
+/// Pure: the pod network, a bridge on the host with addresses from [`POD_SUBNET`]; the bridge
+/// is the pods' gateway, so their traffic to [`SERVICE_IP`] ends on the host's loopback.
+fn cni_conflist() -> String {
+    let doc = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": "csi-testbed",
+        "plugins": [{
+            "type": "bridge",
+            "bridge": BRIDGE,
+            "isGateway": true,
+            "ipMasq": false,
+            "hairpinMode": true,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": POD_SUBNET}]],
+                "routes": [{"dst": "0.0.0.0/0"}],
+                "dataDir": format!("{RUN_ROOT}/ipam"),
+            },
+        }],
+    });
+    format!("{doc:#}\n")
+}
+
+/// Pure: the kubelet's configuration.
+fn kubelet_yaml(containerd_socket: &Path, client_ca: &Path) -> String {
+    let doc = serde_json::json!({
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        // The machines mount cgroup v1; kubelet 1.35+ refuses it unless told.
+        "failCgroupV1": false,
+        "failSwapOn": false,
+        "cgroupDriver": "cgroupfs",
+        "containerRuntimeEndpoint": format!("unix://{}", containerd_socket.display()),
+        "address": SERVICE_IP,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": KUBELET_HEALTHZ_PORT,
+        // The apiserver calls the kubelet (logs, exec) as the admin, whose certificate the
+        // client CA signed; the kubelet asks the apiserver whether the caller may.
+        "authentication": {
+            "anonymous": {"enabled": false},
+            "webhook": {"enabled": true},
+            "x509": {"clientCAFile": client_ca},
+        },
+        "authorization": {"mode": "Webhook"},
+        // Images are imported, never pulled: they must never be garbage-collected.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        // A test machine's disk may be fuller than a node's: evict only when really short.
+        "evictionHard": {
+            "memory.available": "50Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+        },
+        "serializeImagePulls": false,
+    });
+    format!("{doc:#}\n")
+}
+
+fn write(path: &Path, contents: &str) -> Result<(), Error> {
+    std::fs::write(path, contents).map_err(|source| Error::WriteFile {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn check_prerequisites() -> Result<(), Error> {
+    let missing = |what: String| Err(Error::NodeUnavailable(what));
+    if !nix::unistd::geteuid().is_root() {
+        return missing(
+            "a node needs root (mounts, cgroups, network namespaces); run as root".to_owned(),
+        );
+    }
+    if !Path::new("/sys/fs/cgroup/pids").is_dir()
+        && !Path::new("/sys/fs/cgroup/cgroup.controllers").is_file()
+    {
+        return missing(
+            "no cgroup hierarchy with the pids controller under /sys/fs/cgroup".to_owned(),
+        );
+    }
+    for (program, package) in [
+        ("runc", "runc"),
+        ("ip", "iproute2"),
+        ("mount", "mount"),
+        ("umount", "mount"),
+    ] {
+        if find_in_path(program).is_none() {
+            return missing(format!(
+                "{program} is not installed (apt-get install {package})"
+            ));
+        }
+    }
+    if !Path::new(CNI_BIN_DIR).join("bridge").is_file() {
+        return missing(format!(
+            "the CNI plugins are not in {CNI_BIN_DIR} (apt-get install containernetworking-plugins)"
+        ));
+    }
+    Ok(())
+}
+
+/// Waits while another run's node holds the machine (one test binary after the other), then
+/// holds the lock for as long as the returned file lives.
+fn take_lock() -> Result<File, Error> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(LOCK_FILE)
+        .map_err(|source| Error::WriteFile {
+            path: LOCK_FILE.into(),
+            source,
+        })?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            eprintln!("[testbed] node: another run's node holds {LOCK_FILE}; waiting for it");
+            file.lock().map_err(|source| Error::WriteFile {
+                path: LOCK_FILE.into(),
+                source,
+            })?;
+        }
+        Err(std::fs::TryLockError::Error(source)) => {
+            return Err(Error::WriteFile {
+                path: LOCK_FILE.into(),
+                source,
+            });
+        }
+    }
+    Ok(file)
+}
+
+/// Best effort, and logged: kills what an earlier run left (its kubelet, containerd and shims by
+/// their command lines, the pods' processes by their cgroups), unmounts everything under the
+/// node's directories, removes them, and deletes the bridge.
+fn clean_slate() {
+    kill_matching(|cmdline| cmdline.contains(RUN_ROOT));
+    for round in 0..LEFTOVER_KILL_ROUNDS {
+        let pids = pod_processes();
+        if pids.is_empty() {
+            break;
+        }
+        if round + 1 == LEFTOVER_KILL_ROUNDS {
+            eprintln!(
+                "[testbed] node: {} pod processes survived SIGKILL",
+                pids.len()
+            );
+        }
+        for pid in pids {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for root in POD_CGROUPS {
+        remove_cgroups(Path::new(root));
+    }
+    for root in [KUBELET_ROOT, STATE_ROOT, RUN_ROOT] {
+        unmount_under(root);
+        if let Err(e) = std::fs::remove_dir_all(root)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            eprintln!("[testbed] node: cannot remove {root}: {e}");
+        }
+    }
+    if Path::new("/sys/class/net").join(BRIDGE).exists() {
+        let _ = run_host("ip", &["link", "del", BRIDGE]);
+    }
+}
+
+fn kill_matching(matches: impl Fn(&str) -> bool) {
+    let me = std::process::id();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if u32::try_from(pid).is_ok_and(|p| p == me) {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+        if matches(&cmdline) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+fn pod_processes() -> Vec<i32> {
+    let mut pids = Vec::new();
+    for root in POD_CGROUPS {
+        collect_procs(Path::new(root), &mut pids);
+    }
+    pids
+}
+
+fn collect_procs(dir: &Path, pids: &mut Vec<i32>) {
+    if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+    }
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                collect_procs(&entry.path(), pids);
+            }
+        }
+    }
+}
+
+/// Removes the pods' empty cgroups, deepest first, in every v1 hierarchy (the kubelet makes
+/// them again).
+fn remove_cgroups(pids_root: &Path) {
+    let Some(name) = pids_root.file_name() else {
+        return;
+    };
+    let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.path().join(name))
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    let roots = if hierarchies.is_empty() {
+        vec![pids_root.to_owned()]
+    } else {
+        hierarchies
+    };
+    for root in roots {
+        remove_dirs_deepest_first(&root);
+    }
+}
+
+fn remove_dirs_deepest_first(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_dirs_deepest_first(&entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+/// Unmounts every mount point at or under `root`, deepest first (`umount --lazy`: a cleanup
+/// must not wait on a busy mount).
+fn unmount_under(root: &str) {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points = mount_points_under(&mountinfo, root);
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for point in points {
+        let _ = Command::new("umount").args(["--lazy", &point]).output();
+    }
+}
+
+/// Pure: the mount points of a mountinfo text at or under `root` (octal escapes decoded).
+fn mount_points_under(mountinfo: &str, root: &str) -> Vec<String> {
+    mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(unescape_mountinfo)
+        .filter(|point| point == root || point.starts_with(&format!("{root}/")))
+        .collect()
+}
+
+fn unescape_mountinfo(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let mut rest = field;
+    while let Some(i) = rest.find('\\') {
+        out.push_str(&rest[..i]);
+        let code = rest.get(i + 1..i + 4);
+        match code.and_then(|c| u8::from_str_radix(c, 8).ok()) {
+            Some(byte) => {
+                out.push(char::from(byte));
+                rest = &rest[i + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[i + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Puts [`SERVICE_IP`] on loopback; `false` when it was already there (then it is left there).
+fn add_service_address() -> Result<bool, Error> {
+    let shown = Command::new("ip")
+        .args(["-o", "addr", "show", "dev", "lo"])
+        .output()
+        .map_err(|e| Error::NodeUnavailable(format!("running ip: {e}")))?;
+    if String::from_utf8_lossy(&shown.stdout).contains(&format!(" {SERVICE_IP}/")) {
+        return Ok(false);
+    }
+    run_host(
+        "ip",
+        &["addr", "add", &format!("{SERVICE_IP}/32"), "dev", "lo"],
+    )?;
+    Ok(true)
+}
+
+fn run_host(program: &str, args: &[&str]) -> Result<(), Error> {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| Error::NodeUnavailable(format!("running {program}: {e}")))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(Error::NodeUnavailable(format!(
+            "{program} {} failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
+    }
+}
+
+fn find_in_path(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(program))
+            .find(|p| p.is_file())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_under_a_root_are_found_with_escapes_decoded() {
+        let mountinfo = "\
+22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+100 22 254:0 /var/lib/kubelet /var/lib/kubelet rw shared:5 - ext4 /dev/vda rw
+101 100 0:50 / /var/lib/kubelet/pods/a/volumes/kubernetes.io~projected/kube\\040api rw - tmpfs tmpfs rw
+102 22 0:51 / /var/lib/kubeletx rw - tmpfs tmpfs rw
+";
+        let points = mount_points_under(mountinfo, "/var/lib/kubelet");
+        assert_eq!(
+            points,
+            vec![
+                "/var/lib/kubelet".to_owned(),
+                "/var/lib/kubelet/pods/a/volumes/kubernetes.io~projected/kube api".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn containerd_runs_pods_with_the_given_runc_on_cgroupfs() {
+        let toml = containerd_toml(Path::new("/bin/shim"), Path::new("/usr/sbin/runc"));
+        assert!(toml.contains("BinaryName = '/usr/sbin/runc'"));
+        assert!(toml.contains("SystemdCgroup = false"));
+        assert!(toml.contains("runtime_path = '/bin/shim'"));
+        assert!(toml.contains(&format!("address = \"{RUN_ROOT}/containerd.sock\"")));
+    }
+
+    #[test]
+    fn the_kubelet_accepts_cgroup_v1_and_never_collects_imported_images() {
+        let yaml = kubelet_yaml(Path::new("/run/c.sock"), Path::new("/pki/ca.crt"));
+        let doc: serde_json::Value = serde_json::from_str(&yaml).expect("json");
+        assert_eq!(doc["failCgroupV1"], false);
+        assert_eq!(doc["imageGCHighThresholdPercent"], 100);
+        assert_eq!(doc["containerRuntimeEndpoint"], "unix:///run/c.sock");
+        assert_eq!(doc["authentication"]["x509"]["clientCAFile"], "/pki/ca.crt");
+    }
+
+    #[test]
+    fn a_node_is_schedulable_only_when_ready_and_untainted() {
+        let node = |ready: &str, taint: Option<&str>| -> NodeObject {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": NODE_NAME},
+                "spec": {"taints": taint.map(|k| vec![serde_json::json!({"key": k, "effect": "NoSchedule"})])},
+                "status": {"conditions": [{"type": "Ready", "status": ready}]},
+            }))
+            .expect("node")
+        };
+        assert!(node_schedulable(&node("True", None)).is_ok());
+        assert!(node_schedulable(&node("False", None)).is_err());
+        let tainted = node_schedulable(&node("True", Some("node.kubernetes.io/not-ready")));
+        assert_eq!(
+            tainted,
+            Err("tainted node.kubernetes.io/not-ready:NoSchedule".to_owned())
+        );
+    }
+}

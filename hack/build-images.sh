@@ -7,6 +7,8 @@
 #   localhost/csi-reference-driver-rs:dev               the reference driver (target reference-driver)
 #   registry.k8s.io/pause:3.10.2                        the pod sandbox: our hack/pause/pause.c
 #   registry.k8s.io/e2e-test-images/busybox:1.37.0-1    Debian's static busybox (busybox-static)
+#   localhost/csi-registrar:dev                         hack/registrar: the node plugin's kubelet
+#                                                       registration (node-driver-registrar's part)
 #
 # The sidecar and driver images are built by `buildah bud` from the Dockerfile users build, with
 # BINARIES=prebuilt (the binaries of hack/build-static.sh, the script the Dockerfile's build stage
@@ -16,7 +18,7 @@
 #
 # Usage: hack/build-images.sh
 # Output (the last line of stdout; progress goes to stderr):
-#   $CACHE/images/<hash>/   with sidecar.tar driver.tar pause.tar busybox.tar,
+#   $CACHE/images/<hash>/   with sidecar.tar driver.tar pause.tar busybox.tar registrar.tar,
 #                           images.txt ("FILE NAME" per line, FILE relative to the directory),
 #                           sizes.txt ("NAME ARCHIVE_BYTES HUMAN" per line)
 # where CACHE is $CSI_PROVISIONER_CACHE (default ~/.cache/csi-provisioner-rs, as hack/test.sh)
@@ -46,6 +48,7 @@ pause_image=registry.k8s.io/pause:3.10.2
 busybox_image=registry.k8s.io/e2e-test-images/busybox:1.37.0-1
 sidecar_image=localhost/csi-provisioner-rs:dev
 driver_image=localhost/csi-reference-driver-rs:dev
+registrar_image=localhost/csi-registrar:dev
 # Label on the images built from a staged tree: the hash of their inputs, to know when the copy
 # in buildah's storage is current.
 inputs_label=io.github.csi-provisioner-rs.inputs
@@ -197,6 +200,16 @@ EOF
 chmod 1777 "$r/tmp"
 chmod 700 "$r/root"
 
+# csi-registrar (hack/registrar/): the kubelet registration of the reference driver's node
+# plugin, in Go (see its main.go for why), on the distroless-equivalent tree; root, since it
+# creates its socket in the kubelet's root-owned plugins_registry.
+command -v go >/dev/null 2>&1 || die "Go is needed to build hack/registrar (go 1.26+)"
+r=$stage/registrar
+cp -a "$stage/base" "$r"
+(cd hack/registrar && GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0 \
+  go build -trimpath -ldflags "-s -w" -o "$r/usr/local/bin/csi-registrar" .) >&2 ||
+  die "go build of hack/registrar failed (is the Go module proxy reachable?)"
+
 # The hash of a staged tree: contents, modes, owners and link targets (not the times), with this
 # script (which holds the images' configuration) and buildah's version.
 tree_hash() {
@@ -206,7 +219,7 @@ tree_hash() {
     buildah --version
   } | sha
 }
-base_hash=$({ for t in base pause busybox; do echo "$t $(tree_hash "$stage/$t")"; done; } | sha)
+base_hash=$({ for t in base pause busybox registrar; do echo "$t $(tree_hash "$stage/$t")"; done; } | sha)
 base_dir=$images_root/base-$base_hash
 
 # Builds image $1 from the staged tree $2 unless buildah's storage already holds it with the
@@ -251,6 +264,8 @@ image_from_tree "$pause_image" "$stage/pause" "$base_hash" \
   --user 65535:65535 --entrypoint '["/pause"]'
 image_from_tree "$busybox_image" "$stage/busybox" "$base_hash" \
   --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --cmd '["sh"]'
+image_from_tree "$registrar_image" "$stage/registrar" "$base_hash" \
+  --user 0:0 --entrypoint '["/usr/local/bin/csi-registrar"]'
 
 if [ ! -f "$base_dir/done" ]; then
   step "writing the archives of the base images into $base_dir"
@@ -259,6 +274,7 @@ if [ ! -f "$base_dir/done" ]; then
   archive "$base_image" "$base_dir/distroless-static.tar"
   archive "$pause_image" "$base_dir/pause.tar"
   archive "$busybox_image" "$base_dir/busybox.tar"
+  archive "$registrar_image" "$base_dir/registrar.tar"
   touch "$base_dir/done"
 fi
 
@@ -267,7 +283,7 @@ out_hash=$({
   echo "base $base_hash"
   sha256sum "$repo/Dockerfile"
   (cd "$work/binaries" && sha256sum csi-provisioner csi-reference-driver)
-  echo "$sidecar_image $driver_image"
+  echo "$sidecar_image $driver_image $registrar_image"
 } | sha)
 out_dir=$images_root/$out_hash
 if [ -f "$out_dir/images.txt" ]; then
@@ -301,7 +317,7 @@ mkdir -p "$tmp_out"
 step "writing the archives into $out_dir"
 archive "$sidecar_image" "$tmp_out/sidecar.tar"
 archive "$driver_image" "$tmp_out/driver.tar"
-for f in pause busybox; do
+for f in pause busybox registrar; do
   ln "$base_dir/$f.tar" "$tmp_out/$f.tar" 2>/dev/null || cp "$base_dir/$f.tar" "$tmp_out/$f.tar"
 done
 {
@@ -309,6 +325,7 @@ done
   echo "driver.tar $driver_image"
   echo "pause.tar $pause_image"
   echo "busybox.tar $busybox_image"
+  echo "registrar.tar $registrar_image"
 } >"$tmp_out/images.txt"
 while read -r file name; do
   bytes=$(stat -c %s "$tmp_out/$file")

@@ -23,11 +23,6 @@ pub enum ConfigError {
     StateDir,
     #[error("--segment {0:?} is given twice")]
     DuplicateSegment(Labels),
-    #[error("{given} needs {missing} too: give both or neither")]
-    RegistrationFlags {
-        given: &'static str,
-        missing: &'static str,
-    },
 }
 
 /// Default mode of the CSI socket: owner only.
@@ -126,30 +121,9 @@ pub struct Cli {
     #[arg(long)]
     pub modify_volume: bool,
 
-    /// Serve the kubelet's plugin registration API on this unix socket (in the kubelet's
-    /// plugins_registry directory, e.g. /registration/reference.csi.example.com-reg.sock).
-    /// Replaced at start, removed at shutdown. Needs --kubelet-endpoint.
-    #[arg(long, value_name = "PATH", value_parser = parse_endpoint)]
-    pub kubelet_registration_socket: Option<PathBuf>,
-
-    /// The CSI socket as the kubelet sees it on the host (e.g.
-    /// /var/lib/kubelet/plugins/reference.csi.example.com/csi.sock), reported to the kubelet at
-    /// registration. Needs --kubelet-registration-socket.
-    #[arg(long, value_name = "PATH", value_parser = parse_endpoint)]
-    pub kubelet_endpoint: Option<PathBuf>,
-
     /// Permissions of the CSI socket, in octal (e.g. 0660 lets the socket's group connect).
     #[arg(long, value_name = "OCTAL", default_value = "0600", value_parser = parse_socket_mode)]
     pub socket_mode: u32,
-}
-
-/// `--kubelet-registration-socket` and `--kubelet-endpoint`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KubeletRegistration {
-    /// Where the registration API is served.
-    pub socket: PathBuf,
-    /// The CSI socket path reported to the kubelet.
-    pub kubelet_endpoint: PathBuf,
 }
 
 /// One `--segment` as given; its capacity defaults to `--capacity` once all flags are known.
@@ -180,8 +154,6 @@ pub struct DriverConfig {
     pub volume_id_prefix: Option<String>,
     /// `--no-snapshots` and `--no-clone` turn these off.
     pub features: Features,
-    /// `--kubelet-registration-socket` with `--kubelet-endpoint`.
-    pub registration: Option<KubeletRegistration>,
     /// `--socket-mode`.
     pub socket_mode: u32,
 }
@@ -206,7 +178,6 @@ impl DriverConfig {
             request_log: None,
             volume_id_prefix: None,
             features: Features::default(),
-            registration: None,
             socket_mode: DEFAULT_SOCKET_MODE,
         }
     }
@@ -222,25 +193,6 @@ impl TryFrom<Cli> for DriverConfig {
         if cli.max_volume_size <= 0 {
             return Err(ConfigError::MaxVolumeSize);
         }
-        let registration = match (cli.kubelet_registration_socket, cli.kubelet_endpoint) {
-            (None, None) => None,
-            (Some(socket), Some(kubelet_endpoint)) => Some(KubeletRegistration {
-                socket,
-                kubelet_endpoint,
-            }),
-            (Some(_), None) => {
-                return Err(ConfigError::RegistrationFlags {
-                    given: "--kubelet-registration-socket",
-                    missing: "--kubelet-endpoint",
-                });
-            }
-            (None, Some(_)) => {
-                return Err(ConfigError::RegistrationFlags {
-                    given: "--kubelet-endpoint",
-                    missing: "--kubelet-registration-socket",
-                });
-            }
-        };
         let control_file = cli
             .control_file
             .unwrap_or_else(|| cli.state_dir.join(CONTROL_FILE));
@@ -290,7 +242,6 @@ impl TryFrom<Cli> for DriverConfig {
                 get_capacity: !cli.no_get_capacity,
                 modify_volume: cli.modify_volume,
             },
-            registration,
             socket_mode: cli.socket_mode,
         })
     }
@@ -635,46 +586,15 @@ mod tests {
     }
 
     #[test]
-    fn registration_flags_come_together() {
+    fn socket_mode_is_octal_and_owner_only_by_default() {
         let base = ["--endpoint=/csi/csi.sock", "--state-dir=/s"];
-        let c = parse(&base).unwrap();
-        assert_eq!(c.registration, None);
-        assert_eq!(c.socket_mode, 0o600);
-        let c = parse(
-            &[
-                &base[..],
-                &[
-                    "--kubelet-registration-socket=/registration/r-reg.sock",
-                    "--kubelet-endpoint=unix:///var/lib/kubelet/plugins/r/csi.sock",
-                    "--socket-mode=0660",
-                ],
-            ]
-            .concat(),
-        )
-        .unwrap();
-        assert_eq!(
-            c.registration,
-            Some(KubeletRegistration {
-                socket: "/registration/r-reg.sock".into(),
-                kubelet_endpoint: "/var/lib/kubelet/plugins/r/csi.sock".into(),
-            })
-        );
-        assert_eq!(c.socket_mode, 0o660);
-        for (extra, named) in [
-            (
-                "--kubelet-registration-socket=/r.sock",
-                "--kubelet-endpoint",
-            ),
-            (
-                "--kubelet-endpoint=/e.sock",
-                "--kubelet-registration-socket",
-            ),
-            ("--socket-mode=0999", "--socket-mode"),
-            ("--socket-mode=1777", "--socket-mode"),
-            ("--socket-mode=", "--socket-mode"),
-        ] {
-            let err = parse(&[&base[..], &[extra]].concat()).unwrap_err();
-            assert!(err.contains(named), "{extra}: {err}");
+        assert_eq!(parse(&base).unwrap().socket_mode, 0o600);
+        let with = |mode: &str| parse(&[&base[..], &[mode]].concat());
+        assert_eq!(with("--socket-mode=0660").unwrap().socket_mode, 0o660);
+        assert_eq!(with("--socket-mode=640").unwrap().socket_mode, 0o640);
+        for extra in ["--socket-mode=0999", "--socket-mode=1777", "--socket-mode="] {
+            let err = with(extra).unwrap_err();
+            assert!(err.contains("--socket-mode"), "{extra}: {err}");
         }
     }
 

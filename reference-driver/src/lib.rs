@@ -1,7 +1,7 @@
 //! A small reference CSI driver for testing the provisioner: volumes and snapshots recorded in a
 //! JSON file, each volume's data a directory or sparse file next to it, plus fault injection. It
-//! serves Identity, Controller and Node on one unix socket, and optionally the kubelet's plugin
-//! registration API on another.
+//! serves Identity, Controller and Node on one unix socket. Kubelet plugin registration is not
+//! ours: `csi-registrar` (hack/registrar/, Go) does it beside the node plugin.
 //! docs/reference-driver.md is the user-facing description; this comment is the design summary.
 //!
 //! # What it implements
@@ -23,10 +23,6 @@
 //!   NodeGetVolumeStats is `statvfs` (or a block volume's size); NodeGetInfo. Mounts use the
 //!   mount(2) syscall through rustix (`mounts`), so they need root. Stagings and publications are
 //!   recorded before mounting. `node` holds the filesystem side.
-//! - Kubelet registration (`registration`): with `--kubelet-registration-socket` and
-//!   `--kubelet-endpoint`, `pluginregistration.Registration` (GetInfo, NotifyRegistrationStatus)
-//!   on a socket in the kubelet's plugins_registry directory, re-created at start, removed at
-//!   shutdown.
 //! - Every other RPC answers UNIMPLEMENTED.
 //!
 //! Errors follow the spec exactly: arguments are validated before any lookup; unknown ids are
@@ -83,7 +79,6 @@ mod faults;
 mod guard;
 pub mod mounts;
 mod node;
-pub mod registration;
 mod request_log;
 mod service;
 mod socket;
@@ -103,7 +98,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 
 pub use config::{
     CONTROL_FILE, Cli, ConfigError, DEFAULT_DRIVER_NAME, DEFAULT_NODE_ID, DEFAULT_SOCKET_MODE,
-    DriverConfig, KubeletRegistration, SegmentFlag,
+    DriverConfig, SegmentFlag,
 };
 pub use data::{VOLUMES_DIR, VolumeData};
 pub use faults::{
@@ -148,19 +143,10 @@ pub struct BoundDriver {
     listener: UnixListener,
     endpoint: PathBuf,
     socket: socket::SocketId,
-    registration: Option<BoundRegistration>,
 }
 
-/// The kubelet registration socket and what it answers.
-struct BoundRegistration {
-    service: registration::Registration,
-    listener: UnixListener,
-    path: PathBuf,
-    socket: socket::SocketId,
-}
-
-/// Loads the state and creates the socket (mode `--socket-mode`, 0600 by default), and the
-/// kubelet registration socket if configured. Once this returns, clients may connect.
+/// Loads the state and creates the socket (mode `--socket-mode`, 0600 by default). Once this
+/// returns, clients may connect.
 pub fn bind(config: &DriverConfig) -> Result<BoundDriver, DriverError> {
     let mut driver = Driver::open(config)?;
     if let Some(path) = &config.request_log {
@@ -171,32 +157,6 @@ pub fn bind(config: &DriverConfig) -> Result<BoundDriver, DriverError> {
         driver = driver.with_request_log(log);
     }
     let (listener, socket) = socket::bind_with_mode(&config.endpoint, config.socket_mode)?;
-    // The registration socket comes last: once it exists the kubelet may call the CSI socket.
-    let registration = match &config.registration {
-        None => None,
-        Some(reg) => match socket::bind_replacing(&reg.socket, 0o600) {
-            Ok((listener, id)) => {
-                tracing::info!(
-                    socket = %reg.socket.display(),
-                    kubelet_endpoint = %reg.kubelet_endpoint.display(),
-                    "serving kubelet plugin registration"
-                );
-                Some(BoundRegistration {
-                    service: registration::Registration::new(
-                        config.driver_name.clone(),
-                        reg.kubelet_endpoint.display().to_string(),
-                    ),
-                    listener,
-                    path: reg.socket.clone(),
-                    socket: id,
-                })
-            }
-            Err(e) => {
-                socket::remove_if_ours(&config.endpoint, socket);
-                return Err(e.into());
-            }
-        },
-    };
     tracing::info!(
         endpoint = %config.endpoint.display(),
         driver = %config.driver_name,
@@ -208,7 +168,6 @@ pub fn bind(config: &DriverConfig) -> Result<BoundDriver, DriverError> {
         listener,
         endpoint: config.endpoint.clone(),
         socket,
-        registration,
     })
 }
 
@@ -218,18 +177,6 @@ impl BoundDriver {
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), DriverError> {
         let stop = Arc::new(tokio::sync::Notify::new());
         let stopped = stop.clone();
-        let registration = self.registration.map(|reg| {
-            let task = tokio::spawn(
-                tonic::transport::Server::builder()
-                    .add_service(
-                        registration::proto::registration_server::RegistrationServer::new(
-                            reg.service,
-                        ),
-                    )
-                    .serve_with_incoming(UnixListenerStream::new(reg.listener)),
-            );
-            (task, reg.path, reg.socket)
-        });
         let server = tonic::transport::Server::builder()
             .add_service(csi_spec::identity_server::IdentityServer::new(
                 self.driver.clone(),
@@ -247,9 +194,6 @@ impl BoundDriver {
             result = &mut server => result,
             () = &mut shutdown => {
                 tracing::info!("shutting down");
-                if let Some((_, path, id)) = &registration {
-                    socket::remove_if_ours(path, *id);
-                }
                 socket::remove_if_ours(&self.endpoint, self.socket);
                 stop.notify_one();
                 match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
@@ -262,12 +206,6 @@ impl BoundDriver {
             }
         };
         socket::remove_if_ours(&self.endpoint, self.socket);
-        if let Some((task, path, id)) = registration {
-            socket::remove_if_ours(&path, id);
-            // Its calls answer at once and change nothing, so an open kubelet connection is no
-            // reason to wait.
-            task.abort();
-        }
         result.map_err(DriverError::from)
     }
 }

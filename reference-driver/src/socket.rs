@@ -73,27 +73,6 @@ pub fn bind_private(path: &Path) -> Result<(UnixListener, SocketId), SocketError
 /// never reachable with other permissions.
 pub fn bind_with_mode(path: &Path, mode: u32) -> Result<(UnixListener, SocketId), SocketError> {
     remove_stale(path)?;
-    bind_fresh(path, mode)
-}
-
-/// Binds at `path` like [`bind_with_mode`], but first removes any socket there, served or not:
-/// the kubelet's registration socket, which must appear anew at every start for the kubelet's
-/// directory watch to see it. Anything else than a socket at the path is still refused.
-pub fn bind_replacing(path: &Path, mode: u32) -> Result<(UnixListener, SocketId), SocketError> {
-    match fs::symlink_metadata(path) {
-        Ok(meta) if !meta.file_type().is_socket() => {
-            return Err(SocketError::NotASocket {
-                path: path.to_path_buf(),
-            });
-        }
-        Ok(_) => fs::remove_file(path).map_err(io_err("cannot remove old socket", path))?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("cannot stat", path)(e)),
-    }
-    bind_fresh(path, mode)
-}
-
-fn bind_fresh(path: &Path, mode: u32) -> Result<(UnixListener, SocketId), SocketError> {
     let parent = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -239,19 +218,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn replacing_bind_takes_over_a_live_socket_with_its_mode() {
+    async fn binds_with_the_mode_asked_for() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("reg.sock");
-        let (_old, old_id) = bind_private(&path).unwrap();
-        let (_new, new_id) = bind_replacing(&path, 0o660).unwrap();
-        assert_ne!(old_id, new_id);
+        let path = dir.path().join("csi.sock");
+        let (_listener, _) = bind_with_mode(&path, 0o660).unwrap();
         let meta = fs::symlink_metadata(&path).unwrap();
         assert_eq!(meta.permissions().mode() & 0o777, 0o660);
-        let file = dir.path().join("regular");
-        fs::write(&file, b"x").unwrap();
-        assert!(matches!(
-            bind_replacing(&file, 0o600),
-            Err(SocketError::NotASocket { .. })
-        ));
     }
 }

@@ -1,6 +1,6 @@
 //! The reference driver as a real node plugin: bind mounts made by NodeStage/NodePublish and seen
-//! through the target paths, the kubelet registration socket, and several driver processes
-//! sharing one state directory. The mount tests need root (CI runs as root) and fail, not skip,
+//! through the target paths, the socket's `--socket-mode`, and several driver processes sharing
+//! one state directory. The mount tests need root (CI runs as root) and fail, not skip,
 //! without it.
 
 // The CSI client helpers of the provisioner's integration tests, shared rather than copied.
@@ -15,8 +15,6 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use csi_reference_driver::registration::proto::InfoRequest;
-use csi_reference_driver::registration::proto::registration_client::RegistrationClient;
 use csi_reference_driver::{self as driver, DriverConfig, mounts};
 use csi_spec as csi;
 use csi_spec::controller_client::ControllerClient;
@@ -542,87 +540,29 @@ async fn two_processes_on_one_state_dir_see_each_others_volumes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_binary_registers_with_the_kubelet_and_cleans_up() {
+async fn the_binary_serves_its_socket_with_socket_mode_and_cleans_up() {
     let dir = tempfile::tempdir().unwrap();
-    let bin = env!("CARGO_BIN_EXE_csi-reference-driver");
     let csi_socket = dir.path().join("plugins/csi.sock");
-    let registry = dir.path().join("plugins_registry");
-    std::fs::create_dir_all(&registry).unwrap();
-    let reg_socket = registry.join("reference.csi.example.com-reg.sock");
-
-    // Both flags or neither.
-    for (flag, value) in [
-        ("--kubelet-registration-socket", &reg_socket),
-        ("--kubelet-endpoint", &csi_socket),
-    ] {
-        let out = Command::new(bin)
-            .arg("--endpoint")
-            .arg(&csi_socket)
-            .arg("--state-dir")
-            .arg(dir.path().join("state"))
-            .arg(flag)
-            .arg(value)
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(2));
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(stderr.contains(flag), "{stderr}");
-    }
-
-    // A registration socket left by an earlier run (still served, even) is replaced.
-    let old = std::os::unix::net::UnixListener::bind(&reg_socket).unwrap();
-    let kubelet_endpoint = "/var/lib/kubelet/plugins/reference.csi.example.com/csi.sock";
     let process = Process::start(&[
         "--endpoint".as_ref(),
         csi_socket.as_os_str(),
         "--state-dir".as_ref(),
         dir.path().join("state").as_os_str(),
-        "--kubelet-registration-socket".as_ref(),
-        reg_socket.as_os_str(),
-        "--kubelet-endpoint".as_ref(),
-        kubelet_endpoint.as_ref(),
         "--socket-mode=0660".as_ref(),
     ]);
     let csi_meta = std::fs::symlink_metadata(&csi_socket).unwrap();
+    assert!(csi_meta.file_type().is_socket());
     assert_eq!(csi_meta.permissions().mode() & 0o777, 0o660);
-    assert!(
-        std::fs::symlink_metadata(&reg_socket)
-            .unwrap()
-            .file_type()
-            .is_socket()
-    );
 
-    let mut registration = RegistrationClient::new(channel(&reg_socket).await);
-    let info = registration
-        .get_info(InfoRequest {})
+    let mut node = NodeClient::new(channel(&csi_socket).await);
+    let info = node
+        .node_get_info(csi::NodeGetInfoRequest {})
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(info.r#type, "CSIPlugin");
-    assert_eq!(info.name, driver::DEFAULT_DRIVER_NAME);
-    assert_eq!(info.endpoint, kubelet_endpoint);
-    assert_eq!(info.supported_versions, ["1.0.0"]);
-    registration
-        .notify_registration_status(
-            csi_reference_driver::registration::proto::RegistrationStatus {
-                plugin_registered: false,
-                error: "test refusal".into(),
-            },
-        )
-        .await
-        .unwrap();
-    let line = process.wait_for("the kubelet refused the registration");
-    assert!(
-        line.contains("ERROR") && line.contains("test refusal"),
-        "{line}"
-    );
-    drop(registration);
-    drop(old);
+    assert_eq!(info.node_id, driver::DEFAULT_NODE_ID);
+    drop(node);
 
     assert!(process.terminate().success());
-    assert!(
-        !reg_socket.exists(),
-        "registration socket removed on SIGTERM"
-    );
     assert!(!csi_socket.exists(), "CSI socket removed on SIGTERM");
 }

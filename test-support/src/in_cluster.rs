@@ -25,6 +25,7 @@ pub const BACKEND_DIR: &str = "/var/lib/csi-reference-rs";
 /// The sidecar's and driver's images as `hack/build-images.sh` names them.
 pub const SIDECAR_IMAGE: (&str, &str) = ("localhost/csi-provisioner-rs", "dev");
 pub const DRIVER_IMAGE: (&str, &str) = ("localhost/csi-reference-driver-rs", "dev");
+pub const REGISTRAR_IMAGE: (&str, &str) = ("localhost/csi-registrar", "dev");
 /// What test pods run (imported by the node).
 pub const BUSYBOX_IMAGE: &str = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1";
 
@@ -51,7 +52,7 @@ impl Deployed {
             .expect("temp dir");
         std::fs::write(
             dir.path().join("kustomization.yaml"),
-            kustomization(&source),
+            kustomization(&relative_to(dir.path(), &source)),
         )
         .expect("write kustomization.yaml");
         let deployed = Deployed {
@@ -111,17 +112,28 @@ impl Drop for Deployed {
     }
 }
 
+/// Pure: `to` as seen from the directory `from`, both absolute (kustomize refuses an absolute
+/// resource path).
+fn relative_to(from: &Path, to: &Path) -> PathBuf {
+    let ups = from.components().skip(1).count();
+    let mut relative: PathBuf = std::iter::repeat_n("..", ups).collect();
+    relative.push(to.strip_prefix("/").unwrap_or(to));
+    relative
+}
+
 /// Pure: the kustomization users would write on top of `source` to set the image names.
 fn kustomization(source: &Path) -> String {
     let (sidecar, sidecar_tag) = SIDECAR_IMAGE;
     let (driver, driver_tag) = DRIVER_IMAGE;
+    let (registrar, registrar_tag) = REGISTRAR_IMAGE;
     format!(
         "apiVersion: kustomize.config.k8s.io/v1beta1\n\
          kind: Kustomization\n\
          resources:\n  - {}\n\
          images:\n\
          \x20 - name: csi-provisioner-rs\n    newName: {sidecar}\n    newTag: {sidecar_tag}\n\
-         \x20 - name: csi-reference-driver-rs\n    newName: {driver}\n    newTag: {driver_tag}\n",
+         \x20 - name: csi-reference-driver-rs\n    newName: {driver}\n    newTag: {driver_tag}\n\
+         \x20 - name: csi-registrar\n    newName: {registrar}\n    newTag: {registrar_tag}\n",
         source.display()
     )
 }

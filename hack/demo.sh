@@ -47,13 +47,13 @@ wait_until() { # description, command: polls for up to 60 s
 start_testbed() {
   "$built/testbed" up "$@" >"$work/testbed.log" 2>&1 &
   testbed=$!
+  pids+=("$testbed")
   for _ in $(seq 1 1800); do
     grep -q '^export KUBECONFIG=' "$work/testbed.log" && break
     kill -0 "$testbed" 2>/dev/null || { wait "$testbed" || true; return 1; }
     sleep 0.5
   done
   grep -q '^export KUBECONFIG=' "$work/testbed.log" || { echo "testbed up did not start" >&2; exit 1; }
-  pids+=("$testbed")
   eval "$(grep '^export KUBECONFIG=' "$work/testbed.log")"
   echo "KUBECONFIG=$KUBECONFIG"
 }

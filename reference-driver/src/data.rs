@@ -1,5 +1,7 @@
 //! The data of each volume on disk, under `<state-dir>/volumes/`: a directory `<id>/` for a
-//! mount volume, a sparse file `<id>.block` of the volume's capacity for a block volume.
+//! mount volume, a sparse file `<id>.block` of the volume's capacity for a block volume. Ids are
+//! escaped ([`file_name`]) so that no id yields a `.`: a mount volume's name can never end in
+//! `.block`, and two volumes never share a path.
 //!
 //! Ordering against the records in `state.json` (all of it happens under the state lock):
 //! - CreateVolume makes the data (in a hidden temporary name, fsync-ed, renamed into place, the
@@ -28,14 +30,15 @@ pub struct VolumeData {
     dir: PathBuf,
 }
 
-/// A volume id as a file name: kept as it is when it only has letters, digits, `-`, `_` and
-/// `.` (and does not start with `.`), as `vol-<uuid>` ids do; otherwise every other byte is
-/// written `%XX` (ids from `--volume-id-prefix` may hold `/`).
+/// A volume id as a file name: letters, digits, `-` and `_` are kept, as in `vol-<uuid>` ids;
+/// every other byte, `.` included, is written `%XX` (ids from `--volume-id-prefix` may hold `/`
+/// or `.`). The mapping is injective and never yields a `.`, so it cannot produce the
+/// [`BLOCK_SUFFIX`] of a block volume's file, nor the `.`-prefixed temporary names.
 pub fn file_name(id: &str) -> String {
-    let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.');
+    let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_');
     let mut name = String::with_capacity(id.len());
-    for (i, b) in id.bytes().enumerate() {
-        if plain(b) && !(i == 0 && b == b'.') {
+    for b in id.bytes() {
+        if plain(b) {
             name.push(char::from(b));
         } else {
             name.push_str(&format!("%{b:02X}"));
@@ -59,12 +62,45 @@ impl VolumeData {
         }
     }
 
+    /// Where releases before the `.` escape kept the data (ids with a `.` only): found by
+    /// [`VolumeData::sweep`] and moved to [`VolumeData::path`].
+    fn legacy_path(&self, id: &str, access: AccessKind) -> PathBuf {
+        let mut name = file_name(id).replace("%2E", ".");
+        if name.starts_with('.') {
+            name.replace_range(..1, "%2E");
+        }
+        match access {
+            AccessKind::Mount => self.dir.join(name),
+            AccessKind::Block => self.dir.join(format!("{name}{BLOCK_SUFFIX}")),
+        }
+    }
+
     /// Makes fresh data for `volume`: empty, or a copy of `source` (the data of the volume it
-    /// clones, with the same access). Whatever was at the path before (a leftover) is replaced.
+    /// clones, with the same access). A leftover at the path (data no record in `state` names)
+    /// is replaced; data another record of `state` uses is never touched: that is an error.
     /// Durable when this returns.
-    pub fn create(&self, volume: &VolumeRecord, source: Option<&Path>) -> io::Result<()> {
+    pub fn create(
+        &self,
+        volume: &VolumeRecord,
+        source: Option<&Path>,
+        state: &State,
+    ) -> io::Result<()> {
         fs::create_dir_all(&self.dir)?;
         let path = self.path(&volume.id, volume.access);
+        if let Some(owner) = state
+            .volumes
+            .values()
+            .find(|v| v.id != volume.id && self.path(&v.id, v.access) == path)
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} is the data of volume {}; not replacing it",
+                    path.display(),
+                    owner.id
+                ),
+            ));
+        }
         let tmp = self.dir.join(format!(
             ".{}.tmp",
             path.file_name().unwrap_or_default().to_string_lossy()
@@ -99,6 +135,24 @@ impl VolumeData {
             .values()
             .map(|v| self.path(&v.id, v.access))
             .collect();
+        // Data kept under the names of earlier releases moves to its current name, when it is
+        // of the record's kind (a directory for mount, a file for block).
+        for volume in state.volumes.values() {
+            let path = self.path(&volume.id, volume.access);
+            let legacy = self.legacy_path(&volume.id, volume.access);
+            if legacy == path || expected.contains(&legacy) || fs::symlink_metadata(&path).is_ok() {
+                continue;
+            }
+            let kind_matches = match (fs::symlink_metadata(&legacy), volume.access) {
+                (Ok(m), AccessKind::Mount) => m.is_dir(),
+                (Ok(m), AccessKind::Block) => m.is_file(),
+                (Err(_), _) => false,
+            };
+            if kind_matches {
+                fs::rename(&legacy, &path)?;
+                File::open(&self.dir)?.sync_all()?;
+            }
+        }
         let mut removed = Vec::new();
         for entry in fs::read_dir(&self.dir)? {
             let path = entry?.path();
@@ -110,7 +164,7 @@ impl VolumeData {
         let mut created = Vec::new();
         for volume in state.volumes.values() {
             if fs::symlink_metadata(self.path(&volume.id, volume.access)).is_err() {
-                self.create(volume, None)?;
+                self.create(volume, None, state)?;
                 created.push(volume.id.clone());
             }
         }
@@ -198,12 +252,13 @@ mod tests {
 
     #[test]
     fn ids_become_safe_file_names() {
-        assert_eq!(file_name("vol-0a1b_c.d"), "vol-0a1b_c.d");
+        assert_eq!(file_name("vol-0a1b_c"), "vol-0a1b_c");
+        assert_eq!(file_name("vol-0a1b_c.d"), "vol-0a1b_c%2Ed");
         assert_eq!(
             file_name("projects/p/disks/pvc-1"),
             "projects%2Fp%2Fdisks%2Fpvc-1"
         );
-        assert_eq!(file_name(".."), "%2E.");
+        assert_eq!(file_name(".."), "%2E%2E");
         assert_eq!(file_name("a%b"), "a%25b");
     }
 
@@ -213,8 +268,9 @@ mod tests {
         let data = VolumeData::new(dir.path());
         let mount = volume("vol-m", AccessKind::Mount, 1 << 20);
         let block = volume("vol-b", AccessKind::Block, 1 << 40);
-        data.create(&mount, None).unwrap();
-        data.create(&block, None).unwrap();
+        let none = State::default();
+        data.create(&mount, None, &none).unwrap();
+        data.create(&block, None, &none).unwrap();
         let block_path = data.path("vol-b", AccessKind::Block);
         assert_eq!(block_path, dir.path().join("volumes/vol-b.block"));
         let meta = fs::metadata(&block_path).unwrap();
@@ -226,7 +282,7 @@ mod tests {
         fs::write(mount_path.join("sub/f"), b"hello").unwrap();
 
         let clone = volume("vol-c", AccessKind::Mount, 1 << 20);
-        data.create(&clone, Some(&mount_path)).unwrap();
+        data.create(&clone, Some(&mount_path), &none).unwrap();
         let clone_path = data.path("vol-c", AccessKind::Mount);
         assert_eq!(fs::read(clone_path.join("sub/f")).unwrap(), b"hello");
 
@@ -245,5 +301,50 @@ mod tests {
         data.remove("vol-m", AccessKind::Mount).unwrap();
         data.remove("vol-m", AccessKind::Mount).unwrap();
         assert!(!mount_path.exists());
+    }
+
+    /// A mount volume `x.block` and a block volume `x` once shared `volumes/x.block`; now they
+    /// have distinct paths, and creating one leaves the other's data alone.
+    #[test]
+    fn mount_and_block_names_never_collide() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = VolumeData::new(dir.path());
+        let mount = volume("x.block", AccessKind::Mount, 4096);
+        let block = volume("x", AccessKind::Block, 4096);
+        assert_ne!(
+            data.path(&mount.id, mount.access),
+            data.path(&block.id, block.access)
+        );
+        let mut state = State::default();
+        data.create(&mount, None, &state).unwrap();
+        fs::write(data.path(&mount.id, mount.access).join("f"), b"keep").unwrap();
+        state.volumes.insert(mount.id.clone(), mount.clone());
+        data.create(&block, None, &state).unwrap();
+        assert_eq!(
+            fs::read(data.path(&mount.id, mount.access).join("f")).unwrap(),
+            b"keep"
+        );
+        assert!(data.path(&block.id, block.access).is_file());
+    }
+
+    /// Data under an earlier release's name (`.` kept) moves to its escaped name at start-up.
+    #[test]
+    fn sweep_moves_data_from_legacy_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = VolumeData::new(dir.path());
+        fs::create_dir_all(dir.path().join("volumes/pvc.1")).unwrap();
+        fs::write(dir.path().join("volumes/pvc.1/f"), b"old").unwrap();
+        let mut state = State::default();
+        let v = volume("pvc.1", AccessKind::Mount, 4096);
+        state.volumes.insert(v.id.clone(), v.clone());
+        let (removed, created) = data.sweep(&state).unwrap();
+        assert!(
+            removed.is_empty() && created.is_empty(),
+            "{removed:?} {created:?}"
+        );
+        assert_eq!(
+            fs::read(data.path(&v.id, v.access).join("f")).unwrap(),
+            b"old"
+        );
     }
 }

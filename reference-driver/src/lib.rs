@@ -18,11 +18,15 @@
 //!   when the requirements allow it.
 //! - Node (STAGE_UNSTAGE_VOLUME, GET_VOLUME_STATS): NodeStageVolume bind-mounts a mount
 //!   volume's data directory on the staging path; NodePublishVolume bind-mounts the staging path
-//!   (or a block volume's `.block` file) on the target, read-only if asked; NodeUnpublishVolume
-//!   and NodeUnstageVolume unmount what mountinfo lists and remove the target;
+//!   (or a block volume's `.block` file) on the target, read-only if asked, binding the data to
+//!   the staging path again if that mount is gone; NodeUnpublishVolume unmounts the target and
+//!   removes it, NodeUnstageVolume unmounts the staging path and leaves the directory (the CO's)
+//!   in place, both only for a path the volume records (or whose mount shows the volume's data):
+//!   any other path is answered OK and left alone. Staging and target paths must be absolute.
 //!   NodeGetVolumeStats is `statvfs` (or a block volume's size); NodeGetInfo. Mounts use the
 //!   mount(2) syscall through rustix (`mounts`), so they need root. Stagings and publications are
-//!   recorded before mounting. `node` holds the filesystem side.
+//!   recorded before mounting. `node` holds the filesystem side. The blocking part of every RPC
+//!   (flock, mount(2), mountinfo, data copies) runs on tokio's blocking pool.
 //! - Every other RPC answers UNIMPLEMENTED.
 //!
 //! Errors follow the spec exactly: arguments are validated before any lookup; unknown ids are
@@ -43,8 +47,7 @@
 //! replaced atomically (temp file, fsync, rename, directory fsync) before a change is
 //! acknowledged, and loaded at start, so volumes survive restarts and tests can count them after
 //! chaos. Several processes may share the directory: every access holds an exclusive flock on
-//! `state.json.lock` for the whole read-modify-write and re-reads the file when its identity
-//! changed (`store`). Volume data lives in `<state-dir>/volumes/` (`data`): made before the
+//! `state.json.lock` for the whole read-modify-write and re-reads the file each time (`store`). Volume data lives in `<state-dir>/volumes/` (`data`): made before the
 //! record is saved, removed after the record is; data without a record is removed at start.
 //!
 //! # Fault injection

@@ -46,6 +46,69 @@ pub fn parse_mount_points(mountinfo: &str) -> Vec<PathBuf> {
         .collect()
 }
 
+/// One line of mountinfo: the device (`major:minor`), the root of the mount within that device's
+/// filesystem, and the mount point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    pub device: String,
+    pub root: PathBuf,
+    pub point: PathBuf,
+}
+
+/// The mounts listed in a mountinfo text, in order (a later one is mounted over an earlier one).
+pub fn parse_mounts(mountinfo: &str) -> Vec<MountEntry> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ').skip(2);
+            let device = fields.next()?.to_string();
+            let root = unescape(fields.next()?);
+            let point = unescape(fields.next()?);
+            Some(MountEntry {
+                device,
+                root,
+                point,
+            })
+        })
+        .collect()
+}
+
+/// Whether the mount on top of `target` shows `source` (a file or directory): the same device
+/// and the same path within it, as a bind mount of `source` (or of a bind mount of it) does.
+/// False when nothing is mounted on `target` or `source` does not exist.
+pub fn mounted_from(target: &Path, source: &Path) -> io::Result<bool> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo")?;
+    let Ok(source) = fs::canonicalize(source) else {
+        return Ok(false);
+    };
+    Ok(shows(&parse_mounts(&mountinfo), target, &source))
+}
+
+/// [`mounted_from`] on a parsed table, `source` already canonical.
+fn shows(mounts: &[MountEntry], target: &Path, source: &Path) -> bool {
+    let given = target.components().collect::<PathBuf>();
+    let resolved = fs::canonicalize(target).ok();
+    let Some(top) = mounts
+        .iter()
+        .rev()
+        .find(|m| m.point == given || resolved.as_ref() == Some(&m.point))
+    else {
+        return false;
+    };
+    // The mount holding `source`: the deepest mount point above it, the latest of equals.
+    let Some((holder, rest)) = mounts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| source.strip_prefix(&m.point).ok().map(|rest| (i, m, rest)))
+        .max_by_key(|(i, m, _)| (m.point.components().count(), *i))
+        .map(|(_, m, rest)| (m, rest))
+    else {
+        return false;
+    };
+    let source_root = holder.root.join(rest).components().collect::<PathBuf>();
+    top.device == holder.device && top.root.components().collect::<PathBuf>() == source_root
+}
+
 /// Whether something is mounted on `path` in this process's mount namespace. The path is
 /// compared as given (without a trailing `/`) and, if it exists, with its symlinks resolved.
 pub fn is_mount_point(path: &Path) -> io::Result<bool> {
@@ -114,6 +177,30 @@ mod tests {
                 PathBuf::from("/back\\slash")
             ]
         );
+    }
+
+    #[test]
+    fn finds_the_source_of_a_bind_mount() {
+        let text = "1 0 8:1 / / rw - ext4 /dev/sda1 rw\n\
+                    2 1 0:40 / /srv rw - tmpfs tmpfs rw\n\
+                    3 1 0:40 /state/volumes/v1 /mnt/stage rw - tmpfs tmpfs rw\n\
+                    4 1 0:40 /state/volumes/v1 /mnt/pod rw - tmpfs tmpfs rw\n\
+                    5 1 8:1 /home/x /mnt/other rw - ext4 /dev/sda1 rw\n";
+        let mounts = parse_mounts(text);
+        assert_eq!(mounts.len(), 5);
+        assert_eq!(mounts[2].root, PathBuf::from("/state/volumes/v1"));
+        let v1 = Path::new("/srv/state/volumes/v1");
+        let v2 = Path::new("/srv/state/volumes/v2");
+        assert!(shows(&mounts, Path::new("/mnt/stage"), v1));
+        assert!(shows(&mounts, Path::new("/mnt/pod/"), v1));
+        assert!(!shows(&mounts, Path::new("/mnt/pod"), v2));
+        assert!(!shows(&mounts, Path::new("/mnt/other"), v1));
+        assert!(!shows(&mounts, Path::new("/mnt/none"), v1));
+        assert!(shows(
+            &mounts,
+            Path::new("/mnt/other"),
+            Path::new("/home/x")
+        ));
     }
 
     #[test]

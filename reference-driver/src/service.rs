@@ -19,7 +19,7 @@ use csi_spec::plugin_capability::service::Type as PluginService;
 use super::config::DriverConfig;
 use super::data::VolumeData;
 use super::faults::{Action, FaultInjector, Phase};
-use super::guard::{self, InFlight};
+use super::guard::{self, Held, InFlight};
 use super::mounts;
 use super::node;
 use super::request_log::{self, RequestLog};
@@ -131,7 +131,7 @@ impl Driver {
             // Under the lock, so no other process is between making data and recording it.
             let locked = store.lock()?;
             let state = locked.state();
-            let (removed, created) = data.sweep(state).map_err(|source| StoreError::Write {
+            let (removed, created) = data.sweep(state).map_err(|source| StoreError::Sweep {
                 path: config.state_dir.join(super::data::VOLUMES_DIR),
                 source,
             })?;
@@ -190,6 +190,25 @@ impl Driver {
         Ok(read(self.lock()?.state()))
     }
 
+    /// [`Driver::read`] on the blocking pool (see [`Driver::blocking`]).
+    async fn read_blocking<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&State) -> T + Send + 'static,
+    ) -> Result<T, CsiError> {
+        self.unkeyed_blocking(move |driver| driver.read(read)).await
+    }
+
+    /// [`Driver::blocking`] for a call that holds no in-flight keys.
+    async fn unkeyed_blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Driver) -> Result<T, CsiError> + Send + 'static,
+    ) -> Result<T, CsiError> {
+        let driver = self.clone();
+        tokio::task::spawn_blocking(move || work(&driver))
+            .await
+            .map_err(|e| CsiError::Internal(format!("the call's work failed: {e}")))?
+    }
+
     /// Runs `decide` on the current state; when it returns a new state, saves it and only then
     /// makes it current. All under the lock.
     fn mutate<T>(
@@ -202,6 +221,31 @@ impl Driver {
             save(&mut locked, next)?;
         }
         Ok(value)
+    }
+
+    /// Runs `work` on tokio's blocking pool (flock waits, mount(2), mountinfo reads, data
+    /// copies), so a state lock held by another process stalls no async worker. `held` (the
+    /// call's in-flight keys) is released only when `work` ends: a caller that gives up does not
+    /// stop work already under way, and no other call on the same object starts meanwhile.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        held: Held,
+        work: impl FnOnce(&Driver) -> Result<T, CsiError> + Send + 'static,
+    ) -> Result<T, CsiError> {
+        self.blocking_with(held, move |driver, _| work(driver))
+            .await
+    }
+
+    /// [`Driver::blocking`] for work that adds keys to `held`.
+    async fn blocking_with<T: Send + 'static>(
+        &self,
+        mut held: Held,
+        work: impl FnOnce(&Driver, &mut Held) -> Result<T, CsiError> + Send + 'static,
+    ) -> Result<T, CsiError> {
+        let driver = self.clone();
+        tokio::task::spawn_blocking(move || work(&driver, &mut held))
+            .await
+            .map_err(|e| CsiError::Internal(format!("the call's work failed: {e}")))?
     }
 
     /// Sleeps the injected delay for `call` (a method, or `METHOD/KIND`).
@@ -274,7 +318,7 @@ impl Driver {
         let args = validate::create_volume(req)?;
         validate::source_served(args.source.as_ref(), self.inner.features)?;
         validate::mutable_parameters_served(&args, self.inner.features)?;
-        let mut held = self
+        let held = self
             .inner
             .inflight
             .acquire(guard::volume_name(&args.name))?;
@@ -283,12 +327,24 @@ impl Driver {
             Some(prefix) => format!("{prefix}{}", args.name),
             None => format!("vol-{}", Uuid::new_v4()),
         };
+        self.blocking_with(held, move |driver, held| {
+            driver.create_volume(&args, held, new_id)
+        })
+        .await
+    }
+
+    fn create_volume(
+        &self,
+        args: &state::CreateVolumeArgs,
+        held: &mut Held,
+        new_id: String,
+    ) -> Result<csi::Volume, CsiError> {
         let mut locked = self.lock()?;
         let state = locked.state();
         if let Some(existing) = state.volume_by_name(&args.name) {
             held.add(guard::volume_id(&existing.id))?;
         }
-        let volume = match state::decide_create_volume(state, &args, &self.inner.limits, new_id)? {
+        let volume = match state::decide_create_volume(state, args, &self.inner.limits, new_id)? {
             CreateVolumeDecision::Existing(volume) => volume,
             CreateVolumeDecision::Create(volume) => {
                 // Data first, record second: a crash in between leaves data without a record,
@@ -303,7 +359,7 @@ impl Driver {
                 };
                 self.inner
                     .data
-                    .create(&volume, source.as_deref())
+                    .create(&volume, source.as_deref(), state)
                     .map_err(|e| {
                         CsiError::Internal(format!("cannot make the data of {}: {e}", volume.id))
                     })?;
@@ -321,13 +377,19 @@ impl Driver {
 
     async fn exec_delete_volume(&self, req: &csi::DeleteVolumeRequest) -> Result<(), CsiError> {
         validate::required("volume_id", &req.volume_id)?;
-        let _held = self
+        let held = self
             .inner
             .inflight
             .acquire(guard::volume_id(&req.volume_id))?;
         self.pause("DeleteVolume").await;
+        let id = req.volume_id.clone();
+        self.blocking(held, move |driver| driver.delete_volume(&id))
+            .await
+    }
+
+    fn delete_volume(&self, id: &str) -> Result<(), CsiError> {
         let mut locked = self.lock()?;
-        let Some(volume) = state::decide_delete_volume(locked.state(), &req.volume_id)? else {
+        let Some(volume) = state::decide_delete_volume(locked.state(), id)? else {
             return Ok(());
         };
         // Record first, data second: a crash in between leaves data without a record (removed
@@ -357,8 +419,10 @@ impl Driver {
             .map(validate::capability)
             .collect::<Result<Vec<_>, _>>()?;
         self.pause("ValidateVolumeCapabilities").await;
+        let id = req.volume_id.clone();
         let access = self
-            .read(|state| state.volumes.get(&req.volume_id).map(|v| v.access))?
+            .read_blocking(move |state| state.volumes.get(&id).map(|v| v.access))
+            .await?
             .ok_or_else(|| {
                 CsiError::NotFound(format!("volume {} does not exist", req.volume_id))
             })?;
@@ -396,7 +460,9 @@ impl Driver {
         req: &csi::ListVolumesRequest,
     ) -> Result<csi::ListVolumesResponse, CsiError> {
         self.pause("ListVolumes").await;
-        let volumes: Vec<_> = self.read(|state| state.volumes.values().cloned().collect())?;
+        let volumes: Vec<_> = self
+            .read_blocking(|state| state.volumes.values().cloned().collect())
+            .await?;
         let (page, next_token) = state::page(&volumes, req.max_entries, &req.starting_token)?;
         Ok(csi::ListVolumesResponse {
             entries: page
@@ -416,7 +482,7 @@ impl Driver {
     ) -> Result<csi::GetCapacityResponse, CsiError> {
         self.pause("GetCapacity").await;
         let term = req.accessible_topology.as_ref().map(validate::labels);
-        let usage = self.read(State::usage)?;
+        let usage = self.read_blocking(State::usage).await?;
         let (available, largest) = topology::capacity(
             &self.inner.limits.segments,
             &usage,
@@ -436,50 +502,59 @@ impl Driver {
     ) -> Result<csi::Snapshot, CsiError> {
         validate::required("name", &req.name)?;
         validate::required("source_volume_id", &req.source_volume_id)?;
-        let mut held = self
+        let held = self
             .inner
             .inflight
             .acquire(guard::snapshot_name(&req.name))?;
         self.pause("CreateSnapshot").await;
         let new_id = format!("snap-{}", Uuid::new_v4());
-        let snapshot = self.mutate(|state| {
-            if let Some(existing) = state.snapshot_by_name(&req.name) {
-                held.add(guard::snapshot_id(&existing.id))?;
-            }
-            let decision = state::decide_create_snapshot(
-                state,
-                &req.name,
-                &req.source_volume_id,
-                new_id,
-                now(),
-            )?;
-            Ok(match decision {
-                CreateSnapshotDecision::Existing(snapshot) => (snapshot, None),
-                CreateSnapshotDecision::Create(snapshot) => {
-                    let mut next = state.clone();
-                    next.snapshots.insert(snapshot.id.clone(), snapshot.clone());
-                    (snapshot, Some(next))
-                }
+        let req = req.clone();
+        let snapshot = self
+            .blocking_with(held, move |driver, held| {
+                driver.mutate(|state| {
+                    if let Some(existing) = state.snapshot_by_name(&req.name) {
+                        held.add(guard::snapshot_id(&existing.id))?;
+                    }
+                    let decision = state::decide_create_snapshot(
+                        state,
+                        &req.name,
+                        &req.source_volume_id,
+                        new_id,
+                        now(),
+                    )?;
+                    Ok(match decision {
+                        CreateSnapshotDecision::Existing(snapshot) => (snapshot, None),
+                        CreateSnapshotDecision::Create(snapshot) => {
+                            let mut next = state.clone();
+                            next.snapshots.insert(snapshot.id.clone(), snapshot.clone());
+                            (snapshot, Some(next))
+                        }
+                    })
+                })
             })
-        })?;
+            .await?;
         Ok(snapshot.to_csi())
     }
 
     async fn exec_delete_snapshot(&self, req: &csi::DeleteSnapshotRequest) -> Result<(), CsiError> {
         validate::required("snapshot_id", &req.snapshot_id)?;
-        let _held = self
+        let held = self
             .inner
             .inflight
             .acquire(guard::snapshot_id(&req.snapshot_id))?;
         self.pause("DeleteSnapshot").await;
-        self.mutate(|state| {
-            if !state.snapshots.contains_key(&req.snapshot_id) {
-                return Ok(((), None));
-            }
-            let mut next = state.clone();
-            next.snapshots.remove(&req.snapshot_id);
-            Ok(((), Some(next)))
+        let id = req.snapshot_id.clone();
+        self.blocking(held, move |driver| {
+            driver.mutate(|state| {
+                if !state.snapshots.contains_key(&id) {
+                    return Ok(((), None));
+                }
+                let mut next = state.clone();
+                next.snapshots.remove(&id);
+                Ok(((), Some(next)))
+            })
         })
+        .await
     }
 
     async fn exec_list_snapshots(
@@ -487,9 +562,10 @@ impl Driver {
         req: &csi::ListSnapshotsRequest,
     ) -> Result<csi::ListSnapshotsResponse, CsiError> {
         self.pause("ListSnapshots").await;
-        let snapshots = self.read(|state| {
-            state::filter_snapshots(state, &req.snapshot_id, &req.source_volume_id)
-        })?;
+        let (id, source) = (req.snapshot_id.clone(), req.source_volume_id.clone());
+        let snapshots = self
+            .read_blocking(move |state| state::filter_snapshots(state, &id, &source))
+            .await?;
         let (page, next_token) = state::page(&snapshots, req.max_entries, &req.starting_token)?;
         Ok(csi::ListSnapshotsResponse {
             entries: page
@@ -508,18 +584,30 @@ impl Driver {
     ) -> Result<csi::Snapshot, CsiError> {
         validate::required("snapshot_id", &req.snapshot_id)?;
         self.pause("GetSnapshot").await;
-        self.read(|state| state::find_snapshot(state, &req.snapshot_id).map(|s| s.to_csi()))?
+        let id = req.snapshot_id.clone();
+        self.read_blocking(move |state| state::find_snapshot(state, &id).map(|s| s.to_csi()))
+            .await?
     }
 
     // ----------------------------------------------------------------------- node
 
     async fn exec_node_stage(&self, req: &csi::NodeStageVolumeRequest) -> Result<(), CsiError> {
         let access = validate::node_stage(req)?;
-        let _held = self
+        let held = self
             .inner
             .inflight
             .acquire(guard::volume_id(&req.volume_id))?;
         self.pause("NodeStageVolume").await;
+        let req = req.clone();
+        self.blocking(held, move |driver| driver.node_stage(&req, access))
+            .await
+    }
+
+    fn node_stage(
+        &self,
+        req: &csi::NodeStageVolumeRequest,
+        access: AccessKind,
+    ) -> Result<(), CsiError> {
         let staging = Path::new(&req.staging_target_path);
         let mut locked = self.lock()?;
         let state = locked.state();
@@ -586,37 +674,69 @@ impl Driver {
     async fn exec_node_unstage(&self, req: &csi::NodeUnstageVolumeRequest) -> Result<(), CsiError> {
         validate::required("volume_id", &req.volume_id)?;
         validate::required("staging_target_path", &req.staging_target_path)?;
-        let _held = self
+        let held = self
             .inner
             .inflight
             .acquire(guard::volume_id(&req.volume_id))?;
         self.pause("NodeUnstageVolume").await;
+        let req = req.clone();
+        self.blocking(held, move |driver| driver.node_unstage(&req))
+            .await
+    }
+
+    /// Unmounts the staging path only when it is this volume's: recorded as its staging, or
+    /// showing its data (a mount left by a stage whose record was lost). Any other path is not
+    /// staged for this volume, which is OK (idempotent) and leaves the path alone. The staging
+    /// directory itself is the CO's and stays.
+    fn node_unstage(&self, req: &csi::NodeUnstageVolumeRequest) -> Result<(), CsiError> {
         let staging = Path::new(&req.staging_target_path);
         let mut locked = self.lock()?;
         let volume = find_volume(locked.state(), &req.volume_id)?;
+        let recorded = volume.stagings.contains_key(&req.staging_target_path);
         if volume.access == AccessKind::Mount {
-            mounts::unmount_all(staging).map_err(|e| {
-                CsiError::Internal(format!("cannot unmount {}: {e}", req.staging_target_path))
-            })?;
+            let data = self.inner.data.path(&volume.id, volume.access);
+            let ours = recorded || shows(staging, &data)?;
+            if ours {
+                mounts::unmount_all(staging).map_err(|e| {
+                    CsiError::Internal(format!("cannot unmount {}: {e}", req.staging_target_path))
+                })?;
+            } else if is_mounted(staging)? {
+                tracing::info!(
+                    volume = %volume.id,
+                    path = %req.staging_target_path,
+                    "not staged there; leaving another mount alone"
+                );
+            }
         }
-        forget(&mut locked, &req.volume_id, |v| {
-            v.stagings.remove(&req.staging_target_path).is_some()
-        });
+        if recorded {
+            forget(&mut locked, &req.volume_id, |v| {
+                v.stagings.remove(&req.staging_target_path).is_some()
+            });
+        }
         Ok(())
     }
 
     async fn exec_node_publish(&self, req: &csi::NodePublishVolumeRequest) -> Result<(), CsiError> {
         let wanted = validate::node_publish(req)?;
-        let _held = self
+        let held = self
             .inner
             .inflight
             .acquire(guard::volume_id(&req.volume_id))?;
         self.pause("NodePublishVolume").await;
+        let req = req.clone();
+        self.blocking(held, move |driver| driver.node_publish(&req, &wanted))
+            .await
+    }
+
+    fn node_publish(
+        &self,
+        req: &csi::NodePublishVolumeRequest,
+        wanted: &state::Publication,
+    ) -> Result<(), CsiError> {
         let target = Path::new(&req.target_path);
         let mut locked = self.lock()?;
         let state = locked.state();
-        let decision =
-            state::decide_node_publish(state, &req.volume_id, &req.target_path, &wanted)?;
+        let decision = state::decide_node_publish(state, &req.volume_id, &req.target_path, wanted)?;
         let volume = find_volume(state, &req.volume_id)?;
         let data = self.inner.data.path(&volume.id, volume.access);
         // With a staging path, the volume must be staged there; a mount volume is then bound
@@ -629,7 +749,9 @@ impl Driver {
                 volume.id, req.staging_target_path
             )));
         } else if wanted.access == AccessKind::Mount {
-            Path::new(&req.staging_target_path).to_path_buf()
+            let staging = Path::new(&req.staging_target_path);
+            self.ensure_staged(&volume.id, &data, staging)?;
+            staging.to_path_buf()
         } else {
             data
         };
@@ -666,24 +788,68 @@ impl Driver {
         Ok(())
     }
 
+    /// Makes sure a recorded staging path of a mount volume still shows its data before a
+    /// publish binds from it: a stage mount that is gone (unmounted behind our back, a reboot)
+    /// is bound again, so the pod never gets the bare staging directory; something else
+    /// mounted there is FAILED_PRECONDITION.
+    fn ensure_staged(&self, id: &str, data: &Path, staging: &Path) -> Result<(), CsiError> {
+        if is_mounted(staging)? {
+            if shows(staging, data)? {
+                return Ok(());
+            }
+            return Err(CsiError::FailedPrecondition(format!(
+                "volume {id} is recorded as staged at {}, but something else is mounted there",
+                staging.display()
+            )));
+        }
+        tracing::warn!(volume = id, path = %staging.display(), "stage mount gone; binding the data again");
+        node::ensure_dir(staging)
+            .and_then(|()| mounts::bind(data, staging))
+            .map_err(|e| {
+                CsiError::FailedPrecondition(format!(
+                    "volume {id} is not mounted at its staging path {} and cannot be again: {e}",
+                    staging.display()
+                ))
+            })
+    }
+
     async fn exec_node_unpublish(
         &self,
         req: &csi::NodeUnpublishVolumeRequest,
     ) -> Result<(), CsiError> {
         validate::required("volume_id", &req.volume_id)?;
         validate::required("target_path", &req.target_path)?;
-        let _held = self
+        let held = self
             .inner
             .inflight
             .acquire(guard::volume_id(&req.volume_id))?;
         self.pause("NodeUnpublishVolume").await;
+        let req = req.clone();
+        self.blocking(held, move |driver| driver.node_unpublish(&req))
+            .await
+    }
+
+    /// Unmounts and removes the target only when it is this volume's: recorded as its
+    /// publication, or showing its data (a mount left by a publish whose record was lost). A
+    /// target this volume is not published at is OK (idempotent, as the spec asks) and is left
+    /// alone: it may be another volume's, in another pod.
+    fn node_unpublish(&self, req: &csi::NodeUnpublishVolumeRequest) -> Result<(), CsiError> {
         let target = Path::new(&req.target_path);
         let mut locked = self.lock()?;
         let publication =
             state::decide_node_unpublish(locked.state(), &req.volume_id, &req.target_path)?;
+        let volume = find_volume(locked.state(), &req.volume_id)?;
+        let data = self.inner.data.path(&volume.id, volume.access);
         let mounted = is_mounted(target)?;
-        if publication.is_none() && !mounted {
-            // Not ours and nothing mounted: nothing to undo.
+        let ours = publication.is_some() || (mounted && shows(target, &data)?);
+        if !ours {
+            if mounted {
+                tracing::info!(
+                    volume = %volume.id,
+                    path = %req.target_path,
+                    "not published there; leaving another mount alone"
+                );
+            }
             return Ok(());
         }
         if mounted {
@@ -707,6 +873,20 @@ impl Driver {
         validate::required("volume_id", &req.volume_id)?;
         validate::required("volume_path", &req.volume_path)?;
         self.pause("NodeGetVolumeStats").await;
+        let req = req.clone();
+        let usage = self
+            .unkeyed_blocking(move |driver| driver.node_get_volume_stats(&req))
+            .await?;
+        Ok(csi::NodeGetVolumeStatsResponse {
+            usage,
+            volume_condition: None,
+        })
+    }
+
+    fn node_get_volume_stats(
+        &self,
+        req: &csi::NodeGetVolumeStatsRequest,
+    ) -> Result<Vec<csi::VolumeUsage>, CsiError> {
         let (access, capacity) = self.read(|state| {
             let volume = find_volume(state, &req.volume_id)?;
             let path = req.volume_path.trim_end_matches('/');
@@ -727,12 +907,8 @@ impl Driver {
                 req.volume_path
             )));
         }
-        let usage = node::stats(path, access, capacity).map_err(|e| {
+        node::stats(path, access, capacity).map_err(|e| {
             CsiError::Internal(format!("cannot read the usage of {}: {e}", req.volume_path))
-        })?;
-        Ok(csi::NodeGetVolumeStatsResponse {
-            usage,
-            volume_condition: None,
         })
     }
 
@@ -835,6 +1011,12 @@ fn find_volume<'a>(state: &'a State, id: &str) -> Result<&'a VolumeRecord, CsiEr
         .volumes
         .get(id)
         .ok_or_else(|| CsiError::NotFound(format!("volume {id} does not exist")))
+}
+
+/// Whether the mount on `target` shows `source` (see [`mounts::mounted_from`]).
+fn shows(target: &Path, source: &Path) -> Result<bool, CsiError> {
+    mounts::mounted_from(target, source)
+        .map_err(|e| CsiError::Internal(format!("cannot read the mount table: {e}")))
 }
 
 fn is_mounted(path: &Path) -> Result<bool, CsiError> {

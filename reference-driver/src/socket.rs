@@ -62,15 +62,9 @@ pub struct SocketId {
     ino: u64,
 }
 
-/// Binds a listener at `path` whose socket file is never accessible to anyone but the owner: it is
-/// bound inside a fresh 0700 directory, chmod-ed to 0600 and only then renamed into place.
-#[cfg(test)]
-pub fn bind_private(path: &Path) -> Result<(UnixListener, SocketId), SocketError> {
-    bind_with_mode(path, 0o600)
-}
-
-/// Like `bind_private`, with the socket chmod-ed to `mode` before it is renamed into place, so it is
-/// never reachable with other permissions.
+/// Binds a listener at `path` whose socket file is never reachable with other permissions than
+/// `mode`: it is bound inside a fresh 0700 directory, chmod-ed to `mode` and only then renamed
+/// into place.
 pub fn bind_with_mode(path: &Path, mode: u32) -> Result<(UnixListener, SocketId), SocketError> {
     remove_stale(path)?;
     let parent = match path.parent() {
@@ -176,7 +170,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("csi.sock");
 
-        let (listener, id) = bind_private(&path).unwrap();
+        let (listener, id) = bind_with_mode(&path, 0o600).unwrap();
         let meta = fs::symlink_metadata(&path).unwrap();
         assert!(meta.file_type().is_socket());
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
@@ -187,12 +181,12 @@ mod tests {
         );
 
         assert!(
-            matches!(bind_private(&path), Err(SocketError::InUse { .. })),
+            matches!(bind_with_mode(&path, 0o600), Err(SocketError::InUse { .. })),
             "live socket kept"
         );
         drop(listener);
         // The socket of a dead listener is stale and gets replaced.
-        let (_listener, new_id) = bind_private(&path).unwrap();
+        let (_listener, new_id) = bind_with_mode(&path, 0o600).unwrap();
         remove_if_ours(
             &path,
             SocketId {
@@ -207,11 +201,11 @@ mod tests {
         let file = dir.path().join("regular");
         fs::write(&file, b"x").unwrap();
         assert!(matches!(
-            bind_private(&file),
+            bind_with_mode(&file, 0o600),
             Err(SocketError::NotASocket { .. })
         ));
         assert!(matches!(
-            bind_private(dir.path()),
+            bind_with_mode(dir.path(), 0o600),
             Err(SocketError::NotASocket { .. })
         ));
         assert_eq!(fs::read(&file).unwrap(), b"x");

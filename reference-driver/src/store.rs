@@ -5,13 +5,12 @@
 //! Several driver processes may share one state directory (two controller replicas and a node
 //! plugin on one host). Every read or change therefore happens under [`Store::lock`]: an
 //! exclusive `flock(2)` on `<state-dir>/state.json.lock`, held for the whole read-modify-write,
-//! and `state.json` is re-read whenever its identity (device, inode, size, mtime) differs from
-//! what this process last read or wrote. Writes rename a new file into place, so every write
-//! gives the file a new inode and a change is never missed within one mtime tick.
+//! and `state.json` is re-read every time the lock is taken. The file is small; comparing its
+//! metadata instead (inode, size, mtime) could miss a change, since a renamed-in file may reuse
+//! an inode and mtimes can be coarse.
 
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -44,6 +43,8 @@ pub enum StoreError {
     Write { path: PathBuf, source: io::Error },
     #[error("cannot lock {path}: {source}")]
     Lock { path: PathBuf, source: io::Error },
+    #[error("cannot reconcile the volume data in {path} with the records: {source}")]
+    Sweep { path: PathBuf, source: io::Error },
 }
 
 #[derive(Serialize)]
@@ -60,36 +61,10 @@ struct FileIn {
     state: State,
 }
 
-/// What identifies one version of `state.json` on disk; `None` when there is no file.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stamp {
-    dev: u64,
-    ino: u64,
-    size: u64,
-    mtime: i64,
-    mtime_nsec: i64,
-}
-
-fn stamp_of(path: &Path) -> io::Result<Option<Stamp>> {
-    match fs::metadata(path) {
-        Ok(m) => Ok(Some(Stamp {
-            dev: m.dev(),
-            ino: m.ino(),
-            size: m.size(),
-            mtime: m.mtime(),
-            mtime_nsec: m.mtime_nsec(),
-        })),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// This process's copy of the state and the version of the file it came from.
+/// This process's copy of the state, as last read or written under the lock.
 #[derive(Debug, Default)]
 struct Cache {
     state: State,
-    /// `None` before the first read, and after a failed one.
-    stamp: Option<Option<Stamp>>,
 }
 
 /// Where the state lives, with this process's cached copy of it.
@@ -128,7 +103,7 @@ impl Store {
     }
 
     /// Takes this process's lock, then the exclusive flock shared with the other processes, and
-    /// re-reads `state.json` if another process replaced it since this one last saw it.
+    /// re-reads `state.json` (another process may have replaced it since this one last saw it).
     pub fn lock(&self) -> Result<Locked<'_>, StoreError> {
         // Every update replaces the whole cached state in one assignment after a successful
         // save, so the value behind a poisoned lock is still consistent.
@@ -152,18 +127,9 @@ impl Store {
                 Err(e) => return Err(lock_err(e.into())),
             }
         }
-        let path = self.path();
-        let stamp = stamp_of(&path).map_err(|source| StoreError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        if cache.stamp != Some(stamp) {
-            cache.stamp = None;
-            cache.state = load_state(&self.dir)?;
-            // The file cannot change while we hold the flock, so the stamp taken before the
-            // read is the one of what was read.
-            cache.stamp = Some(stamp);
-        }
+        // Re-read on every lock: the file is small, and comparing metadata (inode, size, mtime)
+        // can miss a change (inode reuse after the rename, coarse timestamps).
+        cache.state = load_state(&self.dir)?;
         Ok(Locked {
             store: self,
             cache,
@@ -171,13 +137,7 @@ impl Store {
         })
     }
 
-    /// A copy of the current state (under the lock for the moment of the copy).
-    #[cfg(test)]
-    pub fn load(&self) -> Result<State, StoreError> {
-        Ok(self.lock()?.state().clone())
-    }
-
-    fn write(&self, state: &State) -> Result<Option<Stamp>, StoreError> {
+    fn write(&self, state: &State) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec_pretty(&FileOut {
             version: FORMAT_VERSION,
             state,
@@ -185,14 +145,13 @@ impl Store {
         .map_err(StoreError::Encode)?;
         let path = self.path();
         let tmp = self.dir.join(format!(".{STATE_FILE}.tmp"));
-        let write = || -> io::Result<Option<Stamp>> {
+        let write = || -> io::Result<()> {
             let mut file = File::create(&tmp)?;
             file.write_all(&bytes)?;
             file.sync_all()?;
             fs::rename(&tmp, &path)?;
             // The rename itself is only durable once the directory entry is flushed.
-            File::open(&self.dir)?.sync_all()?;
-            stamp_of(&path)
+            File::open(&self.dir)?.sync_all()
         };
         write().map_err(|source| StoreError::Write { path, source })
     }
@@ -204,19 +163,11 @@ impl Locked<'_> {
     }
 
     /// Writes `next` durably, then makes it this process's current state. On failure the
-    /// cached state is kept, but re-read at the next lock (the file may or may not have moved).
+    /// cached state is kept (the next lock re-reads the file anyway).
     pub fn save(&mut self, next: State) -> Result<(), StoreError> {
-        match self.store.write(&next) {
-            Ok(stamp) => {
-                self.cache.state = next;
-                self.cache.stamp = Some(stamp);
-                Ok(())
-            }
-            Err(e) => {
-                self.cache.stamp = None;
-                Err(e)
-            }
-        }
+        self.store.write(&next)?;
+        self.cache.state = next;
+        Ok(())
     }
 }
 
@@ -298,16 +249,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("nested/state")).unwrap();
         assert_eq!(
-            store.load().unwrap(),
+            store.lock().unwrap().state().clone(),
             State::default(),
             "no file yet means empty"
         );
         let state = sample();
         store.lock().unwrap().save(state.clone()).unwrap();
-        assert_eq!(store.load().unwrap(), state);
+        assert_eq!(store.lock().unwrap().state().clone(), state);
         assert_eq!(load_state(&dir.path().join("nested/state")).unwrap(), state);
         store.lock().unwrap().save(State::default()).unwrap();
-        assert_eq!(store.load().unwrap(), State::default());
+        assert_eq!(store.lock().unwrap().state().clone(), State::default());
         let mut names: Vec<_> = fs::read_dir(dir.path().join("nested/state"))
             .unwrap()
             .map(|e| e.unwrap().file_name())
@@ -381,7 +332,11 @@ mod tests {
         let b = Store::open(dir.path()).unwrap();
         let state = sample();
         a.lock().unwrap().save(state.clone()).unwrap();
-        assert_eq!(b.load().unwrap(), state, "b re-reads what a wrote");
+        assert_eq!(
+            b.lock().unwrap().state().clone(),
+            state,
+            "b re-reads what a wrote"
+        );
         {
             let mut locked = b.lock().unwrap();
             let mut next = locked.state().clone();
@@ -391,5 +346,36 @@ mod tests {
         let seen = a.lock().unwrap().state().clone();
         assert!(seen.volumes.is_empty(), "a re-reads what b wrote");
         assert_eq!(seen.snapshots, state.snapshots);
+    }
+
+    /// A change that keeps the file's inode, size and modification time (an in-place rewrite,
+    /// or a renamed-in file that reuses the inode on a filesystem with coarse timestamps) is
+    /// still seen: the file is re-read at every lock.
+    #[test]
+    fn sees_a_change_that_keeps_inode_size_and_mtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Store::open(dir.path()).unwrap();
+        let mut state = sample();
+        a.lock().unwrap().save(state.clone()).unwrap();
+        let path = a.path();
+        let before = fs::metadata(&path).unwrap();
+        // Same length: change one digit of the capacity.
+        let bytes = fs::read_to_string(&path).unwrap();
+        let changed = bytes.replacen("\"capacity_bytes\": 42", "\"capacity_bytes\": 43", 1);
+        assert_ne!(bytes, changed);
+        assert_eq!(bytes.len(), changed.len());
+        let mut file = File::options().write(true).open(&path).unwrap();
+        file.write_all(changed.as_bytes()).unwrap();
+        file.set_modified(before.modified().unwrap()).unwrap();
+        drop(file);
+        let after = fs::metadata(&path).unwrap();
+        assert_eq!(
+            (after.len(), after.modified().unwrap()),
+            (before.len(), before.modified().unwrap())
+        );
+        if let Some(v) = state.volumes.get_mut("vol-1") {
+            v.capacity_bytes = 43;
+        }
+        assert_eq!(a.lock().unwrap().state(), &state);
     }
 }

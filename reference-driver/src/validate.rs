@@ -182,10 +182,27 @@ pub fn labels(topology: &csi::Topology) -> Labels {
         .collect()
 }
 
-/// The checked part of NodePublishVolume: volume id, target path and the publication wanted.
+/// A node path must be absolute: a relative one would be resolved against the driver's working
+/// directory, which is nobody's intent.
+pub fn absolute(field: &str, value: &str) -> Result<(), CsiError> {
+    if std::path::Path::new(value).is_absolute() {
+        Ok(())
+    } else {
+        Err(CsiError::InvalidArgument(format!(
+            "{field} must be an absolute path, got {value:?}"
+        )))
+    }
+}
+
+/// The checked part of NodePublishVolume: volume id, target path (and staging path, if given,
+/// both absolute) and the publication wanted.
 pub fn node_publish(req: &csi::NodePublishVolumeRequest) -> Result<Publication, CsiError> {
     required("volume_id", &req.volume_id)?;
     required("target_path", &req.target_path)?;
+    absolute("target_path", &req.target_path)?;
+    if !req.staging_target_path.is_empty() {
+        absolute("staging_target_path", &req.staging_target_path)?;
+    }
     let cap = req
         .volume_capability
         .as_ref()
@@ -196,10 +213,12 @@ pub fn node_publish(req: &csi::NodePublishVolumeRequest) -> Result<Publication, 
     })
 }
 
-/// The checked part of NodeStageVolume: volume id, staging path and the access kind wanted.
+/// The checked part of NodeStageVolume: volume id, staging path (absolute) and the access kind
+/// wanted.
 pub fn node_stage(req: &csi::NodeStageVolumeRequest) -> Result<AccessKind, CsiError> {
     required("volume_id", &req.volume_id)?;
     required("staging_target_path", &req.staging_target_path)?;
+    absolute("staging_target_path", &req.staging_target_path)?;
     let cap = req
         .volume_capability
         .as_ref()
@@ -410,6 +429,10 @@ mod tests {
                 ..staged.clone()
             },
             csi::NodeStageVolumeRequest {
+                staging_target_path: "relative/staging".into(),
+                ..staged.clone()
+            },
+            csi::NodeStageVolumeRequest {
                 volume_capability: None,
                 ..staged.clone()
             },
@@ -451,6 +474,14 @@ mod tests {
             },
             csi::NodePublishVolumeRequest {
                 target_path: String::new(),
+                ..published.clone()
+            },
+            csi::NodePublishVolumeRequest {
+                target_path: "target".into(),
+                ..published.clone()
+            },
+            csi::NodePublishVolumeRequest {
+                staging_target_path: "./staging".into(),
                 ..published.clone()
             },
             csi::NodePublishVolumeRequest {

@@ -566,3 +566,131 @@ async fn the_binary_serves_its_socket_with_socket_mode_and_cleans_up() {
     assert!(process.terminate().success());
     assert!(!csi_socket.exists(), "CSI socket removed on SIGTERM");
 }
+
+/// Unpublish and unstage touch only what the named volume has there: NodeUnpublish(A, B's
+/// target) and NodeUnstage(A, B's staging) answer OK and leave B's mounts to its pod; a mount
+/// that shows A's data is A's even without a record. A publish from a staging path whose mount
+/// is gone binds the data there again, so the pod never gets the bare directory. Relative paths
+/// are INVALID_ARGUMENT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_calls_leave_other_volumes_mounts_alone() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let mut guard = MountGuard::default();
+    let config = DriverConfig::new(dir.path().join("csi.sock"), dir.path().join("state"));
+    let running = start(&config);
+    let channel = channel(&config.endpoint).await;
+    let mut controller = ControllerClient::new(channel.clone());
+    let mut node = NodeClient::new(channel);
+
+    let a = create(&mut controller, "pvc-a", false).await;
+    let b = create(&mut controller, "pvc-b", false).await;
+    let data_a = dir.path().join("state/volumes").join(&a);
+    let staging_a = guard.watch(&dir.path().join("plugins/a/globalmount"));
+    let staging_b = guard.watch(&dir.path().join("plugins/b/globalmount"));
+    let target_a = guard.watch(&dir.path().join("pods/a/volumes/mount"));
+    let target_b = guard.watch(&dir.path().join("pods/b/volumes/mount"));
+    for (id, staging, target) in [(&a, &staging_a, &target_a), (&b, &staging_b, &target_b)] {
+        node.node_stage_volume(stage_req(id, staging, false))
+            .await
+            .expect("NodeStageVolume");
+        node.node_publish_volume(publish_req(id, staging, target, false, false))
+            .await
+            .expect("NodePublishVolume");
+    }
+    std::fs::write(Path::new(&target_b).join("b.txt"), b"pod b").unwrap();
+
+    node.node_unpublish_volume(unpublish_req(&a, &target_b))
+        .await
+        .expect("NodeUnpublish of a target the volume is not published at is OK");
+    assert!(mounted(&target_b), "B's target is still mounted");
+    assert_eq!(
+        std::fs::read(Path::new(&target_b).join("b.txt")).unwrap(),
+        b"pod b"
+    );
+    node.node_unstage_volume(unstage_req(&a, &staging_b))
+        .await
+        .expect("NodeUnstage of a path the volume is not staged at is OK");
+    assert!(mounted(&staging_b), "B's staging is still mounted");
+    assert!(mounted(&staging_a), "A's own staging is untouched too");
+
+    // A mount of A's data nobody recorded is still A's to undo.
+    let stray = guard.watch(&dir.path().join("pods/stray"));
+    std::fs::create_dir_all(&stray).unwrap();
+    mounts::bind(&data_a, Path::new(&stray)).unwrap();
+    node.node_unpublish_volume(unpublish_req(&a, &stray))
+        .await
+        .expect("NodeUnpublish of a mount of A's data");
+    assert!(!mounted(&stray) && !Path::new(&stray).exists());
+
+    // The stage mount vanishes behind the driver's back: a new publish binds it again.
+    node.node_unpublish_volume(unpublish_req(&a, &target_a))
+        .await
+        .unwrap();
+    mounts::unmount_all(Path::new(&staging_a)).unwrap();
+    assert!(!mounted(&staging_a));
+    let target_a2 = guard.watch(&dir.path().join("pods/a2/volumes/mount"));
+    node.node_publish_volume(publish_req(&a, &staging_a, &target_a2, false, false))
+        .await
+        .expect("NodePublishVolume with the stage mount gone");
+    assert!(mounted(&staging_a), "the stage mount is back");
+    std::fs::write(data_a.join("a.txt"), b"volume a").unwrap();
+    assert_eq!(
+        std::fs::read(Path::new(&target_a2).join("a.txt")).unwrap(),
+        b"volume a",
+        "the pod sees the volume's data, not the empty staging directory"
+    );
+
+    // Something else mounted on the recorded staging path: refused.
+    node.node_unpublish_volume(unpublish_req(&a, &target_a2))
+        .await
+        .unwrap();
+    mounts::unmount_all(Path::new(&staging_a)).unwrap();
+    let other = dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    mounts::bind(&other, Path::new(&staging_a)).unwrap();
+    let status = node
+        .node_publish_volume(publish_req(&a, &staging_a, &target_a2, false, false))
+        .await
+        .expect_err("a staging path showing something else");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(!mounted(&target_a2));
+    mounts::unmount_all(Path::new(&staging_a)).unwrap();
+
+    // Relative paths.
+    let status = node
+        .node_stage_volume(stage_req(&a, "relative/staging", false))
+        .await
+        .expect_err("relative staging path");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let status = node
+        .node_publish_volume(publish_req(&a, &staging_a, "pods/target", false, false))
+        .await
+        .expect_err("relative target path");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    // B still has everything; clean up.
+    assert!(mounted(&target_b) && mounted(&staging_b));
+    node.node_unpublish_volume(unpublish_req(&b, &target_b))
+        .await
+        .unwrap();
+    node.node_unstage_volume(unstage_req(&b, &staging_b))
+        .await
+        .unwrap();
+    node.node_unstage_volume(unstage_req(&a, &staging_a))
+        .await
+        .unwrap();
+    assert!(!mounted(&target_b) && !mounted(&staging_b) && !mounted(&staging_a));
+    for id in [&a, &b] {
+        controller
+            .delete_volume(csi::DeleteVolumeRequest {
+                volume_id: id.clone(),
+                secrets: Default::default(),
+            })
+            .await
+            .expect("DeleteVolume");
+    }
+    drop(guard);
+    let _ = running.stop.send(());
+    running.task.await.unwrap().unwrap();
+}

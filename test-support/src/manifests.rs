@@ -212,6 +212,11 @@ pub async fn dry_run_pod(client: &Client, deployment: &Value) {
         .collect();
     let mut alone = spec.clone();
     alone["containers"] = Value::Array(vec![sidecar.clone()]);
+    // Its ServiceAccount lives in the workload's namespace, not in the restricted one.
+    if let Some(fields) = alone.as_object_mut() {
+        fields.remove("serviceAccountName");
+        fields.remove("automountServiceAccountToken");
+    }
     alone["volumes"] = Value::Array(
         spec["volumes"]
             .as_array()

@@ -39,13 +39,23 @@ const STATE_ROOT: &str = "/var/lib/csi-testbed-node";
 const RUN_ROOT: &str = "/run/csi-testbed-node";
 /// Outside [`RUN_ROOT`], which start-up wipes while holding it.
 const LOCK_FILE: &str = "/run/csi-testbed-node.lock";
+/// How long a start waits for another run's node (a test binary before it) to end.
+const LOCK_WAIT: Duration = Duration::from_secs(30 * 60);
+/// A file in [`KUBELET_ROOT`] saying the testbed made it: a `/var/lib/kubelet` without it
+/// belongs to a real kubelet, and the testbed refuses to touch it.
+const MARKER: &str = ".csi-testbed-node";
+/// The label of [`SERVICE_IP`] on `lo`, so a later start removes it after a killed run.
+const ADDRESS_LABEL: &str = "lo:csitb";
+/// The kubelet's `cgroupRoot`: every pod's cgroup is under it, so a cleanup kills only the
+/// testbed's pods.
+const CGROUP_ROOT: &str = "csi-testbed-node";
+/// A runtime call that takes longer is stuck (containerd wedged): the start fails, a teardown
+/// goes on without it.
+const CTR_TIMEOUT: Duration = Duration::from_secs(120);
 const BRIDGE: &str = "csitb0";
 const POD_SUBNET: &str = "10.88.0.0/16";
 const KUBELET_HEALTHZ_PORT: u16 = 10248;
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
-/// Where the kubelet puts pods (cgroupfs driver): the `pids` hierarchy on cgroup v1, the
-/// unified one on v2.
-const POD_CGROUPS: [&str; 2] = ["/sys/fs/cgroup/pids/kubepods", "/sys/fs/cgroup/kubepods"];
 
 const CONTAINERD_READY_TIMEOUT: Duration = Duration::from_secs(30);
 const KUBELET_READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -57,46 +67,52 @@ const LEFTOVER_KILL_ROUNDS: u32 = 40;
 
 /// The machine's side of the node: the lock, the loopback address, the kubelet's shared root.
 /// Taken before the apiserver starts (it listens on [`SERVICE_IP`]); dropping it removes all
-/// of that again.
+/// of that again, also after a failure half-way through [`Host::prepare`].
 pub struct Host {
     _lock: File,
-    address_added: bool,
 }
 
 impl Host {
-    /// Checks what a node needs, takes the machine's node lock (waiting for another run's node
-    /// to end), removes a killed run's leftovers and prepares the host.
+    /// Checks what a node needs, takes the machine's node lock (waiting a bounded time for
+    /// another run's node to end), removes a killed run's leftovers and prepares the host.
     pub fn prepare() -> Result<Self, Error> {
         check_prerequisites()?;
-        let lock = take_lock()?;
+        let host = Host {
+            _lock: take_lock()?,
+        };
+        refuse_a_foreign_kubelet()?;
         clean_slate();
+        make_cgroup_roots()?;
         for dir in [KUBELET_ROOT, STATE_ROOT, RUN_ROOT] {
             std::fs::create_dir_all(dir).map_err(|source| Error::WriteFile {
                 path: dir.into(),
                 source,
             })?;
         }
+        write(&Path::new(KUBELET_ROOT).join(MARKER), "csi-testbed\n")?;
         // Bidirectional mount propagation (the node plugin's mounts reaching the kubelet and
         // the pods) needs the kubelet's root to be a shared mount; `/` is private here.
         run_host("mount", &["--bind", KUBELET_ROOT, KUBELET_ROOT])?;
         run_host("mount", &["--make-rshared", KUBELET_ROOT])?;
-        let address_added = add_service_address()?;
-        Ok(Host {
-            _lock: lock,
-            address_added,
-        })
+        run_host(
+            "ip",
+            &[
+                "addr",
+                "add",
+                &format!("{SERVICE_IP}/32"),
+                "dev",
+                "lo",
+                "label",
+                ADDRESS_LABEL,
+            ],
+        )?;
+        Ok(host)
     }
 }
 
 impl Drop for Host {
     fn drop(&mut self) {
         clean_slate();
-        if self.address_added {
-            let cidr = format!("{SERVICE_IP}/32");
-            if let Err(e) = run_host("ip", &["addr", "del", &cidr, "dev", "lo"]) {
-                eprintln!("[testbed] node: {e}");
-            }
-        }
     }
 }
 
@@ -268,12 +284,20 @@ impl Node {
     }
 
     async fn import(&mut self, archive: &Path) -> Result<(), Error> {
-        let output = tokio::process::Command::new(&self.ctr)
+        let import = tokio::process::Command::new(&self.ctr)
             .arg(format!("--address={}", containerd_socket().display()))
             .args(["--namespace=k8s.io", "images", "import"])
             .arg(archive)
-            .output()
+            .kill_on_drop(true)
+            .output();
+        let output = tokio::time::timeout(CTR_TIMEOUT, import)
             .await
+            .map_err(|_| {
+                Error::NodeUnavailable(format!(
+                    "importing the image {} into containerd took over {CTR_TIMEOUT:?}",
+                    archive.display()
+                ))
+            })?
             .map_err(|e| Error::NodeUnavailable(format!("running ctr: {e}")))?;
         if output.status.success() {
             Ok(())
@@ -374,21 +398,24 @@ impl Node {
     /// the supervisor's process groups: the runtime's shims own them).
     fn kill_containers(&self) {
         let address = format!("--address={}", containerd_socket().display());
-        let listed = Command::new(&self.ctr)
-            .args([address.as_str(), "--namespace=k8s.io", "tasks", "ls", "-q"])
-            .output();
-        let Ok(listed) = listed else { return };
-        for task in String::from_utf8_lossy(&listed.stdout).split_whitespace() {
-            let _ = Command::new(&self.ctr)
-                .args([
-                    address.as_str(),
-                    "--namespace=k8s.io",
-                    "tasks",
-                    "kill",
-                    "--signal=SIGKILL",
-                    task,
-                ])
-                .output();
+        let Some(listed) = output_within(Command::new(&self.ctr).args([
+            address.as_str(),
+            "--namespace=k8s.io",
+            "tasks",
+            "ls",
+            "-q",
+        ])) else {
+            return;
+        };
+        for task in listed.split_whitespace() {
+            output_within(Command::new(&self.ctr).args([
+                address.as_str(),
+                "--namespace=k8s.io",
+                "tasks",
+                "kill",
+                "--signal=SIGKILL",
+                task,
+            ]));
         }
     }
 }
@@ -401,6 +428,34 @@ impl Drop for Node {
         self.kill_containers();
         self.supervisor.stop(Component::Containerd);
         // `_host` cleans up after the fields before it are dropped.
+    }
+}
+
+/// A teardown's runtime call: its stdout, or `None` if it failed or took over [`CTR_TIMEOUT`]
+/// (then it is killed; the host cleanup that follows kills the pods by their cgroups anyway).
+fn output_within(command: &mut Command) -> Option<String> {
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let started = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => {
+                let mut out = String::new();
+                std::io::Read::read_to_string(child.stdout.as_mut()?, &mut out).ok()?;
+                return Some(out);
+            }
+            Ok(Some(_)) | Err(_) => return None,
+            Ok(None) if started.elapsed() > CTR_TIMEOUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                eprintln!("[testbed] node: {command:?} took over {CTR_TIMEOUT:?}; killed");
+                return None;
+            }
+            Ok(None) => std::thread::sleep(POLL),
+        }
     }
 }
 
@@ -509,6 +564,7 @@ fn kubelet_yaml(containerd_socket: &Path, client_ca: &Path) -> String {
         "failCgroupV1": false,
         "failSwapOn": false,
         "cgroupDriver": "cgroupfs",
+        "cgroupRoot": format!("/{CGROUP_ROOT}"),
         "containerRuntimeEndpoint": format!("unix://{}", containerd_socket.display()),
         "address": SERVICE_IP,
         "readOnlyPort": 0,
@@ -577,8 +633,8 @@ fn check_prerequisites() -> Result<(), Error> {
     Ok(())
 }
 
-/// Waits while another run's node holds the machine (one test binary after the other), then
-/// holds the lock for as long as the returned file lives.
+/// Waits (up to [`LOCK_WAIT`]) while another run's node holds the machine (one test binary
+/// after the other), then holds the lock for as long as the returned file lives.
 fn take_lock() -> Result<File, Error> {
     let file = std::fs::OpenOptions::new()
         .create(true)
@@ -589,32 +645,68 @@ fn take_lock() -> Result<File, Error> {
             path: LOCK_FILE.into(),
             source,
         })?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            eprintln!("[testbed] node: another run's node holds {LOCK_FILE}; waiting for it");
-            file.lock().map_err(|source| Error::WriteFile {
-                path: LOCK_FILE.into(),
-                source,
-            })?;
-        }
-        Err(std::fs::TryLockError::Error(source)) => {
-            return Err(Error::WriteFile {
-                path: LOCK_FILE.into(),
-                source,
-            });
+    let started = Instant::now();
+    let mut said = false;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_WAIT => {
+                if !said {
+                    eprintln!(
+                        "[testbed] node: another run's node holds {LOCK_FILE}; waiting up to {LOCK_WAIT:?} for it"
+                    );
+                    said = true;
+                }
+                std::thread::sleep(POLL);
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::NodeUnavailable(format!(
+                    "another run's node held {LOCK_FILE} for {LOCK_WAIT:?} (see `fuser {LOCK_FILE}`)"
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(Error::NodeUnavailable(format!("locking {LOCK_FILE}: {e}")));
+            }
         }
     }
-    Ok(file)
 }
 
-/// Best effort, and logged: kills what an earlier run left (its kubelet, containerd and shims by
-/// their command lines, the pods' processes by their cgroups), unmounts everything under the
-/// node's directories, removes them, and deletes the bridge.
+/// A `/var/lib/kubelet` the testbed did not make, or a kubelet it did not start, belongs to a
+/// real node: cleaning up would kill its pods and remove its volumes.
+fn refuse_a_foreign_kubelet() -> Result<(), Error> {
+    let root = Path::new(KUBELET_ROOT);
+    if root.exists() && !root.join(MARKER).exists() {
+        return Err(Error::NodeUnavailable(format!(
+            "{KUBELET_ROOT} exists and was not made by the testbed (no {MARKER}): this machine \
+             looks like a real node, which the testbed's node would damage"
+        )));
+    }
+    let foreign = node_processes(|exe, cmdline| exe == "kubelet" && !cmdline.contains(RUN_ROOT));
+    if !foreign.is_empty() {
+        return Err(Error::NodeUnavailable(format!(
+            "a kubelet the testbed did not start is running (pids {foreign:?})"
+        )));
+    }
+    Ok(())
+}
+
+/// Best effort, and logged: kills what an earlier run left (its kubelet, containerd and shims,
+/// the pods' processes by their cgroups under [`CGROUP_ROOT`]), unmounts everything under the
+/// node's directories and removes them (not a directory that still has a mount under it),
+/// deletes the bridge and the loopback address.
 fn clean_slate() {
-    kill_matching(|cmdline| cmdline.contains(RUN_ROOT));
+    for pid in node_processes(|exe, cmdline| {
+        matches!(exe, "kubelet" | "containerd" | "containerd-shim-runc-v2")
+            && cmdline.contains(RUN_ROOT)
+    }) {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    let cgroups = cgroup_roots();
     for round in 0..LEFTOVER_KILL_ROUNDS {
-        let pids = pod_processes();
+        let mut pids = Vec::new();
+        for root in &cgroups {
+            collect_procs(root, &mut pids);
+        }
         if pids.is_empty() {
             break;
         }
@@ -629,11 +721,15 @@ fn clean_slate() {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    for root in POD_CGROUPS {
-        remove_cgroups(Path::new(root));
+    for root in &cgroups {
+        remove_dirs_deepest_first(root);
     }
     for root in [KUBELET_ROOT, STATE_ROOT, RUN_ROOT] {
-        unmount_under(root);
+        let still_mounted = unmount_under(root);
+        if !still_mounted.is_empty() {
+            eprintln!("[testbed] node: not removing {root}: still mounted: {still_mounted:?}");
+            continue;
+        }
         if let Err(e) = std::fs::remove_dir_all(root)
             && e.kind() != std::io::ErrorKind::NotFound
         {
@@ -643,40 +739,72 @@ fn clean_slate() {
     if Path::new("/sys/class/net").join(BRIDGE).exists() {
         let _ = run_host("ip", &["link", "del", BRIDGE]);
     }
+    let labelled = Command::new("ip")
+        .args(["-o", "addr", "show", "label", ADDRESS_LABEL])
+        .output()
+        .is_ok_and(|o| !o.stdout.is_empty());
+    if labelled {
+        let cidr = format!("{SERVICE_IP}/32");
+        if let Err(e) = run_host("ip", &["addr", "del", &cidr, "dev", "lo"]) {
+            eprintln!("[testbed] node: {e}");
+        }
+    }
 }
 
-fn kill_matching(matches: impl Fn(&str) -> bool) {
+/// Processes whose executable's file name and command line `matches` (the name, not the
+/// command line alone: an editor open on a file of the node's is no node process).
+fn node_processes(matches: impl Fn(&str, &str) -> bool) -> Vec<i32> {
     let me = std::process::id();
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
+        return Vec::new();
     };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if u32::try_from(pid).is_ok_and(|p| p == me) {
-            continue;
-        }
-        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
-        if matches(&cmdline) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-    }
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<i32>().ok()?;
+            if u32::try_from(pid).is_ok_and(|p| p == me) {
+                return None;
+            }
+            let exe = std::fs::read_link(entry.path().join("exe")).ok()?;
+            let name = exe.file_name()?.to_str()?.to_owned();
+            let raw = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&raw).replace('\0', " ");
+            matches(&name, &cmdline).then_some(pid)
+        })
+        .collect()
 }
 
-fn pod_processes() -> Vec<i32> {
-    let mut pids = Vec::new();
-    for root in POD_CGROUPS {
-        collect_procs(Path::new(root), &mut pids);
+/// [`CGROUP_ROOT`] in every cgroup hierarchy mounted (each v1 controller, and v2).
+fn cgroup_roots() -> Vec<PathBuf> {
+    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    cgroup_mounts(&mountinfo)
+        .into_iter()
+        .map(|mount| mount.join(CGROUP_ROOT))
+        .collect()
+}
+
+/// Pure: the mount points of the cgroup file systems (v1 and v2) of a mountinfo text.
+fn cgroup_mounts(mountinfo: &str) -> Vec<PathBuf> {
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let fstype = right.split(' ').next()?;
+            matches!(fstype, "cgroup" | "cgroup2").then(|| left.split(' ').nth(4))?
+        })
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// Makes [`CGROUP_ROOT`] in every hierarchy: the kubelet refuses a `cgroupRoot` that does not
+/// exist.
+fn make_cgroup_roots() -> Result<(), Error> {
+    for root in cgroup_roots() {
+        std::fs::create_dir_all(&root).map_err(|source| Error::WriteFile { path: root, source })?;
     }
-    pids
+    Ok(())
 }
 
 fn collect_procs(dir: &Path, pids: &mut Vec<i32>) {
@@ -692,31 +820,7 @@ fn collect_procs(dir: &Path, pids: &mut Vec<i32>) {
     }
 }
 
-/// Removes the pods' empty cgroups, deepest first, in every v1 hierarchy (the kubelet makes
-/// them again).
-fn remove_cgroups(pids_root: &Path) {
-    let Some(name) = pids_root.file_name() else {
-        return;
-    };
-    let hierarchies: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-        .map(|entries| {
-            entries
-                .flatten()
-                .map(|e| e.path().join(name))
-                .filter(|p| p.is_dir())
-                .collect()
-        })
-        .unwrap_or_default();
-    let roots = if hierarchies.is_empty() {
-        vec![pids_root.to_owned()]
-    } else {
-        hierarchies
-    };
-    for root in roots {
-        remove_dirs_deepest_first(&root);
-    }
-}
-
+/// Removes a tree of empty cgroups, deepest first.
 fn remove_dirs_deepest_first(dir: &Path) {
     if let Ok(entries) = std::fs::read_dir(dir) {
         for entry in entries.flatten() {
@@ -729,63 +833,24 @@ fn remove_dirs_deepest_first(dir: &Path) {
 }
 
 /// Unmounts every mount point at or under `root`, deepest first (`umount --lazy`: a cleanup
-/// must not wait on a busy mount).
-fn unmount_under(root: &str) {
-    let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
+/// must not wait on a busy mount); returns the ones still there afterwards.
+fn unmount_under(root: &str) -> Vec<PathBuf> {
+    let under = || -> Vec<PathBuf> {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .map(|mountinfo| {
+                csi_reference_driver::mounts::parse_mount_points(&mountinfo)
+                    .into_iter()
+                    .filter(|point| point.starts_with(root))
+                    .collect()
+            })
+            .unwrap_or_default()
     };
-    let mut points = mount_points_under(&mountinfo, root);
-    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    let mut points = under();
+    points.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
     for point in points {
-        let _ = Command::new("umount").args(["--lazy", &point]).output();
+        let _ = Command::new("umount").arg("--lazy").arg(&point).output();
     }
-}
-
-/// Pure: the mount points of a mountinfo text at or under `root` (octal escapes decoded).
-fn mount_points_under(mountinfo: &str, root: &str) -> Vec<String> {
-    mountinfo
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(unescape_mountinfo)
-        .filter(|point| point == root || point.starts_with(&format!("{root}/")))
-        .collect()
-}
-
-fn unescape_mountinfo(field: &str) -> String {
-    let mut out = String::with_capacity(field.len());
-    let mut rest = field;
-    while let Some(i) = rest.find('\\') {
-        out.push_str(&rest[..i]);
-        let code = rest.get(i + 1..i + 4);
-        match code.and_then(|c| u8::from_str_radix(c, 8).ok()) {
-            Some(byte) => {
-                out.push(char::from(byte));
-                rest = &rest[i + 4..];
-            }
-            None => {
-                out.push('\\');
-                rest = &rest[i + 1..];
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-/// Puts [`SERVICE_IP`] on loopback; `false` when it was already there (then it is left there).
-fn add_service_address() -> Result<bool, Error> {
-    let shown = Command::new("ip")
-        .args(["-o", "addr", "show", "dev", "lo"])
-        .output()
-        .map_err(|e| Error::NodeUnavailable(format!("running ip: {e}")))?;
-    if String::from_utf8_lossy(&shown.stdout).contains(&format!(" {SERVICE_IP}/")) {
-        return Ok(false);
-    }
-    run_host(
-        "ip",
-        &["addr", "add", &format!("{SERVICE_IP}/32"), "dev", "lo"],
-    )?;
-    Ok(true)
+    under()
 }
 
 fn run_host(program: &str, args: &[&str]) -> Result<(), Error> {
@@ -818,19 +883,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mount_points_under_a_root_are_found_with_escapes_decoded() {
+    fn cgroup_mounts_of_both_versions_are_found() {
         let mountinfo = "\
 22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
-100 22 254:0 /var/lib/kubelet /var/lib/kubelet rw shared:5 - ext4 /dev/vda rw
-101 100 0:50 / /var/lib/kubelet/pods/a/volumes/kubernetes.io~projected/kube\\040api rw - tmpfs tmpfs rw
-102 22 0:51 / /var/lib/kubeletx rw - tmpfs tmpfs rw
+30 25 0:26 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+31 25 0:27 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+32 25 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw,mode=755
 ";
-        let points = mount_points_under(mountinfo, "/var/lib/kubelet");
         assert_eq!(
-            points,
+            cgroup_mounts(mountinfo),
             vec![
-                "/var/lib/kubelet".to_owned(),
-                "/var/lib/kubelet/pods/a/volumes/kubernetes.io~projected/kube api".to_owned(),
+                PathBuf::from("/sys/fs/cgroup/pids"),
+                PathBuf::from("/sys/fs/cgroup/unified")
             ]
         );
     }

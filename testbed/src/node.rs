@@ -600,18 +600,33 @@ fn write(path: &Path, contents: &str) -> Result<(), Error> {
 }
 
 fn check_prerequisites() -> Result<(), Error> {
-    let missing = |what: String| Err(Error::NodeUnavailable(what));
-    if !nix::unistd::geteuid().is_root() {
-        return missing(
-            "a node needs root (mounts, cgroups, network namespaces); run as root".to_owned(),
-        );
+    let host = HostFacts {
+        root: nix::unistd::geteuid().is_root(),
+        cgroups: Path::new("/sys/fs/cgroup/pids").is_dir()
+            || Path::new("/sys/fs/cgroup/cgroup.controllers").is_file(),
+        cni_bridge: Path::new(CNI_BIN_DIR).join("bridge").is_file(),
+    };
+    match missing_piece(&host, |program| find_in_path(program).is_some()) {
+        Some(what) => Err(Error::NodeUnavailable(what)),
+        None => Ok(()),
     }
-    if !Path::new("/sys/fs/cgroup/pids").is_dir()
-        && !Path::new("/sys/fs/cgroup/cgroup.controllers").is_file()
-    {
-        return missing(
-            "no cgroup hierarchy with the pids controller under /sys/fs/cgroup".to_owned(),
-        );
+}
+
+/// What [`missing_piece`] judges, read from the machine.
+struct HostFacts {
+    root: bool,
+    cgroups: bool,
+    cni_bridge: bool,
+}
+
+/// Pure: the first thing a node needs that the machine lacks, said so that the user knows what
+/// to do.
+fn missing_piece(host: &HostFacts, installed: impl Fn(&str) -> bool) -> Option<String> {
+    if !host.root {
+        return Some("a node needs root (mounts, cgroups, network namespaces); run as root".into());
+    }
+    if !host.cgroups {
+        return Some("no cgroup hierarchy with the pids controller under /sys/fs/cgroup".into());
     }
     for (program, package) in [
         ("runc", "runc"),
@@ -619,18 +634,18 @@ fn check_prerequisites() -> Result<(), Error> {
         ("mount", "mount"),
         ("umount", "mount"),
     ] {
-        if find_in_path(program).is_none() {
-            return missing(format!(
+        if !installed(program) {
+            return Some(format!(
                 "{program} is not installed (apt-get install {package})"
             ));
         }
     }
-    if !Path::new(CNI_BIN_DIR).join("bridge").is_file() {
-        return missing(format!(
+    if !host.cni_bridge {
+        return Some(format!(
             "the CNI plugins are not in {CNI_BIN_DIR} (apt-get install containernetworking-plugins)"
         ));
     }
-    Ok(())
+    None
 }
 
 /// Waits (up to [`LOCK_WAIT`]) while another run's node holds the machine (one test binary
@@ -881,6 +896,37 @@ fn find_in_path(program: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_piece_is_named_with_what_installs_it() {
+        let ready = HostFacts {
+            root: true,
+            cgroups: true,
+            cni_bridge: true,
+        };
+        assert_eq!(missing_piece(&ready, |_| true), None);
+        let no_runc = missing_piece(&ready, |program| program != "runc");
+        assert_eq!(
+            no_runc.as_deref(),
+            Some("runc is not installed (apt-get install runc)")
+        );
+        let no_cgroups = HostFacts {
+            cgroups: false,
+            ..ready
+        };
+        assert!(
+            missing_piece(&no_cgroups, |_| true).is_some_and(|m| m.contains("no cgroup hierarchy"))
+        );
+        let no_cni = HostFacts {
+            cni_bridge: false,
+            ..no_cgroups
+        };
+        let user = HostFacts {
+            root: false,
+            ..no_cni
+        };
+        assert!(missing_piece(&user, |_| false).is_some_and(|m| m.contains("needs root")));
+    }
 
     #[test]
     fn cgroup_mounts_of_both_versions_are_found() {

@@ -164,16 +164,41 @@ fn start(config: &DriverConfig) -> InProcess {
     InProcess { stop, task }
 }
 
-#[tokio::test]
-async fn mount_volumes_are_bind_mounted_through_stage_and_publish() {
+/// A driver served in this process on a temporary directory (its socket and state dir inside),
+/// with its clients; the guard unmounts what a test mounted before the directory goes (fields
+/// drop in order; a test's bindings in reverse, so it names `dir` first).
+struct Plugin {
+    guard: MountGuard,
+    running: InProcess,
+    controller: ControllerClient<Channel>,
+    node: NodeClient<Channel>,
+    dir: tempfile::TempDir,
+}
+
+async fn plugin() -> Plugin {
     require_root();
     let dir = tempfile::tempdir().unwrap();
-    let mut guard = MountGuard::default();
     let config = DriverConfig::new(dir.path().join("csi.sock"), dir.path().join("state"));
     let running = start(&config);
     let channel = channel(&config.endpoint).await;
-    let mut controller = ControllerClient::new(channel.clone());
-    let mut node = NodeClient::new(channel);
+    Plugin {
+        guard: MountGuard::default(),
+        running,
+        controller: ControllerClient::new(channel.clone()),
+        node: NodeClient::new(channel),
+        dir,
+    }
+}
+
+#[tokio::test]
+async fn mount_volumes_are_bind_mounted_through_stage_and_publish() {
+    let Plugin {
+        dir,
+        mut guard,
+        running,
+        mut controller,
+        mut node,
+    } = plugin().await;
 
     let caps: BTreeSet<i32> = node
         .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
@@ -355,14 +380,13 @@ async fn mount_volumes_are_bind_mounted_through_stage_and_publish() {
 
 #[tokio::test]
 async fn block_volumes_are_bind_mounted_files() {
-    require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let mut guard = MountGuard::default();
-    let config = DriverConfig::new(dir.path().join("csi.sock"), dir.path().join("state"));
-    let running = start(&config);
-    let channel = channel(&config.endpoint).await;
-    let mut controller = ControllerClient::new(channel.clone());
-    let mut node = NodeClient::new(channel);
+    let Plugin {
+        dir,
+        mut guard,
+        running,
+        mut controller,
+        mut node,
+    } = plugin().await;
 
     let id = create(&mut controller, "pvc-block", true).await;
     let data = dir.path().join(format!("state/volumes/{id}.block"));
@@ -574,14 +598,13 @@ async fn the_binary_serves_its_socket_with_socket_mode_and_cleans_up() {
 /// are INVALID_ARGUMENT.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_calls_leave_other_volumes_mounts_alone() {
-    require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let mut guard = MountGuard::default();
-    let config = DriverConfig::new(dir.path().join("csi.sock"), dir.path().join("state"));
-    let running = start(&config);
-    let channel = channel(&config.endpoint).await;
-    let mut controller = ControllerClient::new(channel.clone());
-    let mut node = NodeClient::new(channel);
+    let Plugin {
+        dir,
+        mut guard,
+        running,
+        mut controller,
+        mut node,
+    } = plugin().await;
 
     let a = create(&mut controller, "pvc-a", false).await;
     let b = create(&mut controller, "pvc-b", false).await;

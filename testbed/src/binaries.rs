@@ -30,7 +30,7 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    #[cfg(test)]
+    /// A directory the caller checked (the node's binaries, a test's fakes).
     pub fn at(dir: &Path) -> Self {
         Binaries {
             dir: dir.to_owned(),

@@ -256,8 +256,7 @@ impl ControlPlane {
             (Some(host), Some(images)) => Some(
                 node::Node::start(node::NodeStart {
                     host,
-                    run_dir: &layout.root,
-                    logs_dir: &layout.logs(),
+                    layout: &layout,
                     apiserver_url: &apiserver_url,
                     pki: &pki_files,
                     images,
@@ -427,11 +426,11 @@ fn health_client(port: u16, ca_der: &[u8]) -> Result<kube::Client, Error> {
     Ok(kube::Client::try_from(config)?)
 }
 
-/// Borrowed state of one `start()` call.
-struct Run<'a> {
-    supervisor: &'a mut Supervisor,
-    binaries: &'a Binaries,
-    layout: &'a Layout,
+/// Borrowed state of one `start()` call (of the control plane, or of its node).
+pub(crate) struct Run<'a> {
+    pub(crate) supervisor: &'a mut Supervisor,
+    pub(crate) binaries: &'a Binaries,
+    pub(crate) layout: &'a Layout,
 }
 
 enum Outcome {
@@ -443,7 +442,7 @@ impl Run<'_> {
     /// Starts `component` on `n_ports` fresh ports (`prepare` turns them into its arguments and
     /// readiness probe) and restarts it on new ports when another process took one in the
     /// meantime. Returns the ports in use.
-    async fn launch<F, Fut>(
+    pub(crate) async fn launch<F, Fut>(
         &mut self,
         component: Component,
         n_ports: usize,
@@ -485,7 +484,11 @@ impl Run<'_> {
         timeout: Duration,
     ) -> Result<Outcome, Error> {
         let log = self.layout.log(component);
-        eprintln!("[testbed] starting {component} on 127.0.0.1 port(s) {ports:?} ...");
+        if ports.is_empty() {
+            eprintln!("[testbed] starting {component} ...");
+        } else {
+            eprintln!("[testbed] starting {component} on 127.0.0.1 port(s) {ports:?} ...");
+        }
         let started = Instant::now();
         self.supervisor
             .spawn(component, &self.binaries.path(component), args, &log)?;

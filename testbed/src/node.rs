@@ -16,6 +16,9 @@ use k8s_openapi::api::core::v1::Node as NodeObject;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+use crate::Run;
+use crate::args::Layout;
+use crate::binaries::Binaries;
 use crate::error::{Component, Error};
 use crate::process::{self, Supervisor};
 use crate::readiness::Probe;
@@ -56,6 +59,8 @@ const BRIDGE: &str = "csitb0";
 const POD_SUBNET: &str = "10.88.0.0/16";
 const KUBELET_HEALTHZ_PORT: u16 = 10248;
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
+/// What `hack/build-node.sh` builds.
+const NODE_BINARIES: [&str; 4] = ["kubelet", "containerd", "containerd-shim-runc-v2", "ctr"];
 
 const CONTAINERD_READY_TIMEOUT: Duration = Duration::from_secs(30);
 const KUBELET_READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -126,36 +131,26 @@ pub struct Node {
     _host: Host,
 }
 
-/// The node's binaries: `hack/build-node.sh`'s output directory.
-struct NodeBinaries {
-    dir: PathBuf,
-}
-
-impl NodeBinaries {
-    fn locate() -> Result<Self, Error> {
-        let dir = crate::workspace::run_build_script("build-node.sh")
-            .map_err(|e| Error::NodeUnavailable(format!("building the node binaries: {e}")))?;
-        for name in ["kubelet", "containerd", "containerd-shim-runc-v2", "ctr"] {
-            if !dir.join(name).is_file() {
-                return Err(Error::NodeUnavailable(format!(
-                    "{} has no {name}",
-                    dir.display()
-                )));
-            }
+/// `hack/build-node.sh`'s output directory, checked.
+fn locate_binaries() -> Result<Binaries, Error> {
+    let dir = crate::workspace::run_build_script("build-node.sh")
+        .map_err(|e| Error::NodeUnavailable(format!("building the node binaries: {e}")))?;
+    for name in NODE_BINARIES {
+        if !dir.join(name).is_file() {
+            return Err(Error::NodeUnavailable(format!(
+                "{} has no {name}",
+                dir.display()
+            )));
         }
-        Ok(NodeBinaries { dir })
     }
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
+    Ok(Binaries::at(&dir))
 }
 
 /// What [`Node::start`] needs from the control plane.
 pub struct NodeStart<'a> {
     pub host: Host,
-    /// The run directory (logs, the kubelet's kubeconfig and certificates).
-    pub run_dir: &'a Path,
-    pub logs_dir: &'a Path,
+    /// The run directory (logs, the kubelet's kubeconfig).
+    pub layout: &'a Layout,
     pub apiserver_url: &'a str,
     pub pki: &'a crate::pki::PkiFiles,
     /// `docker-archive` tarballs imported into containerd before the kubelet starts (no
@@ -168,14 +163,13 @@ impl Node {
     pub async fn start(start: NodeStart<'_>) -> Result<Self, Error> {
         let NodeStart {
             host,
-            run_dir,
-            logs_dir,
+            layout,
             apiserver_url,
             pki,
             images,
             admin,
         } = start;
-        let binaries = tokio::task::spawn_blocking(NodeBinaries::locate)
+        let binaries = tokio::task::spawn_blocking(locate_binaries)
             .await
             .map_err(|e| Error::NodeUnavailable(format!("locating task failed: {e}")))??;
         let runc = find_in_path("runc").ok_or_else(|| {
@@ -192,7 +186,7 @@ impl Node {
         let containerd_config = Path::new(RUN_ROOT).join("containerd.toml");
         write(
             &containerd_config,
-            &containerd_toml(&binaries.path("containerd-shim-runc-v2"), &runc),
+            &containerd_toml(&binaries.dir().join("containerd-shim-runc-v2"), &runc),
         )?;
         write(&cni_dir.join("10-csi-testbed.conflist"), &cni_conflist())?;
         let kubelet_config = kubelet_dir.join("config.yaml");
@@ -200,71 +194,65 @@ impl Node {
             &kubelet_config,
             &kubelet_yaml(&containerd_socket(), &pki.client_ca),
         )?;
-        let kubelet_kubeconfig = run_dir.join("kubelet.kubeconfig");
+        let kubelet_kubeconfig = layout.root.join("kubelet.kubeconfig");
         crate::pki::write_file(
             &kubelet_kubeconfig,
             &crate::kubeconfig::render_node(apiserver_url, pki),
         )?;
 
-        let containerd_log = logs_dir.join("containerd.log");
-        let kubelet_log = logs_dir.join("kubelet.log");
         // Its reaper must not remove the run directory: the control plane's does.
         let mut node = Node {
-            supervisor: Supervisor::new(run_dir, true)?,
-            ctr: binaries.path("ctr"),
-            logs: vec![
-                (Component::Containerd, containerd_log.clone()),
-                (Component::Kubelet, kubelet_log.clone()),
-            ],
+            supervisor: Supervisor::new(&layout.root, true)?,
+            ctr: binaries.dir().join("ctr"),
+            logs: [Component::Containerd, Component::Kubelet]
+                .into_iter()
+                .map(|c| (c, layout.log(c)))
+                .collect(),
             _host: host,
         };
-
-        node.supervisor.spawn(
-            Component::Containerd,
-            &binaries.path("containerd"),
-            &[format!("--config={}", containerd_config.display())],
-            &containerd_log,
-        )?;
-        node.wait_ready(
-            Component::Containerd,
-            &Probe::UnixSocket {
-                path: containerd_socket(),
-            },
-            CONTAINERD_READY_TIMEOUT,
-            &containerd_log,
-        )
-        .await?;
+        let containerd_args = [format!("--config={}", containerd_config.display())];
+        node.run(&binaries, layout)
+            .launch(Component::Containerd, 0, CONTAINERD_READY_TIMEOUT, |_| {
+                let probe = Probe::UnixSocket {
+                    path: containerd_socket(),
+                };
+                std::future::ready(Ok((containerd_args.to_vec(), probe)))
+            })
+            .await?;
         for image in images {
             node.import(image).await?;
         }
-
-        node.supervisor.spawn(
-            Component::Kubelet,
-            &binaries.path("kubelet"),
-            &[
-                format!("--config={}", kubelet_config.display()),
-                format!("--kubeconfig={}", kubelet_kubeconfig.display()),
-                format!("--hostname-override={NODE_NAME}"),
-                format!("--node-ip={SERVICE_IP}"),
-                format!("--root-dir={KUBELET_ROOT}"),
-                format!("--cert-dir={}", kubelet_dir.join("pki").display()),
-                // Logs each pod's and volume's steps: what a failing in-cluster test needs.
-                "--v=2".to_owned(),
-            ],
-            &kubelet_log,
-        )?;
-        node.wait_ready(
-            Component::Kubelet,
-            &Probe::Http {
-                port: KUBELET_HEALTHZ_PORT,
-                path: "/healthz",
-            },
-            KUBELET_READY_TIMEOUT,
-            &kubelet_log,
-        )
-        .await?;
-        node.wait_schedulable(&admin, &kubelet_log).await?;
+        let kubelet_args = [
+            format!("--config={}", kubelet_config.display()),
+            format!("--kubeconfig={}", kubelet_kubeconfig.display()),
+            format!("--hostname-override={NODE_NAME}"),
+            format!("--node-ip={SERVICE_IP}"),
+            format!("--root-dir={KUBELET_ROOT}"),
+            format!("--cert-dir={}", kubelet_dir.join("pki").display()),
+            // Logs each pod's and volume's steps: what a failing in-cluster test needs.
+            "--v=2".to_owned(),
+        ];
+        node.run(&binaries, layout)
+            .launch(Component::Kubelet, 0, KUBELET_READY_TIMEOUT, |_| {
+                let probe = Probe::Http {
+                    port: KUBELET_HEALTHZ_PORT,
+                    path: "/healthz",
+                };
+                std::future::ready(Ok((kubelet_args.to_vec(), probe)))
+            })
+            .await?;
+        node.wait_schedulable(&admin, &layout.log(Component::Kubelet))
+            .await?;
         Ok(node)
+    }
+
+    /// Starts the node's components the way the control plane's are started and waited for.
+    fn run<'a>(&'a mut self, binaries: &'a Binaries, layout: &'a Layout) -> Run<'a> {
+        Run {
+            supervisor: &mut self.supervisor,
+            binaries,
+            layout,
+        }
     }
 
     /// Each node component's log (containerd, kubelet).
@@ -308,47 +296,6 @@ impl Node {
                 output.status,
                 String::from_utf8_lossy(&output.stderr).trim()
             )))
-        }
-    }
-
-    async fn wait_ready(
-        &mut self,
-        component: Component,
-        probe: &Probe,
-        timeout: Duration,
-        log: &Path,
-    ) -> Result<(), Error> {
-        let started = Instant::now();
-        eprintln!("[testbed] starting {component} ...");
-        loop {
-            if let Some(status) = self.supervisor.exit_status(component) {
-                return Err(Error::Exited {
-                    component,
-                    status: status.to_string(),
-                    log: log.to_owned(),
-                    log_tail: process::log_tail(log, 30),
-                });
-            }
-            let last_error = match probe.check().await {
-                Ok(()) => {
-                    eprintln!(
-                        "[testbed] {component} ready in {:.1}s",
-                        started.elapsed().as_secs_f64()
-                    );
-                    return Ok(());
-                }
-                Err(e) => e,
-            };
-            if started.elapsed() > timeout {
-                return Err(Error::NotReady {
-                    component,
-                    waited: started.elapsed(),
-                    last_error,
-                    log: log.to_owned(),
-                    log_tail: process::log_tail(log, 30),
-                });
-            }
-            tokio::time::sleep(POLL).await;
         }
     }
 

@@ -528,11 +528,12 @@ fn kubelet_yaml(containerd_socket: &Path, client_ca: &Path) -> String {
         // Images are imported, never pulled: they must never be garbage-collected.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        // A test machine's disk may be fuller than a node's: evict only when really short.
+        // A test machine's disk holds build trees far bigger than the pods' data: evict only
+        // when memory or disk is really gone (production nodes keep 10-15 % free).
         "evictionHard": {
             "memory.available": "50Mi",
-            "nodefs.available": "1%",
-            "imagefs.available": "1%",
+            "nodefs.available": "100Mi",
+            "imagefs.available": "100Mi",
         },
         "serializeImagePulls": false,
     });

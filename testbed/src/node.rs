@@ -82,10 +82,11 @@ impl Host {
     /// another run's node to end), removes a killed run's leftovers and prepares the host.
     pub fn prepare() -> Result<Self, Error> {
         check_prerequisites()?;
-        let host = Host {
-            _lock: take_lock()?,
-        };
+        let lock = take_lock()?;
+        // Before `Host` exists: its `Drop` cleans up, which on a real node would do the damage
+        // this check is here to prevent.
         refuse_a_foreign_kubelet()?;
+        let host = Host { _lock: lock };
         clean_slate();
         make_cgroup_roots()?;
         for dir in [KUBELET_ROOT, STATE_ROOT, RUN_ROOT] {

@@ -7,7 +7,9 @@
 #   running the images hack/build-images.sh builds from the Dockerfile with buildah),
 #   csi-sanity against the reference driver (plain, then with 50 ms injected per call), the
 #   demo (hack/demo.sh, then with --node; each stops at the first step that does not happen),
-#   and the image build (the static release binaries the Dockerfile builds, and hadolint).
+#   Kubernetes' External Storage e2e suite with our sidecar and with upstream's (hack/e2e.sh:
+#   the CI subset; fails on any spec that fails with ours), and the image build (the static
+#   release binaries the Dockerfile builds, and hadolint).
 # Ends with one summary line "N passed, N failed".
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -74,6 +76,14 @@ for demo_args in "" --node; do
     demo_status=$status
   fi
 done
+
+stage "Kubernetes' External Storage e2e suite, ours and upstream's sidecar (hack/e2e.sh)"
+bash hack/e2e.sh >"$log_dir/e2e.log" 2>&1
+e2e_status=$?
+# Ginkgo's summary of each run, then the side-by-side report (hack/e2e-report.py).
+sed -n '/^\(ours\|upstream\): ginkgo exited\|^Ran [0-9]* of\|^\(PASS\|FAIL\)/p; /results (pass/,$p' "$log_dir/e2e.log"
+[ "$e2e_status" -eq 0 ] || tail -n 60 "$log_dir/e2e.log"
+echo "e2e: hack/e2e.sh exited $e2e_status"
 set -e
 
 stage "the image build: hack/build-static.sh (what the Dockerfile runs), hadolint, the images"
@@ -111,8 +121,16 @@ sanity_failed=$(grep -Eo '[0-9]+ Failed' "$log_dir/csi-sanity.log" | awk '{s+=$1
 if [ "$cargo_status" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi          # a build error
 if [ "$sanity_status" -ne 0 ] && [ "$sanity_failed" -eq 0 ]; then sanity_failed=1; fi
 demo_passed=$((demo_status == 0 ? 1 : 0))
-printf '\ncargo test: %s passed, %s failed; csi-sanity: %s passed, %s failed; demo: %s; %ss\n' \
+# The e2e specs that passed and failed with our sidecar (the total row of hack/e2e-report.py's
+# table: ours pass, skip, fail first); a run that ended without a table counts as one failure.
+e2e_counts=$(awk -F'|' '/^\| \*\*total\*\* \|/ { gsub(/ /, ""); print $3, $5; exit }' \
+  "${CARGO_TARGET_DIR}/e2e/report.md" 2>/dev/null || true)
+read -r e2e_passed e2e_failed <<<"$e2e_counts" || true
+e2e_passed=${e2e_passed:-0}
+e2e_failed=${e2e_failed:-0}
+if [ "$e2e_status" -ne 0 ] && [ "$e2e_failed" -eq 0 ]; then e2e_failed=1; fi
+printf '\ncargo test: %s passed, %s failed; csi-sanity: %s passed, %s failed; demo: %s; e2e (ours): %s passed, %s failed; %ss\n' \
   "$passed" "$failed" "$sanity_passed" "$sanity_failed" \
-  "$([ "$demo_passed" -eq 1 ] && echo passed || echo failed)" "$((SECONDS - started))"
-echo "$((passed + sanity_passed + demo_passed)) passed, $((failed + sanity_failed + 1 - demo_passed)) failed"
-[ "$cargo_status" -eq 0 ] && [ "$sanity_status" -eq 0 ] && [ "$demo_status" -eq 0 ]
+  "$([ "$demo_passed" -eq 1 ] && echo passed || echo failed)" "$e2e_passed" "$e2e_failed" "$((SECONDS - started))"
+echo "$((passed + sanity_passed + demo_passed + e2e_passed)) passed, $((failed + sanity_failed + 1 - demo_passed + e2e_failed)) failed"
+[ "$cargo_status" -eq 0 ] && [ "$sanity_status" -eq 0 ] && [ "$demo_status" -eq 0 ] && [ "$e2e_status" -eq 0 ]

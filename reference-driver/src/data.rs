@@ -11,6 +11,12 @@
 //! A crash can therefore leave data without a record, never the reverse. [`VolumeData::sweep`]
 //! runs at start-up and removes such data (and leftover temporary names), and makes empty data
 //! for records that have none (state files of releases that kept no data).
+//!
+//! Snapshots keep a copy of their source's data under `<state-dir>/snapshots/` (same names), so
+//! a restore starts with the data the source had when the snapshot was taken. Same order:
+//! CreateSnapshot copies before it saves the record, DeleteSnapshot saves before it removes, the
+//! sweep removes copies no record names. A snapshot of state files that kept no copy restores
+//! empty. Block files are copied sparsely (their holes stay holes).
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
@@ -22,12 +28,15 @@ use super::state::{AccessKind, State, VolumeRecord};
 
 /// The directory under the state directory that holds the volumes' data.
 pub const VOLUMES_DIR: &str = "volumes";
+/// The directory under the state directory that holds the snapshots' copies.
+pub const SNAPSHOTS_DIR: &str = "snapshots";
 const BLOCK_SUFFIX: &str = ".block";
 
 /// The data of every volume, under one directory.
 #[derive(Clone, Debug)]
 pub struct VolumeData {
     dir: PathBuf,
+    snapshots: PathBuf,
 }
 
 /// A volume id as a file name: letters, digits, `-` and `_` are kept, as in `vol-<uuid>` ids;
@@ -51,15 +60,61 @@ impl VolumeData {
     pub fn new(state_dir: &Path) -> Self {
         Self {
             dir: state_dir.join(VOLUMES_DIR),
+            snapshots: state_dir.join(SNAPSHOTS_DIR),
         }
     }
 
     /// Where the data of volume `id` with `access` lives.
     pub fn path(&self, id: &str, access: AccessKind) -> PathBuf {
-        match access {
-            AccessKind::Mount => self.dir.join(file_name(id)),
-            AccessKind::Block => self.dir.join(format!("{}{BLOCK_SUFFIX}", file_name(id))),
+        data_path(&self.dir, id, access)
+    }
+
+    /// Where the copy of snapshot `id` of a volume with `access` lives.
+    fn snapshot_path(&self, id: &str, access: AccessKind) -> PathBuf {
+        data_path(&self.snapshots, id, access)
+    }
+
+    /// The copy of snapshot `id` a volume with `access` restores from; None when the snapshot
+    /// was of the other kind (the restore starts empty) or kept no copy.
+    pub fn snapshot_source(&self, id: &str, access: AccessKind) -> Option<PathBuf> {
+        let path = self.snapshot_path(id, access);
+        let kind_matches = match (fs::symlink_metadata(&path), access) {
+            (Ok(m), AccessKind::Mount) => m.is_dir(),
+            (Ok(m), AccessKind::Block) => m.is_file(),
+            (Err(_), _) => false,
+        };
+        kind_matches.then_some(path)
+    }
+
+    /// Copies the data of `volume` as snapshot `snapshot_id` (replacing a leftover copy no
+    /// record names). Durable when this returns.
+    pub fn create_snapshot(&self, snapshot_id: &str, volume: &VolumeRecord) -> io::Result<()> {
+        fs::create_dir_all(&self.snapshots)?;
+        let path = self.snapshot_path(snapshot_id, volume.access);
+        let tmp = self.snapshots.join(format!(
+            ".{}.tmp",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        remove_any(&tmp)?;
+        let source = self.path(&volume.id, volume.access);
+        let size = u64::try_from(volume.capacity_bytes).unwrap_or(0);
+        let made = match volume.access {
+            AccessKind::Mount => make_dir(&tmp, Some(&source)),
+            AccessKind::Block => make_block(&tmp, Some(&source), size),
+        };
+        if let Err(e) = made {
+            let _ = remove_any(&tmp);
+            return Err(e);
         }
+        remove_any(&path)?;
+        fs::rename(&tmp, &path)?;
+        File::open(&self.snapshots)?.sync_all()
+    }
+
+    /// Removes the copy of snapshot `id` (of either kind; none is fine).
+    pub fn remove_snapshot(&self, id: &str) -> io::Result<()> {
+        remove_any(&self.snapshot_path(id, AccessKind::Mount))?;
+        remove_any(&self.snapshot_path(id, AccessKind::Block))
     }
 
     /// Where releases before the `.` escape kept the data (ids with a `.` only): found by
@@ -168,6 +223,22 @@ impl VolumeData {
                 created.push(volume.id.clone());
             }
         }
+        if fs::symlink_metadata(&self.snapshots).is_ok() {
+            let kept: BTreeSet<PathBuf> = state
+                .snapshots
+                .keys()
+                .flat_map(|id| {
+                    [AccessKind::Mount, AccessKind::Block].map(|a| self.snapshot_path(id, a))
+                })
+                .collect();
+            for entry in fs::read_dir(&self.snapshots)? {
+                let path = entry?.path();
+                if !kept.contains(&path) {
+                    remove_any(&path)?;
+                    removed.push(path);
+                }
+            }
+        }
         Ok((removed, created))
     }
 }
@@ -182,18 +253,58 @@ fn make_dir(path: &Path, source: Option<&Path>) -> io::Result<()> {
     File::open(path)?.sync_all()
 }
 
-/// A sparse file of `size` bytes (a copy of `source` first, when cloning).
-fn make_block(path: &Path, source: Option<&Path>, size: u64) -> io::Result<()> {
-    if let Some(source) = source {
-        fs::copy(source, path)?;
+fn data_path(dir: &Path, id: &str, access: AccessKind) -> PathBuf {
+    match access {
+        AccessKind::Mount => dir.join(file_name(id)),
+        AccessKind::Block => dir.join(format!("{}{BLOCK_SUFFIX}", file_name(id))),
     }
+}
+
+/// A sparse file of `size` bytes (a sparse copy of `source` first, when cloning).
+fn make_block(path: &Path, source: Option<&Path>, size: u64) -> io::Result<()> {
     let file = File::options()
         .write(true)
         .create(true)
         .truncate(false)
         .open(path)?;
+    if let Some(source) = source {
+        copy_sparse(&File::open(source)?, &file)?;
+    }
     file.set_len(size)?;
     file.sync_all()
+}
+
+/// Copies the data extents of `from` into `to` at the same offsets, skipping its holes
+/// (SEEK_DATA/SEEK_HOLE), so a mostly empty block volume of gigabytes copies in a moment and
+/// takes no room. `to` gets the length of `from`.
+fn copy_sparse(from: &File, to: &File) -> io::Result<()> {
+    use rustix::fs::{SeekFrom, seek};
+    use std::os::unix::fs::FileExt;
+    let len = from.metadata()?.len();
+    let mut offset = 0;
+    let mut buf = vec![0u8; 1 << 20];
+    while offset < len {
+        let start = match seek(from, SeekFrom::Data(offset)) {
+            Ok(start) => start,
+            Err(rustix::io::Errno::NXIO) => break, // only a hole is left
+            Err(e) => return Err(e.into()),
+        };
+        let end = seek(from, SeekFrom::Hole(start))?.min(len);
+        let mut at = start;
+        while at < end {
+            let want = usize::try_from(end - at)
+                .unwrap_or(usize::MAX)
+                .min(buf.len());
+            let n = from.read_at(&mut buf[..want], at)?;
+            if n == 0 {
+                break;
+            }
+            to.write_all_at(&buf[..n], at)?;
+            at += n as u64;
+        }
+        offset = end;
+    }
+    to.set_len(len)
 }
 
 /// Copies directories, regular files and symlinks; other kinds (sockets, fifos) are skipped.
@@ -328,6 +439,63 @@ mod tests {
     }
 
     /// Data under an earlier release's name (`.` kept) moves to its escaped name at start-up.
+    #[test]
+    fn a_snapshot_keeps_the_data_it_was_taken_with_and_restores_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = VolumeData::new(dir.path());
+        let mut state = State::default();
+        let v = volume("vol-1", AccessKind::Mount, 4096);
+        data.create(&v, None, &state).unwrap();
+        state.volumes.insert(v.id.clone(), v.clone());
+        fs::write(data.path(&v.id, v.access).join("f"), b"before").unwrap();
+        data.create_snapshot("snap-1", &v).unwrap();
+        fs::write(data.path(&v.id, v.access).join("f"), b"after").unwrap();
+
+        let source = data.snapshot_source("snap-1", AccessKind::Mount).unwrap();
+        assert_eq!(data.snapshot_source("snap-1", AccessKind::Block), None);
+        let restored = volume("vol-2", AccessKind::Mount, 4096);
+        data.create(&restored, Some(&source), &state).unwrap();
+        state.volumes.insert(restored.id.clone(), restored.clone());
+        assert_eq!(
+            fs::read(data.path(&restored.id, restored.access).join("f")).unwrap(),
+            b"before"
+        );
+
+        // A copy no record names goes at the next start; a recorded one stays.
+        let (removed, _) = data.sweep(&state).unwrap();
+        assert_eq!(removed, vec![source.clone()]);
+        assert_eq!(data.snapshot_source("snap-1", AccessKind::Mount), None);
+        data.create_snapshot("snap-1", &v).unwrap();
+        data.remove_snapshot("snap-1").unwrap();
+        assert_eq!(data.snapshot_source("snap-1", AccessKind::Mount), None);
+    }
+
+    #[test]
+    fn block_copies_keep_their_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = VolumeData::new(dir.path());
+        let state = State::default();
+        let v = volume("vol-b", AccessKind::Block, 1 << 30);
+        data.create(&v, None, &state).unwrap();
+        let path = data.path(&v.id, v.access);
+        let file = File::options().write(true).open(&path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, b"head", 0).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, b"tail", (1 << 30) - 4).unwrap();
+        drop(file);
+        data.create_snapshot("snap-b", &v).unwrap();
+        let copy = data.snapshot_source("snap-b", AccessKind::Block).unwrap();
+        let meta = fs::metadata(&copy).unwrap();
+        assert_eq!(meta.len(), 1 << 30);
+        assert!(
+            meta.blocks() * 512 < 1 << 20,
+            "{} bytes allocated",
+            meta.blocks() * 512
+        );
+        let bytes = fs::read(&copy).unwrap();
+        assert_eq!(&bytes[..4], b"head");
+        assert_eq!(&bytes[(1 << 30) - 4..], b"tail");
+    }
+
     #[test]
     fn sweep_moves_data_from_legacy_names() {
         let dir = tempfile::tempdir().unwrap();

@@ -13,12 +13,14 @@
 //!   GET_CAPACITY, CREATE_DELETE_SNAPSHOT, LIST_SNAPSHOTS, GET_SNAPSHOT, CLONE_VOLUME.
 //!   `--no-snapshots` and `--no-clone` ([`Features`]) withdraw the snapshot capabilities and
 //!   CLONE_VOLUME: their RPCs answer UNIMPLEMENTED and such sources INVALID_ARGUMENT, so tests can
-//!   watch a sidecar refuse what its driver cannot do. Snapshots are independent copies: a
-//!   volume with snapshots may be deleted. A restore or clone is placed in its source's segment
+//!   watch a sidecar refuse what its driver cannot do. Snapshots are independent copies of
+//!   their source's data (`data`), restored as clones are: a volume with snapshots may be
+//!   deleted. A restore or clone is placed in its source's segment
 //!   when the requirements allow it.
 //! - Node (STAGE_UNSTAGE_VOLUME, GET_VOLUME_STATS): NodeStageVolume bind-mounts a mount
 //!   volume's data directory on the staging path; NodePublishVolume bind-mounts the staging path
-//!   (or a block volume's `.block` file) on the target, read-only if asked, binding the data to
+//!   (or, for a block volume, a loop device backed by its `.block` file: `loopdev`) on the
+//!   target, read-only if asked, binding the data to
 //!   the staging path again if that mount is gone; NodeUnpublishVolume unmounts the target and
 //!   removes it, NodeUnstageVolume unmounts the staging path and leaves the directory (the CO's)
 //!   in place, both only for a path the volume records (or whose mount shows the volume's data):
@@ -80,6 +82,7 @@ mod config;
 mod data;
 mod faults;
 mod guard;
+mod loopdev;
 pub mod mounts;
 mod node;
 mod request_log;

@@ -8,8 +8,8 @@ use std::path::Path;
 use csi_spec as csi;
 use csi_spec::volume_usage::Unit;
 
-use super::mounts;
 use super::state::AccessKind;
+use super::{loopdev, mounts};
 
 /// A directory at `path` (parents included); a non-directory in the way is an error.
 pub fn ensure_dir(path: &Path) -> io::Result<()> {
@@ -57,21 +57,51 @@ pub fn remove_target(path: &Path) -> io::Result<()> {
     }
 }
 
-/// Makes `target` show `source` (a directory for mount access, the `.block` file for block
-/// access), read-only if asked. Already mounted is left as it is (made read-only again if
-/// asked), so a retry after any partial attempt converges.
+/// Makes `target` show `source`: a directory for mount access; for block access, the loop
+/// device backed by the `.block` file (a container runtime maps only device nodes into a pod;
+/// see `loopdev`). Read-only if asked. Already mounted is left as it is (made read-only again
+/// if asked), so a retry after any partial attempt converges.
 pub fn publish(source: &Path, target: &Path, access: AccessKind, readonly: bool) -> io::Result<()> {
     match access {
         AccessKind::Mount => ensure_dir(target)?,
         AccessKind::Block => ensure_file(target)?,
     }
     if !mounts::is_mount_point(target)? {
-        mounts::bind(source, target)?;
+        match access {
+            AccessKind::Mount => mounts::bind(source, target)?,
+            AccessKind::Block => mounts::bind(&loopdev::attach(source)?, target)?,
+        }
     }
     if readonly {
         mounts::remount_readonly(target)?;
     }
     Ok(())
+}
+
+/// Whether the mount on `target` shows the volume whose data is at `data`: bound from the
+/// data (or a staging bind of it) for mount access, from a loop device backed by the data's
+/// file for block access.
+pub fn shows_volume(target: &Path, data: &Path, access: AccessKind) -> io::Result<bool> {
+    if mounts::mounted_from(target, data)? {
+        return Ok(true);
+    }
+    match access {
+        AccessKind::Mount => Ok(false),
+        AccessKind::Block => {
+            for device in loopdev::devices(data)? {
+                if mounts::mounted_from(target, &device)? {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        }
+    }
+}
+
+/// Detaches the loop device of a block volume's file once no target of it is left (the last
+/// unpublication); see `loopdev`.
+pub fn release_block(data: &Path) -> io::Result<()> {
+    loopdev::detach(data)
 }
 
 /// Usage of a mount volume at `path` (the filesystem holding the state directory: volumes

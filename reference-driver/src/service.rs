@@ -349,13 +349,16 @@ impl Driver {
             CreateVolumeDecision::Create(volume) => {
                 // Data first, record second: a crash in between leaves data without a record,
                 // which the next start removes, never a record without its data. A clone
-                // starts as a copy of its source's data; a restore starts empty.
+                // starts as a copy of its source's data, a restore as a copy of the snapshot's.
                 let source = match &volume.source {
                     Some(ContentSource::Volume(id)) => state
                         .volumes
                         .get(id)
                         .map(|source| self.inner.data.path(id, source.access)),
-                    _ => None,
+                    Some(ContentSource::Snapshot(id)) => {
+                        self.inner.data.snapshot_source(id, volume.access)
+                    }
+                    None => None,
                 };
                 self.inner
                     .data
@@ -525,6 +528,19 @@ impl Driver {
                     Ok(match decision {
                         CreateSnapshotDecision::Existing(snapshot) => (snapshot, None),
                         CreateSnapshotDecision::Create(snapshot) => {
+                            // Copy first, record second, as CreateVolume does (data.rs).
+                            if let Some(source) = state.volumes.get(&snapshot.source_volume_id) {
+                                driver
+                                    .inner
+                                    .data
+                                    .create_snapshot(&snapshot.id, source)
+                                    .map_err(|e| {
+                                        CsiError::Internal(format!(
+                                            "cannot copy {} for snapshot {}: {e}",
+                                            source.id, snapshot.id
+                                        ))
+                                    })?;
+                            }
                             let mut next = state.clone();
                             next.snapshots.insert(snapshot.id.clone(), snapshot.clone());
                             (snapshot, Some(next))
@@ -552,6 +568,11 @@ impl Driver {
                 let mut next = state.clone();
                 next.snapshots.remove(&id);
                 Ok(((), Some(next)))
+            })?;
+            // Record removed first, copy second: a crash in between leaves a copy no record
+            // names, which the next start's sweep removes.
+            driver.inner.data.remove_snapshot(&id).map_err(|e| {
+                CsiError::Internal(format!("cannot remove the copy of snapshot {id}: {e}"))
             })
         })
         .await
@@ -841,7 +862,11 @@ impl Driver {
         let volume = find_volume(locked.state(), &req.volume_id)?;
         let data = self.inner.data.path(&volume.id, volume.access);
         let mounted = is_mounted(target)?;
-        let ours = publication.is_some() || (mounted && shows(target, &data)?);
+        let ours = publication.is_some()
+            || (mounted
+                && node::shows_volume(target, &data, volume.access).map_err(|e| {
+                    CsiError::Internal(format!("cannot read the mount table: {e}"))
+                })?);
         if !ours {
             if mounted {
                 tracing::info!(
@@ -863,6 +888,17 @@ impl Driver {
         forget(&mut locked, &req.volume_id, |v| {
             v.publications.remove(&req.target_path).is_some()
         });
+        // The last target of a block volume gone: its loop device goes too.
+        let last = find_volume(locked.state(), &req.volume_id)
+            .is_ok_and(|v| v.access == AccessKind::Block && v.publications.is_empty());
+        if last {
+            node::release_block(&data).map_err(|e| {
+                CsiError::Internal(format!(
+                    "cannot detach the loop device of {}: {e}",
+                    req.volume_id
+                ))
+            })?;
+        }
         Ok(())
     }
 

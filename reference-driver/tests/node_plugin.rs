@@ -379,7 +379,8 @@ async fn mount_volumes_are_bind_mounted_through_stage_and_publish() {
 }
 
 #[tokio::test]
-async fn block_volumes_are_bind_mounted_files() {
+async fn block_volumes_are_published_as_loop_devices_of_their_files() {
+    require_root();
     let Plugin {
         dir,
         mut guard,
@@ -400,18 +401,34 @@ async fn block_volumes_are_bind_mounted_files() {
     node.node_publish_volume(publish_req(&id, &staging, &target, true, false))
         .await
         .unwrap();
-    assert!(mounted(&target) && Path::new(&target).is_file());
-    // Like a device: written in place, never truncated.
-    std::io::Write::write_all(
-        &mut std::fs::OpenOptions::new()
-            .write(true)
-            .open(&target)
-            .unwrap(),
-        b"raw bytes",
-    )
-    .unwrap();
+    // A device node, as a container runtime needs to map it into a pod: a loop device of the
+    // volume's file.
+    assert!(mounted(&target));
+    let device = std::fs::metadata(&target).unwrap().file_type();
+    assert!(device.is_block_device(), "{target} is {device:?}");
+    let loops = backing_loops(&data);
+    assert_eq!(loops.len(), 1, "one loop device backs {}", data.display());
+    // Written in place through the device, never truncated.
+    let mut written = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&target)
+        .unwrap();
+    std::io::Write::write_all(&mut written, b"raw bytes").unwrap();
+    written.sync_all().unwrap();
+    drop(written);
     assert_eq!(&std::fs::read(&data).unwrap()[..9], b"raw bytes");
     assert_eq!(std::fs::metadata(&data).unwrap().len(), 4 * MI as u64);
+
+    // A second pod's target shows the same device.
+    let second = guard.watch(&dir.path().join("volumeDevices/publish/pv/pod-uid-2"));
+    node.node_publish_volume(publish_req(&id, &staging, &second, true, false))
+        .await
+        .unwrap();
+    assert_eq!(backing_loops(&data), loops);
+    node.node_unpublish_volume(unpublish_req(&id, &second))
+        .await
+        .unwrap();
+    assert_eq!(backing_loops(&data), loops, "still published at {target}");
 
     let usage = node
         .node_get_volume_stats(stats_req(&id, &target))
@@ -425,6 +442,11 @@ async fn block_volumes_are_bind_mounted_files() {
         .await
         .unwrap();
     assert!(!mounted(&target) && !Path::new(&target).exists());
+    assert_eq!(
+        backing_loops(&data),
+        Vec::<String>::new(),
+        "the last unpublish detaches"
+    );
     node.node_unstage_volume(unstage_req(&id, &staging))
         .await
         .unwrap();
@@ -439,6 +461,21 @@ async fn block_volumes_are_bind_mounted_files() {
 
     let _ = running.stop.send(());
     running.task.await.unwrap().unwrap();
+}
+
+/// The loop devices (`loopN`) the kernel shows backed by `file`.
+fn backing_loops(file: &Path) -> Vec<String> {
+    let file = std::fs::canonicalize(file).unwrap();
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/sys/block").unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        let shown = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"));
+        if name.starts_with("loop") && shown.is_ok_and(|s| Path::new(s.trim_end()) == file) {
+            found.push(name);
+        }
+    }
+    found.sort();
+    found
 }
 
 /// A driver binary whose stderr is watched for its start-up line; SIGTERM-ed when dropped.

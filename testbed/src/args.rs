@@ -19,14 +19,16 @@ persistentvolume-expander-controller";
 
 /// What a real node adds (`StartOptions::node`): the `default` ServiceAccount and the
 /// `kube-root-ca.crt` ConfigMap of every namespace (pods mount both with their token), the
-/// workload controllers that turn deploy/'s Deployment and DaemonSet into pods, and the node
-/// lifecycle controller, which lifts the `not-ready` taint once the kubelet reports Ready.
+/// workload controllers that turn deploy/'s Deployment and DaemonSet into pods, the node
+/// lifecycle controller, which lifts the `not-ready` taint once the kubelet reports Ready, and the
+/// ephemeral volume controller, which makes the claims of pods' generic ephemeral volumes.
 pub const NODE_CONTROLLERS: &str = "serviceaccount-controller,\
 root-ca-certificate-publisher-controller,\
 deployment-controller,\
 replicaset-controller,\
 daemonset-controller,\
-node-lifecycle-controller";
+node-lifecycle-controller,\
+ephemeral-volume-controller";
 
 /// Client rate limits of the controller manager and the scheduler: the defaults (20/30 and 50/100)
 /// would make the binder, or the scheduler's claim updates and pod bindings, the bottleneck of

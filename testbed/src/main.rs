@@ -41,6 +41,11 @@ struct UpArgs {
     /// relative to DIR) instead of building them with hack/build-images.sh.
     #[arg(long, value_name = "DIR", requires = "node")]
     images: Option<std::path::PathBuf>,
+    /// Also serve volume snapshots: install the VolumeSnapshot CRDs and run the common
+    /// snapshot-controller of external-snapshotter (built by hack/build-snapshotter.sh). Each
+    /// driver brings its own csi-snapshotter sidecar.
+    #[arg(long)]
+    snapshots: bool,
 }
 
 #[tokio::main]
@@ -91,6 +96,17 @@ async fn up(args: UpArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let snapshot_controller = if args.snapshots {
+        match serve_snapshots(&control_plane).await {
+            Ok(controller) => Some(controller),
+            Err(e) => {
+                eprintln!("testbed: serving volume snapshots: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        None
+    };
     let kubeconfig = control_plane.kubeconfig_path().display().to_string();
     println!("{kubeconfig}");
     println!("export KUBECONFIG={kubeconfig}");
@@ -100,9 +116,27 @@ async fn up(args: UpArgs) -> ExitCode {
         control_plane.dir().display()
     );
     shutdown_signal().await;
+    drop(snapshot_controller);
     drop(control_plane);
     eprintln!("[testbed] stopped");
     ExitCode::SUCCESS
+}
+
+/// Installs the snapshot CRDs and starts the snapshot-controller; dropping the peer stops it.
+async fn serve_snapshots(
+    control_plane: &ControlPlane,
+) -> Result<csi_testbed::snapshots::SnapshotPeer, String> {
+    use csi_testbed::snapshots::{self, SnapshotBinaries, SnapshotPeer};
+    let dir = tokio::task::spawn_blocking(csi_testbed::workspace::snapshotter)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    let binaries = SnapshotBinaries::at(&dir);
+    let crds = binaries.crd_files().map_err(|e| e.to_string())?;
+    snapshots::install_crds(control_plane, &crds)
+        .await
+        .map_err(|e| e.to_string())?;
+    SnapshotPeer::start_controller(control_plane, &binaries).map_err(|e| e.to_string())
 }
 
 /// Ctrl-C or SIGTERM, whichever comes first.

@@ -55,27 +55,56 @@ def outcomes(path):
 
 
 def read_events(path):
-    """{(reporter, type, reason, kind): emissions} of the provisioner's and the PV controller's
-    events in the specs' namespaces, from the `kubectl get events --watch-only` lines hack/e2e.sh
-    records (namespace, type, reason, kind, component)."""
-    counts = Counter()
+    """({(reporter, type, reason, kind): emissions}, {(reporter, reason, generic text): emissions}
+    of warnings) of the provisioner's and the PV controller's events in the specs' namespaces,
+    from the `kubectl get events --watch-only` lines hack/e2e.sh records (namespace, type,
+    reason, kind, component, message)."""
+    counts, messages = Counter(), Counter()
     try:
         lines = open(path, encoding="utf-8").read().splitlines()
     except OSError:
-        return counts
+        return counts, messages
     for line in lines:
-        fields = line.split("\t")
-        if len(fields) != 5 or fields[0] in ("", "csi-provisioner", "default", "kube-system"):
+        # No field but the last (the message) holds a space; kubectl may align them with spaces.
+        fields = line.split(None, 5)
+        if len(fields) < 5 or fields[0] in ("csi-provisioner", "default", "kube-system"):
             continue
-        namespace, kind_, reason, obj, component = fields
+        namespace, kind_, reason, obj, component = fields[:5]
         if component.startswith("reference.csi.example.com"):
             reporter = "the provisioner sidecar"
-        elif component == "persistentvolume-controller":
+        elif component.startswith("persistentvolume-controller"):
             reporter = component
         else:
             continue
         counts[(reporter, kind_, reason, obj)] += 1
-    return counts
+        if kind_ == "Warning" and len(fields) == 6:
+            messages[(reporter, reason, generic(fields[5]))] += 1
+    return counts, messages
+
+
+def generic(message):
+    """A warning's text with the names that differ from run to run (namespaces, claims, volumes,
+    snapshots, uids) replaced by `…`, so the two runs' texts can be compared."""
+    message = re.sub(r"[a-z0-9.-]*[0-9][a-z0-9.-]*", "…", message)
+    return message[:200]
+
+
+def ginkgo_account(directory):
+    """(exit status, specs ran) of one run, from hack/e2e.sh's ginkgo.status and Ginkgo's
+    "Ran N of M Specs" line; (-1, -1) where either is missing."""
+    try:
+        status = int(open(f"{directory}/ginkgo.status", encoding="utf-8").read().strip())
+    except (OSError, ValueError):
+        status = -1
+    ran = -1
+    try:
+        for line in open(f"{directory}/ginkgo.log", encoding="utf-8", errors="replace"):
+            found = re.match(r"Ran (\d+) of \d+ Specs", line)
+            if found:
+                ran = int(found.group(1))
+    except OSError:
+        pass
+    return status, ran
 
 
 def first_line(text):
@@ -139,7 +168,9 @@ def main():
         for message, n in sorted(reasons.items(), key=lambda item: (-item[1], item[0])):
             print(f"- {n} x {message}")
 
-    events = {side: read_events(f"{report_dir}/{side}/events.tsv") for side in sides}
+    read = {side: read_events(f"{report_dir}/{side}/events.tsv") for side in sides}
+    events = {side: counts for side, (counts, _) in read.items()}
+    warnings = {side: messages for side, (_, messages) in read.items()}
     keys = sorted({k for counts in events.values() for k in counts})
     print("\n### Events about the specs' claims and volumes, by who reported them\n")
     print("Every emission, repeats included: counts differ with timing (a retry is one more).")
@@ -150,8 +181,27 @@ def main():
         counts = [events[side].get(key, 0) for side in sides]
         mark = " **only**" if len(sides) > 1 and 0 in counts else ""
         print("| " + " | ".join(key) + " | " + " | ".join(map(str, counts)) + mark + " |")
+    print("\nTheir warnings' texts (names replaced by …):\n")
+    print("| reported by | reason | text | " + " | ".join(sides) + " |")
+    print("|" + "---|" * (3 + len(sides)))
+    for key in sorted({k for messages in warnings.values() for k in messages}):
+        counts = [warnings[side].get(key, 0) for side in sides]
+        text = key[2].replace("|", "\\|")
+        print(f"| {key[0]} | {key[1]} | {text} | " + " | ".join(map(str, counts)) + " |")
 
     verdict = 0
+    # Ginkgo's own account: its exit status and "Ran N of M Specs" must agree with the specs
+    # counted here (a run cut short reports the specs it never ran as skipped).
+    for side in sides:
+        status, ran = ginkgo_account(f"{report_dir}/{side}")
+        counted = sum(1 for s, _ in results[side].values() if kind(s) != "skip")
+        if ran != counted:
+            print(f"\n{side}: ginkgo ran {ran} specs, the report counts {counted}", file=sys.stderr)
+            if side == "ours":
+                verdict = 1
+        if side == "ours" and status != 0:
+            print(f"\nours: ginkgo exited {status}", file=sys.stderr)
+            verdict = 1
     ours = results.get("ours")
     if ours is not None:
         if not any(kind(s) == "pass" for s, _ in ours.values()):

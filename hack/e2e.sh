@@ -53,6 +53,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
+rm -f "$report_dir/report.md"  # hack/test.sh reads it: never the previous run's
+
 say "building the testbed, the control plane, the node, e2e.test and the images (cached)"
 cargo build -p csi-testbed --bin testbed
 testbed=${CARGO_TARGET_DIR:-target}/debug/testbed
@@ -128,7 +130,12 @@ YAML
 # volumes deleted), so each sidecar starts from the same empty cluster.
 wait_no_volumes() {
   for _ in $(seq 1 600); do
-    [ -z "$(k get pv -o name 2>/dev/null)" ] && [ -z "$(k get ns -o name | grep -v -E '/(default|kube-system|kube-public|kube-node-lease|csi-provisioner)$')" ] && return 0
+    local pvs namespaces
+    if pvs=$(k get pv -o name) && namespaces=$(k get ns -o name) &&
+      [ -z "$pvs" ] &&
+      [ -z "$(grep -v -E '/(default|kube-system|kube-public|kube-node-lease|csi-provisioner)$' <<<"$namespaces")" ]; then
+      return 0
+    fi
     sleep 1
   done
   k get pv,ns >&2
@@ -145,23 +152,27 @@ run_suite() {
   say "$side: e2e.test, focus /$focus/, skip /$skip/, $procs in parallel"
   # Every event the run's specs get (each emission, also a repeat that bumps a count), to compare
   # what the two sidecars report (hack/e2e-report.py: the provisioner's events by reason).
-  k get events -A --watch-only \
-    -o jsonpath='{.metadata.namespace}{"\t"}{.type}{"\t"}{.reason}{"\t"}{.involvedObject.kind}{"\t"}{.source.component}{.reportingComponent}{"\n"}' \
+  # (kubectl itself, not the function k: the background job's pid must be kubectl's to stop it)
+  "$bin_dir/kubectl" get events -A --watch-only \
+    -o jsonpath='{.metadata.namespace}{"\t"}{.type}{"\t"}{.reason}{"\t"}{.involvedObject.kind}{"\t"}{.source.component}{"\t"}{.message}{"\n"}' \
     >"$out/events.tsv" 2>"$out/events.err" &
   local events_pid=$!
   # --provider=local: a cluster without a cloud; --e2e-verify-service-account: the testbed's
   # controller manager creates each namespace's default ServiceAccount.
-  "$e2e_dir/ginkgo" --procs="$procs" --timeout=4h --no-color --succinct \
+  "$e2e_dir/ginkgo" --procs="$procs" --timeout=4h --no-color \
     --focus="$focus" --skip="$skip" "$e2e_dir/e2e.test" -- \
     --kubeconfig="$KUBECONFIG" --provider=local --report-dir="$out" \
     --storage.testdriver="$repo/hack/e2e/testdriver.yaml" \
     --disable-log-dump --dump-logs-on-failure=false \
     >"$out/ginkgo.log" 2>&1 || status=$?
   grep -E '^(Ran |PASS|FAIL|SUCCESS!|FAIL!|Ginkgo ran)|\[FAIL\]' "$out/ginkgo.log" | sort -u | tail -n 40 || true
+  echo "$status" >"$out/ginkgo.status"
   echo "$side: ginkgo exited $status after $((SECONDS - started)) s (log: $out/ginkgo.log)"
   kill "$events_pid" 2>/dev/null || true
   wait "$events_pid" 2>/dev/null || true
-  k -n csi-provisioner logs deployment/csi-provisioner -c csi-provisioner --tail=-1 >"$out/sidecar.log" 2>&1 || true
+  # Both replicas' logs (the leader's and the standby's), each line prefixed with its pod.
+  k -n csi-provisioner logs -l app.kubernetes.io/name=csi-provisioner -c csi-provisioner \
+    --prefix --tail=-1 >"$out/sidecar.log" 2>&1 || true
   wait_no_volumes
 }
 

@@ -16,7 +16,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 log_dir=$(mktemp -d "${TMPDIR:-/tmp}/csi-provisioner-test.XXXXXX")
 trap 'rm -rf "$log_dir"' EXIT
-stage() { printf '\n==== %s ====\n' "$*"; }
+stage() { printf '\n==== %s (at %ss) ====\n' "$*" "$((SECONDS - started))"; }
 started=$SECONDS
 cache_root=${CSI_PROVISIONER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/csi-provisioner-rs}
 
@@ -124,7 +124,7 @@ demo_passed=$((demo_status == 0 ? 1 : 0))
 # The e2e specs that passed and failed with our sidecar (the total row of hack/e2e-report.py's
 # table: ours pass, skip, fail first); a run that ended without a table counts as one failure.
 e2e_counts=$(awk -F'|' '/^\| \*\*total\*\* \|/ { gsub(/ /, ""); print $3, $5; exit }' \
-  "${CARGO_TARGET_DIR}/e2e/report.md" 2>/dev/null || true)
+  "${E2E_REPORT_DIR:-${CARGO_TARGET_DIR}/e2e}/report.md" 2>/dev/null || true)
 read -r e2e_passed e2e_failed <<<"$e2e_counts" || true
 e2e_passed=${e2e_passed:-0}
 e2e_failed=${e2e_failed:-0}

@@ -438,7 +438,6 @@ mod tests {
         assert!(data.path(&block.id, block.access).is_file());
     }
 
-    /// Data under an earlier release's name (`.` kept) moves to its escaped name at start-up.
     #[test]
     fn a_snapshot_keeps_the_data_it_was_taken_with_and_restores_it() {
         let dir = tempfile::tempdir().unwrap();
@@ -496,6 +495,7 @@ mod tests {
         assert_eq!(&bytes[(1 << 30) - 4..], b"tail");
     }
 
+    /// Data under an earlier release's name (`.` kept) moves to its escaped name at start-up.
     #[test]
     fn sweep_moves_data_from_legacy_names() {
         let dir = tempfile::tempdir().unwrap();

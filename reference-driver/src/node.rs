@@ -69,7 +69,7 @@ pub fn publish(source: &Path, target: &Path, access: AccessKind, readonly: bool)
     if !mounts::is_mount_point(target)? {
         match access {
             AccessKind::Mount => mounts::bind(source, target)?,
-            AccessKind::Block => mounts::bind(&loopdev::attach(source)?, target)?,
+            AccessKind::Block => mounts::bind(&loopdev::attach(source, readonly)?, target)?,
         }
     }
     if readonly {
@@ -98,8 +98,8 @@ pub fn shows_volume(target: &Path, data: &Path, access: AccessKind) -> io::Resul
     }
 }
 
-/// Detaches the loop device of a block volume's file once no target of it is left (the last
-/// unpublication); see `loopdev`.
+/// Detaches the loop devices of a block volume's file, once no target of it is left (the last
+/// unpublication, or a failed first publication); see `loopdev`.
 pub fn release_block(data: &Path) -> io::Result<()> {
     loopdev::detach(data)
 }

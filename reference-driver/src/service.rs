@@ -136,7 +136,7 @@ impl Driver {
                 source,
             })?;
             for path in &removed {
-                tracing::info!(path = %path.display(), "removed volume data no record names");
+                tracing::info!(path = %path.display(), "removed volume or snapshot data no record names");
             }
             for id in &created {
                 tracing::info!(volume = %id, "made missing data for a recorded volume");
@@ -514,7 +514,10 @@ impl Driver {
         let req = req.clone();
         let snapshot = self
             .blocking_with(held, move |driver, held| {
-                driver.mutate(|state| {
+                // The copy made for a snapshot whose record then fails to save is removed at
+                // once (the start-up sweep would, later).
+                let mut copied = None;
+                let created = driver.mutate(|state| {
                     if let Some(existing) = state.snapshot_by_name(&req.name) {
                         held.add(guard::snapshot_id(&existing.id))?;
                     }
@@ -540,13 +543,20 @@ impl Driver {
                                             source.id, snapshot.id
                                         ))
                                     })?;
+                                copied = Some(snapshot.id.clone());
                             }
                             let mut next = state.clone();
                             next.snapshots.insert(snapshot.id.clone(), snapshot.clone());
                             (snapshot, Some(next))
                         }
                     })
-                })
+                });
+                if created.is_err()
+                    && let Some(id) = copied
+                {
+                    let _ = driver.inner.data.remove_snapshot(&id);
+                }
+                created
             })
             .await?;
         Ok(snapshot.to_csi())
@@ -777,6 +787,10 @@ impl Driver {
             data
         };
         let fresh = decision == PublishDecision::Publish;
+        // The data file of a block volume published nowhere else, whose loop device a failed
+        // publish must not leave behind.
+        let alone_block = (wanted.access == AccessKind::Block && volume.publications.is_empty())
+            .then(|| self.inner.data.path(&volume.id, volume.access));
         if fresh && is_mounted(target)? {
             return Err(CsiError::AlreadyExists(format!(
                 "something else is mounted at {}",
@@ -797,6 +811,10 @@ impl Driver {
             if fresh {
                 let _ = mounts::unmount_all(target);
                 let _ = node::remove_target(target);
+                // A loop device attached for this publication alone goes with it.
+                if let Some(data) = &alone_block {
+                    let _ = node::release_block(data);
+                }
                 forget(&mut locked, &req.volume_id, |v| {
                     v.publications.remove(&req.target_path).is_some()
                 });
@@ -885,12 +903,10 @@ impl Driver {
         node::remove_target(target).map_err(|error| {
             CsiError::Internal(format!("cannot remove target {}: {error}", req.target_path))
         })?;
-        forget(&mut locked, &req.volume_id, |v| {
-            v.publications.remove(&req.target_path).is_some()
-        });
-        // The last target of a block volume gone: its loop device goes too.
-        let last = find_volume(locked.state(), &req.volume_id)
-            .is_ok_and(|v| v.access == AccessKind::Block && v.publications.is_empty());
+        // The last target of a block volume gone: its loop devices go too, before the record
+        // does, so a detach that fails is retried with the unpublish.
+        let last = volume.access == AccessKind::Block
+            && volume.publications.keys().all(|t| t == &req.target_path);
         if last {
             node::release_block(&data).map_err(|e| {
                 CsiError::Internal(format!(
@@ -899,6 +915,9 @@ impl Driver {
                 ))
             })?;
         }
+        forget(&mut locked, &req.volume_id, |v| {
+            v.publications.remove(&req.target_path).is_some()
+        });
         Ok(())
     }
 

@@ -430,6 +430,25 @@ async fn block_volumes_are_published_as_loop_devices_of_their_files() {
         .unwrap();
     assert_eq!(backing_loops(&data), loops, "still published at {target}");
 
+    // A read-only publication gets a device of its own, attached read-only: writes fail.
+    let readonly = guard.watch(&dir.path().join("volumeDevices/publish/pv/pod-uid-ro"));
+    node.node_publish_volume(publish_req(&id, &staging, &readonly, true, true))
+        .await
+        .unwrap();
+    assert_eq!(backing_loops(&data).len(), 2);
+    let refused = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&readonly)
+        .and_then(|mut device| {
+            std::io::Write::write_all(&mut device, b"changed")?;
+            device.sync_all()
+        });
+    assert!(refused.is_err(), "wrote through a read-only publication");
+    assert_eq!(&std::fs::read(&readonly).unwrap()[..9], b"raw bytes");
+    node.node_unpublish_volume(unpublish_req(&id, &readonly))
+        .await
+        .unwrap();
+
     let usage = node
         .node_get_volume_stats(stats_req(&id, &target))
         .await

@@ -97,7 +97,14 @@ async fn up(args: UpArgs) -> ExitCode {
         }
     };
     let snapshot_controller = if args.snapshots {
-        match serve_snapshots(&control_plane).await {
+        let served = tokio::select! {
+            served = serve_snapshots(&control_plane) => served,
+            () = shutdown_signal() => {
+                eprintln!("testbed: interrupted during start-up");
+                return ExitCode::from(130);
+            }
+        };
+        match served {
             Ok(controller) => Some(controller),
             Err(e) => {
                 eprintln!("testbed: serving volume snapshots: {e}");

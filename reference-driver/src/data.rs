@@ -90,25 +90,12 @@ impl VolumeData {
     /// record names). Durable when this returns.
     pub fn create_snapshot(&self, snapshot_id: &str, volume: &VolumeRecord) -> io::Result<()> {
         fs::create_dir_all(&self.snapshots)?;
-        let path = self.snapshot_path(snapshot_id, volume.access);
-        let tmp = self.snapshots.join(format!(
-            ".{}.tmp",
-            path.file_name().unwrap_or_default().to_string_lossy()
-        ));
-        remove_any(&tmp)?;
         let source = self.path(&volume.id, volume.access);
-        let size = u64::try_from(volume.capacity_bytes).unwrap_or(0);
-        let made = match volume.access {
-            AccessKind::Mount => make_dir(&tmp, Some(&source)),
-            AccessKind::Block => make_block(&tmp, Some(&source), size),
-        };
-        if let Err(e) = made {
-            let _ = remove_any(&tmp);
-            return Err(e);
-        }
-        remove_any(&path)?;
-        fs::rename(&tmp, &path)?;
-        File::open(&self.snapshots)?.sync_all()
+        make_in_place(
+            &self.snapshot_path(snapshot_id, volume.access),
+            volume,
+            Some(&source),
+        )
     }
 
     /// Removes the copy of snapshot `id` (of either kind; none is fine).
@@ -156,23 +143,7 @@ impl VolumeData {
                 ),
             ));
         }
-        let tmp = self.dir.join(format!(
-            ".{}.tmp",
-            path.file_name().unwrap_or_default().to_string_lossy()
-        ));
-        remove_any(&tmp)?;
-        let size = u64::try_from(volume.capacity_bytes).unwrap_or(0);
-        let made = match volume.access {
-            AccessKind::Mount => make_dir(&tmp, source),
-            AccessKind::Block => make_block(&tmp, source, size),
-        };
-        if let Err(e) = made {
-            let _ = remove_any(&tmp);
-            return Err(e);
-        }
-        remove_any(&path)?;
-        fs::rename(&tmp, &path)?;
-        File::open(&self.dir)?.sync_all()
+        make_in_place(&path, volume, source)
     }
 
     /// Removes the data of a volume; nothing there is fine.
@@ -251,6 +222,30 @@ fn make_dir(path: &Path, source: Option<&Path>) -> io::Result<()> {
         copy_tree(source, path)?;
     }
     File::open(path)?.sync_all()
+}
+
+/// Makes data of `volume`'s kind and size at `path` (empty, or a copy of `source`): under a
+/// hidden temporary name next to it, then renamed over whatever is there, the directory
+/// fsync-ed, so `path` holds either the old entry or the complete new one.
+fn make_in_place(path: &Path, volume: &VolumeRecord, source: Option<&Path>) -> io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp",
+        path.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    remove_any(&tmp)?;
+    let size = u64::try_from(volume.capacity_bytes).unwrap_or(0);
+    let made = match volume.access {
+        AccessKind::Mount => make_dir(&tmp, source),
+        AccessKind::Block => make_block(&tmp, source, size),
+    };
+    if let Err(e) = made {
+        let _ = remove_any(&tmp);
+        return Err(e);
+    }
+    remove_any(path)?;
+    fs::rename(&tmp, path)?;
+    File::open(dir)?.sync_all()
 }
 
 fn data_path(dir: &Path, id: &str, access: AccessKind) -> PathBuf {

@@ -182,7 +182,7 @@ for side in "${sides[@]}"; do
     upstream)
       # Upstream's sidecar with the RBAC upstream ships (deploy/kubernetes/rbac.yaml of v6.3.0,
       # its namespace set as its comments ask), on top of deploy/'s, which is ours and grants less
-      # (upstream updates claims where we patch them). Ours ran with deploy/'s alone.
+      # (upstream updates claims where we patch them). Ours ran without it.
       say "upstream: its own RBAC example (external-provisioner v6.3.0 deploy/kubernetes/rbac.yaml)"
       upstream_src=$(bash hack/upstream-source.sh | tail -n 1)
       sed 's/namespace: default/namespace: csi-provisioner/' "$upstream_src/deploy/kubernetes/rbac.yaml" |

@@ -44,15 +44,12 @@ fn machinery() -> &'static Machinery {
         std::thread::spawn(move || {
             let dir = csi_testbed::workspace::snapshotter().map_err(|e| e.to_string())?;
             let binaries = SnapshotBinaries::at(&dir);
-            let files = binaries.crd_files().map_err(|e| e.to_string())?;
-            tokio::runtime::Builder::new_current_thread()
+            let controller = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|e| format!("building a runtime: {e}"))?
-                .block_on(snapshots::install_crds(cp, &files))
+                .block_on(snapshots::serve(cp, &binaries))
                 .map_err(|e| e.to_string())?;
-            let controller =
-                SnapshotPeer::start_controller(cp, &binaries).map_err(|e| e.to_string())?;
             Ok(Machinery {
                 binaries,
                 controller: Mutex::new(controller),

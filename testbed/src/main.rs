@@ -133,17 +133,14 @@ async fn up(args: UpArgs) -> ExitCode {
 async fn serve_snapshots(
     control_plane: &ControlPlane,
 ) -> Result<csi_testbed::snapshots::SnapshotPeer, String> {
-    use csi_testbed::snapshots::{self, SnapshotBinaries, SnapshotPeer};
+    use csi_testbed::snapshots::{self, SnapshotBinaries};
     let dir = tokio::task::spawn_blocking(csi_testbed::workspace::snapshotter)
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
-    let binaries = SnapshotBinaries::at(&dir);
-    let crds = binaries.crd_files().map_err(|e| e.to_string())?;
-    snapshots::install_crds(control_plane, &crds)
+    snapshots::serve(control_plane, &SnapshotBinaries::at(&dir))
         .await
-        .map_err(|e| e.to_string())?;
-    SnapshotPeer::start_controller(control_plane, &binaries).map_err(|e| e.to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// Ctrl-C or SIGTERM, whichever comes first.

@@ -167,6 +167,14 @@ async fn served_check(
     Ok(())
 }
 
+/// Volume snapshots served on `cp`: the CRDs of `binaries` installed, then the common
+/// snapshot-controller started (dropping the peer stops it). Drivers bring their own
+/// csi-snapshotter ([`SnapshotPeer::start_csi_snapshotter`]).
+pub async fn serve(cp: &ControlPlane, binaries: &SnapshotBinaries) -> Result<SnapshotPeer, Error> {
+    install_crds(cp, &binaries.crd_files()?).await?;
+    SnapshotPeer::start_controller(cp, binaries)
+}
+
 /// One snapshot program running against a control plane; dropping it stops the process.
 pub struct SnapshotPeer {
     component: Component,

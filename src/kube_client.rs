@@ -18,6 +18,9 @@ use tower::{Layer, Service};
 
 use crate::config::{CapacityArgs, ClientArgs};
 
+pub mod protobuf;
+pub mod protobuf_watch;
+
 /// client-go's defaults for a zero `--kube-api-qps` / `--kube-api-burst`.
 const DEFAULT_QPS: f64 = 5.0;
 const DEFAULT_BURST: u32 = 10;

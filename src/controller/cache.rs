@@ -40,6 +40,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tracing::info;
 
+use crate::kube_client::protobuf::FromProtobuf;
+use crate::kube_client::protobuf_watch;
 use crate::provision::{Attachment, PROVISIONER_IDENTITY_KEY};
 
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -159,10 +161,16 @@ struct CachedCsiSource {
 fn identity_only<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> Result<Option<BTreeMap<String, String>>, D::Error> {
-    let attributes = Option::<BTreeMap<String, String>>::deserialize(deserializer)?;
-    Ok(attributes
+    Option::<BTreeMap<String, String>>::deserialize(deserializer).map(identity_kept)
+}
+
+/// Of a CSI PV's attributes, the provisioner identity only.
+fn identity_kept(
+    attributes: Option<BTreeMap<String, String>>,
+) -> Option<BTreeMap<String, String>> {
+    attributes
         .and_then(|mut attributes| attributes.remove_entry(PROVISIONER_IDENTITY_KEY))
-        .map(|entry| BTreeMap::from([entry])))
+        .map(|entry| BTreeMap::from([entry]))
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -514,10 +522,48 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     F: Fn(Option<&K>, Option<&K>) -> bool + Send + 'static,
 {
+    reflect(
+        watcher(api, watcher_config(initial_list)),
+        changes,
+        changed,
+    )
+}
+
+/// [`watch`] of a kind decoded from protobuf (see `kube_client::protobuf`).
+pub fn watch_protobuf<K>(
+    client: &Client,
+    initial_list: InitialList,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + FromProtobuf + Clone + Debug + Send + Sync + 'static,
+{
+    reflect(
+        protobuf_watch::watcher(client.clone(), watcher_config(initial_list)),
+        None,
+        |_: Option<&K>, _: Option<&K>| true,
+    )
+}
+
+/// The store fed by `events`, and the stream of changed objects; see [`watch_signalling`].
+fn reflect<K, F>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    changes: Option<&Arc<Notify>>,
+    changed: F,
+) -> (
+    Store<K>,
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    F: Fn(Option<&K>, Option<&K>) -> bool + Send + 'static,
+{
     let (reader, mut writer) = reflector::store();
     let changes = changes.cloned();
     let cached = reader.clone();
-    let stream = watcher(api, watcher_config(initial_list))
+    let stream = events
         .default_backoff()
         .inspect_ok(move |event| {
             let signal = changes
@@ -567,8 +613,7 @@ pub fn watch_attachments(
     impl Stream<Item = Result<CachedAttachment, watcher::Error>> + Send + 'static,
 ) {
     let (reader, writer) = reflector::store();
-    let api = Api::<CachedAttachment>::all(client.clone());
-    let deleted = watcher(api, watcher_config(initial_list))
+    let deleted = protobuf_watch::watcher(client.clone(), watcher_config(initial_list))
         .default_backoff()
         .reflect(writer)
         .try_filter_map(|event| {
@@ -614,8 +659,8 @@ pub fn watch_all(
     impl Stream<Item = Result<StorageClass, watcher::Error>> + Send + 'static,
 > {
     Watches {
-        claims: watch(Api::<CachedClaim>::all(client.clone()), initial_list, None),
-        volumes: watch(Api::<CachedVolume>::all(client.clone()), initial_list, None),
+        claims: watch_protobuf(client, initial_list),
+        volumes: watch_protobuf(client, initial_list),
         classes: watch(
             Api::<StorageClass>::all(client.clone()),
             initial_list,
@@ -624,5 +669,6 @@ pub fn watch_all(
     }
 }
 
+mod protobuf;
 #[cfg(test)]
 mod tests;

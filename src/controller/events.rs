@@ -16,11 +16,15 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::core::Request;
+use kube::{Client, Resource};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::kube_client::RateLimitLayer;
+use crate::kube_client::protobuf;
+
+mod wire;
 
 /// Events older than this are not aggregated into (client-go uses the same window).
 const AGGREGATION_WINDOW: Duration = Duration::from_secs(600);
@@ -178,12 +182,11 @@ impl Writer {
         };
         if let Some((namespace, name, count)) = self.bump(&key) {
             let patch = serde_json::json!({ "count": count, "lastTimestamp": Time(event.at) });
-            let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-            match api
+            let request = Request::new(Event::url_path(&(), Some(&namespace)))
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => return,
+                .map_err(kube::Error::BuildRequest);
+            match self.send(request).await {
+                Ok(()) => return,
                 Err(err) => debug!(%err, name, "event aggregation failed, creating a new event"),
             }
         }
@@ -203,13 +206,33 @@ impl Writer {
                 host: Some(self.host.clone()),
             },
         );
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
-        match api.create(&PostParams::default(), &object).await {
-            Ok(created) => self.remember(key, namespace, created.metadata.name.unwrap_or_default()),
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let request = Request::new(Event::url_path(&(), Some(&namespace)))
+            .create(&PostParams::default(), wire::encode(&object))
+            .map_err(kube::Error::BuildRequest)
+            .map(|mut request| {
+                request.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(protobuf::CONTENT_TYPE),
+                );
+                request
+            });
+        match self.send(request).await {
+            // The name is ours (`core_event`): nothing of the answer is needed.
+            Ok(()) => self.remember(key, namespace, name),
             Err(err) => {
                 warn!(%err, reason = event.reason, object = object_name, "failed to record event")
             }
         }
+    }
+
+    /// Sends a write of an event, asking for protobuf, and drops the answer unread.
+    async fn send(
+        &self,
+        request: Result<http::Request<Vec<u8>>, kube::Error>,
+    ) -> Result<(), kube::Error> {
+        let body = protobuf::send(&self.client, request?, protobuf::ACCEPT).await?;
+        protobuf::collect(body).await.map(drop)
     }
 
     /// If an identical event was recorded recently, returns where it is and its new count.

@@ -28,6 +28,8 @@ mod logging;
 mod migration;
 #[path = "../mock_driver.rs"]
 mod mock_driver;
+#[path = "../protobuf.rs"]
+mod protobuf;
 #[path = "../provisioning.rs"]
 mod provisioning;
 #[path = "../rbac.rs"]

@@ -476,8 +476,8 @@ mod tests {
     #[test]
     fn table_shows_medians_ratio_and_verdict() {
         let mut results = Results::default();
-        results.sample(stats::B_BOUND, Some(Impl::Ours), 1, 30.0);
-        results.sample(stats::B_BOUND, Some(Impl::Upstream), 1, 40.0);
+        results.sample(stats::BC_CPU, Some(Impl::Ours), 1, 30.0);
+        results.sample(stats::BC_CPU, Some(Impl::Upstream), 1, 40.0);
         let text = table(&stats::summarize(&results.samples));
         let line = text
             .lines()

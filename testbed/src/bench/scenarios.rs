@@ -414,6 +414,13 @@ pub async fn lifecycle(
         .await?;
     let before = cluster.snapshot().await?;
     let cpu_before = sidecar.now(b.ticks).cpu_secs;
+    let apiserver = apiserver_pid(&cp);
+    let apiserver_cpu = || {
+        apiserver
+            .and_then(|pid| proc::read_proc(pid, b.ticks))
+            .map_or(f64::NAN, |stat| stat.cpu_secs)
+    };
+    let apiserver_before = apiserver_cpu();
 
     // Default QPS 5 and about three writes per claim: 0.6 s per claim; allow far more.
     let per_claim = if fast { 0.5 } else { 3.0 };
@@ -462,6 +469,7 @@ pub async fn lifecycle(
     cluster.wait_quiet(QUIET, limit, say).await?;
     let provisioned = cluster.snapshot().await?;
     let cpu_provisioned = sidecar.now(b.ticks).cpu_secs;
+    let apiserver_provisioned = apiserver_cpu();
 
     let (m_bound, m_pvs, m_rate, m_rss, m_cpu, m_gone, curve_bound, curve_gone, curve_rss) = if fast
     {
@@ -538,6 +546,7 @@ pub async fn lifecycle(
     cluster.wait_quiet(QUIET, limit, say).await?;
     let deleted = cluster.snapshot().await?;
     let cpu_deleted = sidecar.now(b.ticks).cpu_secs;
+    let apiserver_deleted = apiserver_cpu();
 
     results.sample(m_gone, imp_, round, to_gone.as_secs_f64());
     if fast {
@@ -548,6 +557,19 @@ pub async fn lifecycle(
             cpu_deleted - cpu_provisioned,
         );
         results.sample(stats::BC_CPU, imp_, round, cpu_deleted - cpu_before);
+        let per_volume = |secs: f64| secs * 1000.0 / n as f64;
+        results.sample(
+            stats::B_APISERVER_CPU,
+            imp_,
+            round,
+            per_volume(apiserver_provisioned - apiserver_before),
+        );
+        results.sample(
+            stats::C_APISERVER_CPU,
+            imp_,
+            round,
+            per_volume(apiserver_deleted - apiserver_provisioned),
+        );
     } else {
         results.sample(stats::C_CPU, imp_, round, cpu_deleted - cpu_provisioned);
     }

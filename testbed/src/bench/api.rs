@@ -628,9 +628,26 @@ fn is_bound(pvc: &PersistentVolumeClaim) -> bool {
     pvc.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound")
 }
 
-/// Time-stamps the first moment each claim of a namespace is seen Bound.
+/// Whether the sidecar may act on a WaitForFirstConsumer claim: the scheduler chose its node
+/// and the PV controller named the external provisioner.
+fn actionable(pvc: &PersistentVolumeClaim) -> bool {
+    let annotations = pvc.metadata.annotations.as_ref();
+    let has = |key: &str| annotations.is_some_and(|a| a.contains_key(key));
+    has("volume.kubernetes.io/selected-node") && has("volume.kubernetes.io/storage-provisioner")
+}
+
+/// When each claim of a namespace was first seen actionable (see [`actionable`]) and Bound, and
+/// the PV it is bound to.
+#[derive(Default)]
+struct ClaimTimes {
+    bound: HashMap<String, Instant>,
+    actionable: HashMap<String, Instant>,
+    volume: HashMap<String, String>,
+}
+
+/// Time-stamps the first moment each claim of a namespace is seen Bound (and actionable).
 pub struct ClaimWatch {
-    bound: Arc<Mutex<HashMap<String, Instant>>>,
+    times: Arc<Mutex<ClaimTimes>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -638,18 +655,27 @@ impl ClaimWatch {
     /// Returns once the watch has listed the namespace, so no binding is missed.
     pub async fn start(client: &Client, ns: &str) -> Result<ClaimWatch, BenchError> {
         let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
-        let bound: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-        let sink = Arc::clone(&bound);
+        let times: Arc<Mutex<ClaimTimes>> = Arc::default();
+        let sink = Arc::clone(&times);
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(async move {
             let mut ready = Some(ready_tx);
             let mut events = pin!(watcher(api, watcher::Config::default()).default_backoff());
             while let Some(event) = events.next().await {
                 match event {
-                    Ok(Event::Apply(pvc) | Event::InitApply(pvc)) if is_bound(&pvc) => {
-                        lock(&sink)
-                            .entry(pvc.name_any())
-                            .or_insert_with(Instant::now);
+                    Ok(Event::Apply(pvc) | Event::InitApply(pvc)) => {
+                        let now = Instant::now();
+                        let mut times = lock(&sink);
+                        if actionable(&pvc) {
+                            times.actionable.entry(pvc.name_any()).or_insert(now);
+                        }
+                        if is_bound(&pvc) {
+                            times.bound.entry(pvc.name_any()).or_insert(now);
+                            let volume = pvc.spec.as_ref().and_then(|s| s.volume_name.clone());
+                            if let Some(volume) = volume {
+                                times.volume.insert(pvc.name_any(), volume);
+                            }
+                        }
                     }
                     Ok(Event::InitDone) => {
                         if let Some(tx) = ready.take() {
@@ -662,20 +688,53 @@ impl ClaimWatch {
             }
         });
         wait_ready(ready_rx, "claims").await?;
-        Ok(ClaimWatch { bound, task })
+        Ok(ClaimWatch { times, task })
+    }
+
+    /// Seconds from each claim's first actionable sight to its PV's appearance (`appeared`),
+    /// and from that to the claim's binding, sorted each.
+    pub fn stages(&self, appeared: &HashMap<String, Instant>) -> (Vec<f64>, Vec<f64>) {
+        let times = lock(&self.times);
+        let mut to_pv = Vec::new();
+        let mut to_bound = Vec::new();
+        for (claim, bound) in &times.bound {
+            let (Some(actionable), Some(pv)) = (
+                times.actionable.get(claim),
+                times.volume.get(claim).and_then(|v| appeared.get(v)),
+            ) else {
+                continue;
+            };
+            to_pv.push(pv.saturating_duration_since(*actionable).as_secs_f64());
+            to_bound.push(bound.saturating_duration_since(*pv).as_secs_f64());
+        }
+        to_pv.sort_by(f64::total_cmp);
+        to_bound.sort_by(f64::total_cmp);
+        (to_pv, to_bound)
+    }
+
+    /// Seconds from `t0` to each claim's first actionable sight, sorted.
+    pub fn actionable_after(&self, t0: Instant) -> Vec<f64> {
+        let mut times: Vec<f64> = lock(&self.times)
+            .actionable
+            .values()
+            .map(|t| t.saturating_duration_since(t0).as_secs_f64())
+            .collect();
+        times.sort_by(f64::total_cmp);
+        times
     }
 
     pub fn bound_count(&self) -> usize {
-        lock(&self.bound).len()
+        lock(&self.times).bound.len()
     }
 
     pub fn is_bound(&self, name: &str) -> bool {
-        lock(&self.bound).contains_key(name)
+        lock(&self.times).bound.contains_key(name)
     }
 
     /// Seconds from `t0` to each binding, sorted.
     pub fn bound_after(&self, t0: Instant) -> Vec<f64> {
-        let mut times: Vec<f64> = lock(&self.bound)
+        let mut times: Vec<f64> = lock(&self.times)
+            .bound
             .values()
             .map(|t| t.saturating_duration_since(t0).as_secs_f64())
             .collect();
@@ -705,16 +764,17 @@ pub struct VolumeWatch {
 }
 
 impl VolumeWatch {
-    pub async fn start(client: &Client) -> Result<VolumeWatch, BenchError> {
+    /// The PVs of `class`.
+    pub async fn start(client: &Client, class: &'static str) -> Result<VolumeWatch, BenchError> {
         let api: Api<PersistentVolume> = Api::all(client.clone());
         let state: Arc<Mutex<VolumeState>> = Arc::default();
         let sink = Arc::clone(&state);
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let ours = |pv: &PersistentVolume| {
+        let ours = move |pv: &PersistentVolume| {
             pv.spec
                 .as_ref()
                 .and_then(|s| s.storage_class_name.as_deref())
-                == Some(CLASS)
+                == Some(class)
         };
         let task = tokio::spawn(async move {
             let mut ready = Some(ready_tx);
@@ -763,6 +823,11 @@ impl VolumeWatch {
     /// PVs seen since the watch started (deleted ones included).
     pub fn appeared(&self) -> usize {
         lock(&self.state).appeared.len()
+    }
+
+    /// When each PV appeared, by name.
+    pub fn appeared_at(&self) -> HashMap<String, Instant> {
+        lock(&self.state).appeared.clone()
     }
 
     /// Seconds from `t0` to the last PV's appearance.

@@ -407,7 +407,7 @@ pub async fn lifecycle(
     )?;
     warm_up(b, &tag, &cluster, &mut sidecar, &mut driver).await?;
     let claims = ClaimWatch::start(&cluster.client, NAMESPACE).await?;
-    let volumes = VolumeWatch::start(&cluster.client).await?;
+    let volumes = VolumeWatch::start(&cluster.client, api::CLASS).await?;
     let say = |m: String| b.say(format!("{tag}: {m}"));
     cluster
         .wait_quiet(QUIET, Duration::from_secs(60), say)

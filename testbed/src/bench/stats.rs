@@ -303,6 +303,37 @@ pub const H_BOUND: Metric = metric(
     "s",
     Target::RatioAtMost(1.0),
 );
+/// Where (h)'s time goes, per claim: until the sidecar may act (the scheduler's selected node
+/// and the PV controller's provisioner annotation), the sidecar's own part (→ PV created), and
+/// the binder's (→ Bound).
+pub const H_ACTIONABLE: Metric = metric(
+    "h_time_to_actionable",
+    "h",
+    "WaitForFirstConsumer: pods created → last claim actionable (node selected, provisioner named)",
+    "s",
+    Target::None,
+);
+pub const H_SIDECAR_MEDIAN: Metric = metric(
+    "h_sidecar_median",
+    "h",
+    "WaitForFirstConsumer: claim actionable → its PV created, median over claims",
+    "s",
+    Target::None,
+);
+pub const H_SIDECAR_P90: Metric = metric(
+    "h_sidecar_p90",
+    "h",
+    "WaitForFirstConsumer: claim actionable → its PV created, 90th percentile",
+    "s",
+    Target::None,
+);
+pub const H_BINDER_MEDIAN: Metric = metric(
+    "h_binder_median",
+    "h",
+    "WaitForFirstConsumer: PV created → claim Bound, median over claims",
+    "s",
+    Target::None,
+);
 pub const H_SCHEDULED: Metric = metric(
     "h_time_to_scheduled",
     "h",
@@ -657,7 +688,7 @@ fn all_metrics() -> Vec<Metric> {
 }
 
 /// Every metric in report order, (d)'s aside (see [`all_metrics`]).
-const METRICS: [Metric; 61] = [
+const METRICS: [Metric; 65] = [
     A_BOUND,
     A_PVS,
     A_RATE,
@@ -692,6 +723,10 @@ const METRICS: [Metric; 61] = [
     G_RATE,
     H_BOUND,
     H_SCHEDULED,
+    H_ACTIONABLE,
+    H_SIDECAR_MEDIAN,
+    H_SIDECAR_P90,
+    H_BINDER_MEDIAN,
     H_CPU,
     H_PEAK_RSS,
     I_RESTORE_BOUND,

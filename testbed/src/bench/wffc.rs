@@ -27,7 +27,9 @@ use kube::{Client, ResourceExt};
 
 use csi_testbed::{ControlPlane, StartOptions};
 
-use super::api::{self, ClaimWatch, Cluster, DRIVER_NAME, NAMESPACE, WARMUP_NAMESPACE};
+use super::api::{
+    self, ClaimWatch, Cluster, DRIVER_NAME, NAMESPACE, VolumeWatch, WARMUP_NAMESPACE,
+};
 use super::report::Results;
 use super::scenarios::{
     Driver, Extra, QUIET, prepare_cluster, request_rows, spawn_sidecar, wait_for,
@@ -41,6 +43,15 @@ pub const ZONES: usize = 4;
 /// The driver's topology key: on the Nodes' labels, in their CSINodes and in the segments.
 const ZONE_KEY: &str = "topology.reference.csi.example.com/zone";
 const WFFC_CLASS: &str = "csi-bench-wffc";
+
+/// The `q` quantile of sorted `values` (nearest rank), NaN if there are none.
+fn quantile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((values.len() as f64 * q).ceil() as usize).clamp(1, values.len());
+    values[rank - 1]
+}
 
 fn zone(i: usize) -> String {
     format!("zone-{}", i % ZONES + 1)
@@ -120,6 +131,7 @@ pub async fn wait_for_first_consumer(
     let pod_names = api::numbered("pod", n);
     let claims = ClaimWatch::start(&cluster.client, NAMESPACE).await?;
     let pods = PodWatch::start(&cluster.client, NAMESPACE).await?;
+    let volumes = VolumeWatch::start(&cluster.client, WFFC_CLASS).await?;
     b.say(format!(
         "{tag}: creating {n} claims (they wait for a consumer)"
     ));
@@ -184,6 +196,16 @@ pub async fn wait_for_first_consumer(
     results.sample(stats::H_SCHEDULED, imp_, round, to_scheduled);
     results.sample(stats::H_CPU, imp_, round, cpu);
     results.sample(stats::H_PEAK_RSS, imp_, round, peak);
+    let (sidecar_part, binder_part) = claims.stages(&volumes.appeared_at());
+    results.sample(
+        stats::H_ACTIONABLE,
+        imp_,
+        round,
+        last(claims.actionable_after(t0)),
+    );
+    results.sample(stats::H_SIDECAR_MEDIAN, imp_, round, quantile(&sidecar_part, 0.5));
+    results.sample(stats::H_SIDECAR_P90, imp_, round, quantile(&sidecar_part, 0.9));
+    results.sample(stats::H_BINDER_MEDIAN, imp_, round, quantile(&binder_part, 0.5));
     results.requests.extend(request_rows(
         &after.since(&before),
         "h",
@@ -558,6 +580,15 @@ mod tests {
             &[requirement(ZONE_KEY, "Gt", &["1"])],
             &labels
         ));
+    }
+
+    #[test]
+    fn quantiles_take_the_nearest_rank() {
+        let values = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0];
+        assert_eq!(quantile(&values, 0.5), 5.0);
+        assert_eq!(quantile(&values, 0.9), 9.0);
+        assert_eq!(quantile(&values[..1], 0.9), 1.0);
+        assert!(quantile(&[], 0.5).is_nan());
     }
 
     #[test]

@@ -470,11 +470,21 @@ fn initial_list_from<E>(first: Option<&Result<WatchEvent<StorageClass>, E>>) -> 
     }
 }
 
+/// Whether a watch has listed once: resolves `true` when its first list is whole, `false` if the
+/// watch ended before; cheap to clone and await from any number of tasks.
+pub type Listed = Shared<BoxFuture<'static, bool>>;
+
+/// Whether `listed` has resolved `true` already, without waiting. (A `Shared` polls what it
+/// shares with a waker of its own, which wakes every task awaiting a clone of it.)
+pub fn has_listed(listed: &Listed) -> bool {
+    listed.clone().now_or_never() == Some(true)
+}
+
 /// Resolves once the store has listed (`false` if its watch ended before), for any number of
 /// concurrent waiters. `Store::wait_until_ready` itself wakes only the waiter that polled it
 /// last (kube-runtime's `DelayedInit` keeps one waker): a second waiter would wait for ever.
 /// `Shared` polls it once for all.
-pub fn listed<K>(store: &Store<K>) -> Shared<BoxFuture<'static, bool>>
+pub fn listed<K>(store: &Store<K>) -> Listed
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
@@ -545,6 +555,106 @@ where
         None,
         |_: Option<&K>, _: Option<&K>| true,
     )
+}
+
+/// The claim watch (protobuf). Unlike the other stores, the claim store takes the objects of its
+/// first list as they arrive, not once the list is whole: at 100,000 claims that list takes
+/// seconds, and a claim with work is provisioned as soon as it is seen. The store is therefore
+/// "ready" (kube-runtime's sense) from the start, and the returned [`Listed`] says when the
+/// first list is whole: every reader that takes a claim's absence from the store for a fact
+/// waits for it (docs/journal.md, "Decisions on a store still filling").
+pub fn watch_claims(
+    client: &Client,
+    initial_list: InitialList,
+) -> (
+    Store<CachedClaim>,
+    Listed,
+    impl Stream<Item = Result<CachedClaim, watcher::Error>> + Send + 'static,
+) {
+    let (reader, mut writer) = reflector::store();
+    // Ready at once: an empty list, whole.
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let (whole, listed) = tokio::sync::oneshot::channel();
+    let mut first = FirstList::new(whole);
+    let stream = protobuf_watch::watcher(client.clone(), watcher_config(initial_list))
+        .default_backoff()
+        .filter_map(move |event| {
+            future::ready(match event {
+                Ok(event) => first.route(event).map(|event| {
+                    writer.apply_watcher_event(&event);
+                    Ok(event)
+                }),
+                Err(error) => Some(Err(error)),
+            })
+        })
+        .applied_objects();
+    let listed = listed.map(|whole| whole.is_ok()).boxed().shared();
+    (reader, listed, stream)
+}
+
+/// Where the events of the claim watch's first list go (see [`watch_claims`]): while nothing
+/// else is in the store, each object goes straight in (an `Apply`), which is exactly what the
+/// list leaves once whole (initial events hold no deletions). A first list that is restarted
+/// before it ends (its stream broke) could leave behind objects deleted meanwhile, so from
+/// that restart on every list is buffered and swapped in whole, as kube-runtime's writer does.
+struct FirstList {
+    state: FirstListState,
+    whole: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FirstListState {
+    /// Before the watch's first `Init`.
+    NotStarted,
+    /// Inside the first list: objects go straight into the store.
+    Arriving,
+    /// Later lists, buffered by the writer.
+    Buffered,
+}
+
+impl FirstList {
+    fn new(whole: tokio::sync::oneshot::Sender<()>) -> Self {
+        FirstList {
+            state: FirstListState::NotStarted,
+            whole: Some(whole),
+        }
+    }
+
+    /// The event for the store's writer and the controllers in place of `event` (`None`:
+    /// none).
+    fn route<K>(&mut self, event: watcher::Event<K>) -> Option<watcher::Event<K>> {
+        use FirstListState::{Arriving, Buffered, NotStarted};
+        use watcher::Event::{Init, InitApply, InitDone};
+        match (self.state, event) {
+            (NotStarted, Init) => {
+                self.state = Arriving;
+                None
+            }
+            (Arriving, InitApply(object)) => Some(watcher::Event::Apply(object)),
+            (Arriving, InitDone) => {
+                self.state = Buffered;
+                self.say_whole();
+                None
+            }
+            // The first list restarts: buffer this one and swap it in whole.
+            (Arriving, Init) => {
+                self.state = Buffered;
+                Some(Init)
+            }
+            (_, InitDone) => {
+                self.say_whole();
+                Some(InitDone)
+            }
+            (_, event) => Some(event),
+        }
+    }
+
+    fn say_whole(&mut self) {
+        if let Some(whole) = self.whole.take() {
+            let _ = whole.send(());
+        }
+    }
 }
 
 /// The store fed by `events`, and the stream of changed objects; see [`watch_signalling`].
@@ -644,6 +754,8 @@ fn watcher_config(initial_list: InitialList) -> watcher::Config {
 /// The three watched kinds of the sidecar.
 pub struct Watches<C, V, S> {
     pub claims: (Store<CachedClaim>, C),
+    /// When the claim store's first list is whole (see [`watch_claims`]).
+    pub claims_listed: Listed,
     pub volumes: (Store<CachedVolume>, V),
     pub classes: (Store<StorageClass>, S),
 }
@@ -658,8 +770,10 @@ pub fn watch_all(
     impl Stream<Item = Result<CachedVolume, watcher::Error>> + Send + 'static,
     impl Stream<Item = Result<StorageClass, watcher::Error>> + Send + 'static,
 > {
+    let (claims, claims_listed, claim_stream) = watch_claims(client, initial_list);
     Watches {
-        claims: watch_protobuf(client, initial_list),
+        claims: (claims, claim_stream),
+        claims_listed,
         volumes: watch_protobuf(client, initial_list),
         classes: watch(
             Api::<StorageClass>::all(client.clone()),

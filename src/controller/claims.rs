@@ -27,7 +27,7 @@ use super::actions::{
     set_claim_finalizer,
 };
 use super::backoff::{Backoff, InfeasibleSet};
-use super::cache::CachedClaim;
+use super::cache::{CachedClaim, has_listed};
 use super::context::{Context, NodeDeployment};
 use super::events::EventType;
 use super::measured::{Measured, Next};
@@ -547,10 +547,7 @@ impl ClaimReconciler {
             Err(error) => Err(ClaimError::ClassTranslation(error.clone())),
         };
         if let Ok(plan) = &plan
-            && ctx
-                .volumes
-                .get(&ObjectRef::new(&plan.volume_name))
-                .is_some()
+            && pv_of_the_name_exists(ctx, &plan.volume_name)
             && pv_of_the_name_is_ours(ctx, pvc, &plan.volume_name).await?
         {
             return Ok(ControlFlow::Break(Outcome::Nothing));
@@ -930,15 +927,25 @@ async fn reschedule(
     }
 }
 
-/// Whether the PV named like the claim's volume, which the cache holds, is this claim's. With
-/// names cut from part of the UID it may be another claim's: then this claim gets no volume
-/// and is told why, on every attempt. `false` if the PV has gone meanwhile (provision).
+/// Whether a PV named `name` may exist: the PV store says so once it has listed; before (a
+/// claim provisioned while the lists still arrive) only a read can tell, so it may.
+fn pv_of_the_name_exists(ctx: &Context, name: &str) -> bool {
+    let listed = has_listed(&ctx.volumes_listed);
+    !listed || ctx.volumes.get(&ObjectRef::new(name)).is_some()
+}
+
+/// Whether the PV named like the claim's volume (which may exist, see
+/// [`pv_of_the_name_exists`]) is this claim's. With names cut from part of the UID it may be
+/// another claim's: then this claim gets no volume and is told why, on every attempt. `false`
+/// if there is no such PV (provision).
 async fn pv_of_the_name_is_ours(
     ctx: &Context,
     pvc: &PersistentVolumeClaim,
     name: &str,
 ) -> Result<bool, ClaimError> {
-    if !names_may_collide(ctx.settings.config.volume_name_uuid_length) {
+    // Only a PV the listed store holds is known to exist without a read.
+    let known = has_listed(&ctx.volumes_listed);
+    if known && !names_may_collide(ctx.settings.config.volume_name_uuid_length) {
         return Ok(true);
     }
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());

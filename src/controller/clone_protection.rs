@@ -111,8 +111,10 @@ impl CloneProtectionController {
         if !ctx.settings.caps.clone {
             return;
         }
+        // The source's PV is read from the PV store too (`source_volume`).
+        let both_listed = async { listed.await && ctx.volumes_listed.clone().await };
         tokio::select! {
-            listed = listed => if !listed { return },
+            listed = both_listed => if !listed { return },
             () = drained() => return,
         }
         let claims = ctx.claims.clone();

@@ -10,7 +10,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
 use kube::runtime::reflector::Store;
 
-use super::cache::{CachedAttachment, CachedClaim, CachedVolume, listed};
+use super::cache::{CachedAttachment, CachedClaim, CachedVolume, Listed, listed};
 use super::capacity_publisher::{CapacityRefresh, CapacitySettings};
 use super::events::EventRecorder;
 use super::grants::GrantCache;
@@ -92,8 +92,13 @@ pub struct TopologyFlags {
 pub struct Context {
     pub client: Client,
     pub driver: FencedDriver,
+    /// Takes the claims of its first list as they arrive: a claim's absence is a fact only once
+    /// `claims_listed` has resolved (see `cache::watch_claims`).
     pub claims: Store<CachedClaim>,
+    pub claims_listed: Listed,
     pub volumes: Store<CachedVolume>,
+    /// Whether the PV store has listed: until then a PV's absence from it says nothing.
+    pub volumes_listed: Listed,
     pub classes: Store<StorageClass>,
     /// Nodes and CSINodes, watched only when the driver reports topology; this node alone in
     /// node mode.
@@ -122,6 +127,8 @@ pub struct FencedDriver {
 /// The watched objects, as cached by [`super::cache`].
 pub struct Stores {
     pub claims: Store<CachedClaim>,
+    /// When the claim store's first list is whole (`cache::watch_claims`).
+    pub claims_listed: Listed,
     pub volumes: Store<CachedVolume>,
     pub classes: Store<StorageClass>,
     pub topology: Option<TopologyView>,
@@ -167,6 +174,8 @@ impl Context {
             client,
             driver,
             claims: stores.claims,
+            claims_listed: stores.claims_listed,
+            volumes_listed: listed(&stores.volumes),
             volumes: stores.volumes,
             classes: stores.classes,
             topology: stores.topology,

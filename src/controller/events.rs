@@ -24,7 +24,7 @@ use tracing::{debug, warn};
 use crate::kube_client::RateLimitLayer;
 use crate::kube_client::protobuf;
 
-mod wire;
+pub(super) mod wire;
 
 /// Events older than this are not aggregated into (client-go uses the same window).
 const AGGREGATION_WINDOW: Duration = Duration::from_secs(600);

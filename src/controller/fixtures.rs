@@ -49,6 +49,7 @@ use crate::journal::{
     ProvisioningJournalSpec,
 };
 use crate::kube_client::RateLimitLayer;
+use crate::kube_client::protobuf;
 use crate::metrics::Metrics;
 use crate::provision::SecretRef;
 use crate::provision::fixtures::{DRIVER, PVC_UID, caps, config};
@@ -667,9 +668,11 @@ impl Cluster {
             settings.hostname.clone(),
             RateLimitLayer::unlimited(),
         );
+        let claims = listed(self.claims.iter().map(cached));
         let stores = Stores {
-            claims: listed(self.claims.iter().map(cached)),
-            volumes: store(self.volumes.iter().map(cached)),
+            claims_listed: super::cache::listed(&claims),
+            claims,
+            volumes: listed(self.volumes.iter().map(cached)),
             classes: store(self.classes),
             topology: self.topology.map(|(nodes, csinodes)| {
                 if let Some(node) = &self.node {
@@ -948,8 +951,16 @@ async fn serve(
     while let Some((request, respond)) = handle.next_request().await {
         let (parts, body) = request.into_parts();
         let body = body.collect_bytes().await.expect("a request body");
+        let protobuf = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|value| value.as_bytes() == protobuf::CONTENT_TYPE.as_bytes());
         let sent: Value = if body.is_empty() {
             Value::Null
+        } else if protobuf {
+            // Events are the one kind written as protobuf.
+            let event = super::events::wire::decode(&body).expect("an enveloped event");
+            serde_json::to_value(event).expect("JSON of an event")
         } else {
             serde_json::from_slice(&body).expect("a JSON request body")
         };

@@ -105,6 +105,7 @@ pub async fn run(
         .map(|_| Arc::new(tokio::sync::Notify::new()));
     let watches = cache::watch_all(&client, initial_list, capacity_changes.as_ref());
     let (claims, claim_stream) = watches.claims;
+    let claims_listed = watches.claims_listed;
     let (volumes, volume_stream) = watches.volumes;
     let (classes, class_stream) = watches.classes;
     // Only a driver that attaches volumes needs the attach check, as upstream.
@@ -172,6 +173,7 @@ pub async fn run(
     };
     let stores = Stores {
         claims,
+        claims_listed,
         volumes,
         classes,
         topology,
@@ -186,7 +188,7 @@ pub async fn run(
     };
     let ctx = Arc::new(ctx);
 
-    let claims_listed = cache::listed(&ctx.claims);
+    let claims_listed = ctx.claims_listed.clone();
     let (drain_signal, handed_over) = drain::start(&ctx, claims_listed.clone(), drain);
     let drained = || drain_signal.wait();
     let (claim_stream, clone_protection) =

@@ -108,6 +108,13 @@ impl Reaper {
         let mut not_before: HashMap<String, Instant> = HashMap::new();
         // Orphans whose last reap failed for want of their secret (the gauge counts them).
         let mut waiting_for_secret: HashSet<String> = HashSet::new();
+        // Whether a PV holds an orphan's volume is read from the PV store: before it has
+        // listed, a PV's absence from it says nothing (docs/journal.md, "Decisions on a store
+        // still filling").
+        tokio::select! {
+            () = stop.clone() => return,
+            listed = ctx.volumes_listed.clone() => if !listed { return },
+        }
         loop {
             tokio::select! {
                 () = stop.clone() => {

@@ -23,6 +23,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
+use super::cache::has_listed;
 use super::actions::claim_key;
 use super::context::{Context, NodeDeployment};
 use super::runner::lock;
@@ -116,11 +117,14 @@ pub(super) async fn compete(
     let delay = |attempt| ownership_delay(attempt, node.base_delay, node.max_delay, jitter());
     {
         let mut races = lock(races);
-        races.prune(|namespace, name, uid| {
-            ctx.claims
-                .get(&ObjectRef::new(name).within(namespace))
-                .is_some_and(|claim| claim.meta().uid.as_deref() == Some(uid))
-        });
+        // A claim missing from a store still filling may yet arrive: prune once it has listed.
+        if has_listed(&ctx.claims_listed) {
+            races.prune(|namespace, name, uid| {
+                ctx.claims
+                    .get(&ObjectRef::new(name).within(namespace))
+                    .is_some_and(|claim| claim.meta().uid.as_deref() == Some(uid))
+            });
+        }
         if let Some(left) = races.wait(pvc, Instant::now(), delay) {
             debug!(claim = %claim_key(pvc), wait = ?left, "waiting before trying to own the claim");
             return Some(left);

@@ -108,6 +108,7 @@ where
             queue,
         } = self;
         let store = reconciler.ctx.volumes.clone();
+        let listed = reconciler.ctx.volumes_listed.clone();
         let has_work = |reconciler: &Arc<VolumeReconciler>| {
             let reconciler = Arc::clone(reconciler);
             move |pv: &CachedVolume| reconciler.has_work(pv)
@@ -134,7 +135,6 @@ where
                 reconciler,
             );
         let controller = queue.results(results).for_each(log_result);
-        let listed = async move { store.wait_until_ready().await.is_ok() };
         until_drained_if_never_ready(controller, listed, drained()).await;
     }
 }

@@ -298,3 +298,92 @@ fn any_other_probe_answer_means_lists() {
         );
     }
 }
+
+/// Feeds `events` through [`FirstList`] into a store, as `watch_claims` does; the store's
+/// names after each event, and whether the first list was said whole.
+fn first_list_run(events: Vec<watcher::Event<CachedClaim>>) -> (Vec<Vec<String>>, bool) {
+    let (reader, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    let (whole, mut listed) = tokio::sync::oneshot::channel();
+    let mut first = FirstList::new(whole);
+    let mut seen = Vec::new();
+    for event in events {
+        if let Some(event) = first.route(event) {
+            writer.apply_watcher_event(&event);
+        }
+        let mut names: Vec<String> = reader
+            .state()
+            .iter()
+            .map(|claim| claim.metadata.name.clone().unwrap_or_default())
+            .collect();
+        names.sort();
+        seen.push(names);
+    }
+    (seen, listed.try_recv().is_ok())
+}
+
+fn named(name: &str) -> CachedClaim {
+    cached_claim(&PvcBuilder::new().name(name).build())
+}
+
+#[test]
+fn the_first_list_enters_the_store_as_it_arrives_and_is_said_whole_at_its_end() {
+    use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+    let (seen, whole) = first_list_run(vec![
+        Init,
+        InitApply(named("a")),
+        InitApply(named("b")),
+        InitDone,
+        Apply(named("c")),
+        Delete(named("a")),
+    ]);
+    let names = |list: &[&str]| list.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        seen,
+        [
+            names(&[]),
+            names(&["a"]),
+            names(&["a", "b"]),
+            names(&["a", "b"]),
+            names(&["a", "b", "c"]),
+            names(&["b", "c"]),
+        ]
+    );
+    assert!(whole);
+
+    let (_, whole) = first_list_run(vec![Init, InitApply(named("a"))]);
+    assert!(!whole, "said whole before its end");
+}
+
+#[test]
+fn a_restarted_first_list_and_every_later_one_are_swapped_in_whole() {
+    use watcher::Event::{Init, InitApply, InitDone};
+    // "gone" arrived in the broken first attempt and was deleted before the second.
+    let (seen, whole) = first_list_run(vec![
+        Init,
+        InitApply(named("gone")),
+        Init,
+        InitApply(named("kept")),
+        InitDone,
+        Init,
+        InitApply(named("new")),
+        InitDone,
+    ]);
+    let names = |list: &[&str]| list.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        seen,
+        [
+            names(&[]),
+            names(&["gone"]),
+            // Buffered: the store keeps what it had until the list is whole.
+            names(&["gone"]),
+            names(&["gone"]),
+            names(&["kept"]),
+            names(&["kept"]),
+            names(&["kept"]),
+            names(&["new"]),
+        ]
+    );
+    assert!(whole);
+}

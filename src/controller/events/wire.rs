@@ -6,6 +6,8 @@ use k8s_openapi::api::core::v1::{Event, ObjectReference};
 use prost::Message;
 
 use crate::kube_client::protobuf::{ObjectMeta, WireTime, seal_envelope};
+#[cfg(test)]
+use crate::kube_client::protobuf::{ProtobufError, open_envelope};
 
 #[derive(Clone, PartialEq, Message)]
 struct WireEvent {
@@ -94,4 +96,85 @@ pub fn encode(event: &Event) -> Vec<u8> {
         reporting_instance: event.reporting_instance.clone(),
     };
     seal_envelope("v1", "Event", &wire)
+}
+
+/// The event in an enveloped create body: what the scripted API server of the reconcile
+/// fixtures reads, and the round trip of [`encode`].
+#[cfg(test)]
+pub(crate) fn decode(body: &[u8]) -> Result<Event, ProtobufError> {
+    use k8s_openapi::api::core::v1::EventSource;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1;
+
+    let (_, raw) = open_envelope(body)?;
+    let wire = WireEvent::decode(raw.as_slice()).map_err(|source| ProtobufError::Decode {
+        what: "event",
+        source,
+    })?;
+    let metadata = wire.metadata.unwrap_or_default();
+    let involved = wire.involved_object.unwrap_or_default();
+    Ok(Event {
+        metadata: v1::ObjectMeta {
+            name: metadata.name,
+            namespace: metadata.namespace,
+            ..v1::ObjectMeta::default()
+        },
+        involved_object: ObjectReference {
+            kind: involved.kind,
+            namespace: involved.namespace,
+            name: involved.name,
+            uid: involved.uid,
+            api_version: involved.api_version,
+            resource_version: involved.resource_version,
+            field_path: involved.field_path,
+        },
+        reason: wire.reason,
+        message: wire.message,
+        source: wire.source.map(|source| EventSource {
+            component: source.component,
+            host: source.host,
+        }),
+        first_timestamp: wire.first_timestamp.and_then(WireTime::to_time),
+        last_timestamp: wire.last_timestamp.and_then(WireTime::to_time),
+        count: wire.count,
+        type_: wire.type_,
+        reporting_component: wire.reporting_component,
+        reporting_instance: wire.reporting_instance,
+        ..Event::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::EventSource;
+    use k8s_openapi::jiff::Timestamp;
+
+    use super::*;
+    use crate::controller::events::{EventType, core_event};
+
+    #[test]
+    fn an_event_reads_back_as_it_was_written() {
+        let regarding = ObjectReference {
+            kind: Some("PersistentVolumeClaim".to_owned()),
+            namespace: Some("ns".to_owned()),
+            name: Some("claim".to_owned()),
+            uid: Some("u-1".to_owned()),
+            api_version: Some("v1".to_owned()),
+            resource_version: Some("7".to_owned()),
+            field_path: None,
+        };
+        let at = Timestamp::from_second(1_700_000_000).unwrap();
+        let source = EventSource {
+            component: Some("driver_host_x".to_owned()),
+            host: Some("host".to_owned()),
+        };
+        let event = core_event(
+            &regarding,
+            EventType::Warning,
+            "ProvisioningFailed",
+            "no space",
+            at,
+            &source,
+        );
+        assert_eq!(decode(&encode(&event)).unwrap(), event);
+    }
 }

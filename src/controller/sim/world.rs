@@ -480,6 +480,7 @@ impl World {
             })
         });
         let stores = Stores {
+            claims_listed: cache::listed(&claims),
             claims,
             volumes,
             classes,
@@ -511,7 +512,7 @@ impl World {
         relist(&self.server, "persistentvolumeclaims", &mut writers.claims);
         relist(&self.server, "persistentvolumes", &mut writers.volumes);
         relist(&self.server, "storageclasses", &mut writers.classes);
-        let claims_listed = cache::listed(&ctx.claims);
+        let claims_listed = ctx.claims_listed.clone();
         self.procs.push(Process {
             name,
             slot: slot.to_owned(),

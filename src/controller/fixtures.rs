@@ -457,6 +457,8 @@ pub struct Cluster {
     topology: Option<(Vec<Value>, Vec<Value>)>,
     /// The Node and CSINode watches never list (no RBAC for them).
     topology_unlisted: bool,
+    /// The PV watch has not listed yet (its objects still arriving).
+    volumes_unlisted: bool,
     /// With the CrossNamespaceVolumeDataSource gate on: the listed ReferenceGrants (as JSON).
     grants: Option<Vec<Value>>,
     /// The ReferenceGrant watch never lists (no CRD).
@@ -484,6 +486,7 @@ impl Cluster {
             draining: false,
             topology: None,
             topology_unlisted: false,
+            volumes_unlisted: false,
             grants: None,
             grants_unlisted: false,
             attachments: None,
@@ -529,6 +532,13 @@ impl Cluster {
     pub fn topology_unlisted(mut self) -> Self {
         self.topology = Some((Vec::new(), Vec::new()));
         self.topology_unlisted = true;
+        self
+    }
+
+    /// The PV watch has not listed yet: its store holds what has arrived (these volumes) and a
+    /// PV's absence from it says nothing.
+    pub fn volumes_unlisted(mut self) -> Self {
+        self.volumes_unlisted = true;
         self
     }
 
@@ -672,7 +682,11 @@ impl Cluster {
         let stores = Stores {
             claims_listed: super::cache::listed(&claims),
             claims,
-            volumes: listed(self.volumes.iter().map(cached)),
+            volumes: if self.volumes_unlisted {
+                store(self.volumes.iter().map(cached))
+            } else {
+                listed(self.volumes.iter().map(cached))
+            },
             classes: store(self.classes),
             topology: self.topology.map(|(nodes, csinodes)| {
                 if let Some(node) = &self.node {

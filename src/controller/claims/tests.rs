@@ -23,6 +23,7 @@ mod migration;
 mod node_deployment;
 mod provisioning;
 mod sources;
+mod store_filling;
 mod topology;
 
 const CLAIM_EVENT: &str = "PersistentVolumeClaim/data";

@@ -800,11 +800,16 @@ pub async fn idle(
     let tag = format!("(d) {size} {imp} round {round}");
     let name = format!("d-{pairs}-{imp}-r{round}");
     let driver = Driver::start(b, &name).await?;
+    // Two new claims: the API server streams claims in key order, so "new-…" comes after
+    // every "claim-…" and "a-new-…" before them.
     let probe = format!("new-{name}");
     let pv_name = scale.cluster.create_claim_for_pv_name(&probe).await?;
     let provisioned = FirstVolume::watch(&scale.cluster, &pv_name).await?;
+    let early_probe = format!("a-new-{name}");
+    let early_pv_name = scale.cluster.create_claim_for_pv_name(&early_probe).await?;
+    let provisioned_early = FirstVolume::watch(&scale.cluster, &early_pv_name).await?;
     b.say(format!(
-        "{tag}: starting the sidecar with {size} claims and PVs present and one new claim"
+        "{tag}: starting the sidecar with {size} claims and PVs present and two new claims"
     ));
     let apiserver = apiserver_pid(&scale.cp);
     let apiserver_cpu = || apiserver.and_then(|pid| proc::read_proc(pid, b.ticks));
@@ -870,6 +875,9 @@ pub async fn idle(
     if let Some(first) = first {
         results.sample(metric(stats::D_FIRST), imp_, round, first);
     }
+    if let Some(early) = provisioned_early.after(t0) {
+        results.sample(metric(stats::D_FIRST_EARLY), imp_, round, early);
+    }
     if settled {
         results.sample(metric(stats::D_SETTLE), imp_, round, settle.as_secs_f64());
     }
@@ -886,15 +894,22 @@ pub async fn idle(
         });
     }
     b.say(format!(
-        "{tag}: first PV {}, peak {:.0} MiB, steady {steady:.0} MiB, start-up CPU {startup_cpu:.2}s",
+        "{tag}: PV of the claim streamed last {}, of the one streamed first {}, peak {:.0} MiB, \
+         steady {steady:.0} MiB, start-up CPU {startup_cpu:.2}s",
         first.map_or("never".to_owned(), |s| format!("after {s:.1}s")),
+        provisioned_early
+            .after(t0)
+            .map_or("never".to_owned(), |s| format!("after {s:.1}s")),
         end.hwm_mib(),
     ));
-    // The new claim and its volume go, so that the next run starts from the same pairs.
+    // The new claims and their volumes go, so that the next run starts from the same pairs.
     let cleaned = remove_claim(&scale.cluster, &probe, &pv_name, &mut sidecar).await;
+    let cleaned_early =
+        remove_claim(&scale.cluster, &early_probe, &early_pv_name, &mut sidecar).await;
     sidecar.stop().await;
     driver.stop().await;
     cleaned?;
+    cleaned_early?;
     first.map(drop).ok_or_else(|| BenchError::Step {
         step: format!("{tag}: provisioning the new claim"),
         detail: format!("no PV {pv_name} within the run"),

@@ -534,11 +534,21 @@ pub const D_CPU: ScaleBase = ScaleBase {
     unit: "s",
     target: Target::RatioAtMost(0.50),
 };
+/// The new claim named to come last in the API server's stream of claims (key order): it is
+/// provisioned only once every existing claim has arrived.
 pub const D_FIRST: ScaleBase = ScaleBase {
     id: "d_first_provision",
     label: "start → PV of the first new claim",
     unit: "s",
-    target: Target::RatioAtMost(0.50),
+    target: Target::RatioAtMost(0.30),
+};
+/// A second new claim, named to come first in that stream: provisioned as soon as it arrives
+/// by a sidecar that does not wait for the whole list.
+pub const D_FIRST_EARLY: ScaleBase = ScaleBase {
+    id: "d_first_provision_early",
+    label: "start → PV of a new claim the claim stream brings first",
+    unit: "s",
+    target: Target::None,
 };
 pub const D_SETTLE: ScaleBase = ScaleBase {
     id: "d_settle",
@@ -569,11 +579,12 @@ pub const D_SETUP_KCM: ScaleBase = ScaleBase {
     unit: "req",
     target: Target::None,
 };
-const D_BASES: [ScaleBase; 8] = [
+const D_BASES: [ScaleBase; 9] = [
     D_STEADY_RSS,
     D_PEAK_RSS,
     D_CPU,
     D_FIRST,
+    D_FIRST_EARLY,
     D_SETTLE,
     D_APISERVER_CPU,
     D_SETUP,

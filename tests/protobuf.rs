@@ -35,7 +35,11 @@ async fn get_protobuf(client: &Client, path: &str) -> (u16, Vec<u8>) {
         .unwrap_or_default();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     if status == 200 {
-        assert_eq!(content_type, protobuf::CONTENT_TYPE, "the API server answered {content_type}");
+        assert_eq!(
+            content_type,
+            protobuf::CONTENT_TYPE,
+            "the API server answered {content_type}"
+        );
     }
     (status, body.to_vec())
 }
@@ -59,7 +63,9 @@ where
     K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
     let object: K = serde_json::from_value(object).expect("a valid object");
-    api.create(&PostParams::default(), &object).await.expect("create")
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("create")
 }
 
 /// Claims with every field the cached form keeps, set and unset: empty and absent class,
@@ -271,13 +277,14 @@ async fn cached_forms_read_the_same_from_protobuf_and_json() {
     assert_eq!(json.attachment(), pb.attachment());
 
     // Errors come as the API server's Status, in protobuf.
-    let (status, body) = get_protobuf(
-        &client,
-        &format!("{}/absent", cached_claims.resource_url()),
-    )
-    .await;
+    let (status, body) =
+        get_protobuf(&client, &format!("{}/absent", cached_claims.resource_url())).await;
     let error = protobuf::error_status(status, &body);
-    assert_eq!((error.code, error.reason.as_str()), (404, "NotFound"), "{error:?}");
+    assert_eq!(
+        (error.code, error.reason.as_str()),
+        (404, "NotFound"),
+        "{error:?}"
+    );
 
     claim_api
         .patch(
@@ -302,7 +309,11 @@ where
     S: futures::Stream<Item = Result<Event<CachedClaim>, watcher::Error>> + Unpin,
 {
     loop {
-        let event = events.try_next().await.expect("watch").expect("stream ended");
+        let event = events
+            .try_next()
+            .await
+            .expect("watch")
+            .expect("stream ended");
         let in_ns = |claim: &CachedClaim| claim.metadata.namespace.as_deref() == Some(ns);
         match &event {
             Event::Apply(claim) | Event::Delete(claim) | Event::InitApply(claim)
@@ -331,7 +342,8 @@ async fn the_protobuf_watch_streams_the_initial_claims_then_their_changes() {
         watcher::Config::default().any_semantic(),
     ] {
         let streamed = config.initial_list_strategy == watcher::InitialListStrategy::StreamingList;
-        let mut events = protobuf_watch::watcher::<CachedClaim>(cluster.client.clone(), config).boxed();
+        let mut events =
+            protobuf_watch::watcher::<CachedClaim>(cluster.client.clone(), config).boxed();
         assert!(matches!(next_in(&mut events, &ns).await, Event::Init));
         let mut initial = BTreeMap::new();
         loop {

@@ -165,9 +165,7 @@ fn identity_only<'de, D: serde::Deserializer<'de>>(
 }
 
 /// Of a CSI PV's attributes, the provisioner identity only.
-fn identity_kept(
-    attributes: Option<BTreeMap<String, String>>,
-) -> Option<BTreeMap<String, String>> {
+fn identity_kept(attributes: Option<BTreeMap<String, String>>) -> Option<BTreeMap<String, String>> {
     attributes
         .and_then(|mut attributes| attributes.remove_entry(PROVISIONER_IDENTITY_KEY))
         .map(|entry| BTreeMap::from([entry]))
@@ -532,11 +530,7 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     F: Fn(Option<&K>, Option<&K>) -> bool + Send + 'static,
 {
-    reflect(
-        watcher(api, watcher_config(initial_list)),
-        changes,
-        changed,
-    )
+    reflect(watcher(api, watcher_config(initial_list)), changes, changed)
 }
 
 /// [`watch`] of a kind decoded from protobuf (see `kube_client::protobuf`).

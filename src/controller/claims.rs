@@ -15,6 +15,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::core::Request;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -41,6 +42,7 @@ use crate::csi;
 use crate::csi_client::{CallError, ErrorClass, migrated_calls};
 use crate::journal::{Busy, JournalError, Operation, Phase};
 use crate::kube_client::go_error_text;
+use crate::kube_client::protobuf;
 use crate::metrics::CLAIMS_QUEUE;
 use crate::provision::storage_capacity::RefreshCause;
 use crate::provision::{
@@ -1090,8 +1092,19 @@ async fn save_volume(
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());
     let handle = handle.to_owned();
     let name = plan.volume_name.clone();
-    match api.create(&PostParams::default(), &pv).await {
-        Ok(_) => Ok(()),
+    // The stored PV is not needed: its answer is not read (`write_unread`).
+    let created = match serde_json::to_vec(&pv) {
+        Ok(body) => Request::new(api.resource_url())
+            .create(&PostParams::default(), body)
+            .map_err(kube::Error::BuildRequest),
+        Err(error) => Err(kube::Error::SerdeError(error)),
+    };
+    let created = match created {
+        Ok(request) => protobuf::write_unread(&ctx.client, request).await,
+        Err(error) => Err(error),
+    };
+    match created {
+        Ok(()) => Ok(()),
         Err(kube::Error::Api(status)) if status.code == 409 => {
             let existing = api
                 .get(&name)

@@ -226,13 +226,12 @@ impl Writer {
         }
     }
 
-    /// Sends a write of an event, asking for protobuf, and drops the answer unread.
+    /// Sends a write of an event; its answer is not read.
     async fn send(
         &self,
         request: Result<http::Request<Vec<u8>>, kube::Error>,
     ) -> Result<(), kube::Error> {
-        let body = protobuf::send(&self.client, request?, protobuf::ACCEPT).await?;
-        protobuf::collect(body).await.map(drop)
+        protobuf::write_unread(&self.client, request?).await
     }
 
     /// If an identical event was recorded recently, returns where it is and its new count.

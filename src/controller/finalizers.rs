@@ -4,10 +4,26 @@
 use std::fmt::Debug;
 
 use kube::api::{Api, Patch, PatchParams};
+use kube::core::Request;
 use kube::{Resource, ResourceExt};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use crate::kube_client::protobuf;
 use crate::provision::{finalizer_addition_patch, finalizer_removal_patch};
+
+/// Patches `name` with `patch`; the patched object is not needed, so its answer is not read
+/// (`protobuf::write_unread`).
+async fn patch_unread<K: Resource + Clone, P: Serialize + Debug>(
+    api: &Api<K>,
+    name: &str,
+    patch: &Patch<P>,
+) -> kube::Result<()> {
+    let request = Request::new(api.resource_url())
+        .patch(name, &PatchParams::default(), patch)
+        .map_err(kube::Error::BuildRequest)?;
+    protobuf::write_unread(&api.clone().into_client(), request).await
+}
 
 /// How many times a removal re-reads the object after another writer moved its finalizers.
 const REMOVAL_ATTEMPTS: usize = 5;
@@ -19,14 +35,7 @@ where
     let Some(patch) = finalizer_addition_patch(object.meta(), finalizer) else {
         return Ok(());
     };
-    ignore_not_found(
-        api.patch(
-            &object.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await,
-    )
+    ignore_not_found(patch_unread(api, &object.name_any(), &Patch::Merge(&patch)).await)
 }
 
 /// Removes `finalizer` from `object`, re-reading it when the protection controllers changed
@@ -50,11 +59,8 @@ where
         let Some(patch) = finalizer_removal_patch(current.meta(), finalizer) else {
             return Ok(());
         };
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
-            .await
-        {
-            Ok(_) => return Ok(()),
+        match patch_unread(api, &name, &Patch::<()>::Json(patch)).await {
+            Ok(()) => return Ok(()),
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
             // A failed `test` operation: the list moved under us.
             Err(kube::Error::Api(status))
@@ -84,14 +90,7 @@ where
     let Some(patch) = finalizer_removal_patch(object.meta(), finalizer) else {
         return Ok(());
     };
-    ignore_not_found(
-        api.patch(
-            &object.name_any(),
-            &PatchParams::default(),
-            &Patch::<()>::Json(patch),
-        )
-        .await,
-    )
+    ignore_not_found(patch_unread(api, &object.name_any(), &Patch::<()>::Json(patch)).await)
 }
 
 fn ignore_not_found<T>(result: kube::Result<T>) -> kube::Result<()> {

@@ -23,8 +23,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
-use super::cache::has_listed;
 use super::actions::claim_key;
+use super::cache::has_listed;
 use super::context::{Context, NodeDeployment};
 use super::runner::lock;
 use crate::csi;

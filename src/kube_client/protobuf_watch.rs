@@ -33,9 +33,13 @@ enum State<K> {
         resource_version: Option<String>,
     },
     /// The initial events of a streamed list.
-    Streaming { frames: Frames },
+    Streaming {
+        frames: Frames,
+    },
     /// Listed: the watch starts from `resource_version`.
-    Listed { resource_version: String },
+    Listed {
+        resource_version: String,
+    },
     Watching {
         resource_version: String,
         frames: Frames,
@@ -56,18 +60,15 @@ where
         config,
         path,
     };
-    stream::unfold(
-        (watch, State::Start),
-        |(watch, mut state)| async move {
-            loop {
-                let (item, next) = watch.step(state).await;
-                state = next;
-                if let Some(item) = item {
-                    return Some((item, (watch, state)));
-                }
+    stream::unfold((watch, State::Start), |(watch, mut state)| async move {
+        loop {
+            let (item, next) = watch.step(state).await;
+            state = next;
+            if let Some(item) = item {
+                return Some((item, (watch, state)));
             }
-        },
-    )
+        }
+    })
 }
 
 struct Watch {
@@ -122,7 +123,10 @@ impl Watch {
         match state {
             State::Start if self.streamed() => match self.open_watch(true, "0").await {
                 Ok(frames) => (Some(Ok(Event::Init)), State::Streaming { frames }),
-                Err(error) => (Some(Err(watcher::Error::WatchStartFailed(error))), State::Start),
+                Err(error) => (
+                    Some(Err(watcher::Error::WatchStartFailed(error))),
+                    State::Start,
+                ),
             },
             State::Start => (
                 Some(Ok(Event::Init)),
@@ -148,7 +152,10 @@ impl Watch {
                 if continue_token.is_none()
                     && let Some(resource_version) = resource_version
                 {
-                    return (Some(Ok(Event::InitDone)), State::Listed { resource_version });
+                    return (
+                        Some(Ok(Event::InitDone)),
+                        State::Listed { resource_version },
+                    );
                 }
                 match self.list(continue_token).await {
                     Ok(page) => {
@@ -172,9 +179,10 @@ impl Watch {
                 }
             }
             State::Streaming { mut frames } => match self.next_event(&mut frames).await {
-                Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => {
-                    (Some(Ok(Event::InitApply(object))), State::Streaming { frames })
-                }
+                Some(Ok(WatchEvent::Added(object) | WatchEvent::Modified(object))) => (
+                    Some(Ok(Event::InitApply(object))),
+                    State::Streaming { frames },
+                ),
                 // The API server sends none while it streams the initial events.
                 Some(Ok(WatchEvent::Deleted(_))) => (None, State::Streaming { frames }),
                 Some(Ok(WatchEvent::Bookmark {
@@ -299,28 +307,28 @@ impl Watch {
         &self,
         frames: &mut Frames,
     ) -> Option<Result<WatchEvent<K>, kube::Error>> {
-        let frame = match tokio::time::timeout(self.idle_limit(), protobuf::read_frame(frames))
-            .await
-        {
-            Err(_) => {
-                debug!(path = self.path, "watch silent too long; resuming");
-                return None;
-            }
-            Ok(Ok(None)) => return None,
-            Ok(Ok(Some(frame))) => frame,
-            Ok(Err(error)) => return Some(Err(kube::Error::ReadEvents(error))),
-        };
+        let frame =
+            match tokio::time::timeout(self.idle_limit(), protobuf::read_frame(frames)).await {
+                Err(_) => {
+                    debug!(path = self.path, "watch silent too long; resuming");
+                    return None;
+                }
+                Ok(Ok(None)) => return None,
+                Ok(Ok(Some(frame))) => frame,
+                Ok(Err(error)) => return Some(Err(kube::Error::ReadEvents(error))),
+            };
         Some(decode_watch_event(&frame).map_err(decode_error))
     }
 }
 
 /// An applied or deleted object moves the watch to its resource version.
-fn applied<K: Resource>(
-    object: K,
-    frames: Frames,
-    event: fn(K) -> Event<K>,
-) -> Step<K> {
-    match object.meta().resource_version.clone().filter(|v| !v.is_empty()) {
+fn applied<K: Resource>(object: K, frames: Frames, event: fn(K) -> Event<K>) -> Step<K> {
+    match object
+        .meta()
+        .resource_version
+        .clone()
+        .filter(|v| !v.is_empty())
+    {
         Some(resource_version) => (
             Some(Ok(event(object))),
             State::Watching {

@@ -23,8 +23,8 @@ use prost::Message;
 
 use super::{
     CachedAttachment, CachedClaim, CachedClaimStatus, CachedCsiSource, CachedVolume,
-    CachedVolumeSpec, CachedVolumeStatus, WireAttachment, WireAttachmentSource,
-    WireAttachmentSpec, WireMeta, identity_kept, split,
+    CachedVolumeSpec, CachedVolumeStatus, WireAttachment, WireAttachmentSource, WireAttachmentSpec,
+    WireMeta, identity_kept, split,
 };
 use crate::kube_client::protobuf::{
     FromProtobuf, ObjectMeta, ProtobufError, non_empty, non_empty_map, non_empty_vec,
@@ -428,14 +428,12 @@ impl VolumeSpec {
                 read_only: d.read_only,
                 kind: d.kind,
             }),
-            azure_file: source
-                .azure_file
-                .map(|f| AzureFilePersistentVolumeSource {
-                    secret_name: f.secret_name,
-                    share_name: f.share_name,
-                    read_only: set(f.read_only),
-                    secret_namespace: f.secret_namespace,
-                }),
+            azure_file: source.azure_file.map(|f| AzureFilePersistentVolumeSource {
+                secret_name: f.secret_name,
+                share_name: f.share_name,
+                read_only: set(f.read_only),
+                secret_namespace: f.secret_namespace,
+            }),
             cinder: source.cinder.map(|c| CinderPersistentVolumeSource {
                 volume_id: c.volume_id,
                 fs_type: non_empty(c.fs_type),

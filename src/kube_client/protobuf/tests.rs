@@ -53,7 +53,10 @@ fn an_envelope_opens_to_what_was_sealed() {
     let sealed = seal_envelope("v1", "Thing", &object("a", &[]));
     assert_eq!(&sealed[..4], b"k8s\0");
     let (type_meta, raw) = open_envelope(&sealed).unwrap();
-    assert_eq!((type_meta.api_version.as_str(), type_meta.kind.as_str()), ("v1", "Thing"));
+    assert_eq!(
+        (type_meta.api_version.as_str(), type_meta.kind.as_str()),
+        ("v1", "Thing")
+    );
     assert_eq!(Named::from_protobuf(&raw).unwrap(), Named("a".to_owned()));
     assert!(matches!(
         open_envelope(b"{\"kind\":\"Status\"}"),
@@ -92,7 +95,13 @@ fn watch_events_decode_by_type() {
         WatchEvent::Bookmark { resource_version, initial_events_end: true } if resource_version == "42"
     ));
     let plain = decode_watch_event::<Named>(&frame_of("BOOKMARK", &object("", &[]))).unwrap();
-    assert!(matches!(plain, WatchEvent::Bookmark { initial_events_end: false, .. }));
+    assert!(matches!(
+        plain,
+        WatchEvent::Bookmark {
+            initial_events_end: false,
+            ..
+        }
+    ));
 
     let gone = WireStatus {
         status: "Failure".to_owned(),
@@ -101,7 +110,9 @@ fn watch_events_decode_by_type() {
         code: 410,
     };
     let error = decode_watch_event::<Named>(&frame_of("ERROR", &gone)).unwrap();
-    assert!(matches!(error, WatchEvent::Error(status) if status.code == 410 && status.reason == "Expired"));
+    assert!(
+        matches!(error, WatchEvent::Error(status) if status.code == 410 && status.reason == "Expired")
+    );
 
     assert!(matches!(
         decode_watch_event::<Named>(&frame_of("RENAMED", &object("a", &[]))),

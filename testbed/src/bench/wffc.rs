@@ -203,9 +203,24 @@ pub async fn wait_for_first_consumer(
         round,
         last(claims.actionable_after(t0)),
     );
-    results.sample(stats::H_SIDECAR_MEDIAN, imp_, round, quantile(&sidecar_part, 0.5));
-    results.sample(stats::H_SIDECAR_P90, imp_, round, quantile(&sidecar_part, 0.9));
-    results.sample(stats::H_BINDER_MEDIAN, imp_, round, quantile(&binder_part, 0.5));
+    results.sample(
+        stats::H_SIDECAR_MEDIAN,
+        imp_,
+        round,
+        quantile(&sidecar_part, 0.5),
+    );
+    results.sample(
+        stats::H_SIDECAR_P90,
+        imp_,
+        round,
+        quantile(&sidecar_part, 0.9),
+    );
+    results.sample(
+        stats::H_BINDER_MEDIAN,
+        imp_,
+        round,
+        quantile(&binder_part, 0.5),
+    );
     results.requests.extend(request_rows(
         &after.since(&before),
         "h",

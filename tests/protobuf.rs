@@ -44,18 +44,24 @@ async fn get_protobuf(client: &Client, path: &str) -> (u16, Vec<u8>) {
     (status, body.to_vec())
 }
 
-/// The object at `path` read both ways: from JSON (kube's path, the `Wire*` types) and from
-/// protobuf.
+/// The object read both ways: from JSON (kube's path, the `Wire*` types) and from protobuf.
+/// The controller manager may change it between the two reads (a PV's phase): read again until
+/// both are of the same version.
 async fn both_ways<K>(client: &Client, api: &Api<K>, name: &str) -> (K, K)
 where
     K: Resource + FromProtobuf + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let from_json = api.get(name).await.expect("JSON GET");
     let path = format!("{}/{name}", api.resource_url());
-    let (status, body) = get_protobuf(client, &path).await;
-    assert_eq!(status, 200, "protobuf GET {path}");
-    let from_protobuf = protobuf::decode_object::<K>(&body).expect("protobuf decode");
-    (from_json, from_protobuf)
+    for _ in 0..20 {
+        let from_json = api.get(name).await.expect("JSON GET");
+        let (status, body) = get_protobuf(client, &path).await;
+        assert_eq!(status, 200, "protobuf GET {path}");
+        let from_protobuf = protobuf::decode_object::<K>(&body).expect("protobuf decode");
+        if from_json.meta().resource_version == from_protobuf.meta().resource_version {
+            return (from_json, from_protobuf);
+        }
+    }
+    panic!("{path} kept changing between the two reads");
 }
 
 async fn create<K>(api: &Api<K>, object: serde_json::Value) -> K
@@ -303,8 +309,9 @@ async fn cached_forms_read_the_same_from_protobuf_and_json() {
         .unwrap();
 }
 
-/// The next event of `events` for an object of namespace `ns`.
-async fn next_in<S>(events: &mut S, ns: &str) -> Event<CachedClaim>
+/// The next event of `events` for an object of namespace `ns` (and named `name`, if given:
+/// the controller manager changes the namespace's other claims meanwhile).
+async fn next_in<S>(events: &mut S, ns: &str, name: Option<&str>) -> Event<CachedClaim>
 where
     S: futures::Stream<Item = Result<Event<CachedClaim>, watcher::Error>> + Unpin,
 {
@@ -314,10 +321,13 @@ where
             .await
             .expect("watch")
             .expect("stream ended");
-        let in_ns = |claim: &CachedClaim| claim.metadata.namespace.as_deref() == Some(ns);
+        let wanted = |claim: &CachedClaim| {
+            claim.metadata.namespace.as_deref() == Some(ns)
+                && name.is_none_or(|name| claim.metadata.name.as_deref() == Some(name))
+        };
         match &event {
             Event::Apply(claim) | Event::Delete(claim) | Event::InitApply(claim)
-                if !in_ns(claim) => {}
+                if !wanted(claim) => {}
             _ => return event,
         }
     }
@@ -344,10 +354,10 @@ async fn the_protobuf_watch_streams_the_initial_claims_then_their_changes() {
         let streamed = config.initial_list_strategy == watcher::InitialListStrategy::StreamingList;
         let mut events =
             protobuf_watch::watcher::<CachedClaim>(cluster.client.clone(), config).boxed();
-        assert!(matches!(next_in(&mut events, &ns).await, Event::Init));
+        assert!(matches!(next_in(&mut events, &ns, None).await, Event::Init));
         let mut initial = BTreeMap::new();
         loop {
-            match next_in(&mut events, &ns).await {
+            match next_in(&mut events, &ns, None).await {
                 Event::InitApply(claim) => {
                     initial.insert(
                         claim.metadata.name.clone().unwrap(),
@@ -364,7 +374,7 @@ async fn the_protobuf_watch_streams_the_initial_claims_then_their_changes() {
         let mut claim = claims(&ns).remove(0);
         claim["metadata"]["name"] = json!(name);
         let created: PersistentVolumeClaim = create(&claim_api, claim).await;
-        match next_in(&mut events, &ns).await {
+        match next_in(&mut events, &ns, Some(&name)).await {
             Event::Apply(claim) => assert_eq!(claim.metadata.uid, created.metadata.uid),
             other => panic!("streamed={streamed}: expected the new claim, got {other:?}"),
         }
@@ -376,7 +386,7 @@ async fn the_protobuf_watch_streams_the_initial_claims_then_their_changes() {
             )
             .await
             .unwrap();
-        match next_in(&mut events, &ns).await {
+        match next_in(&mut events, &ns, Some(&name)).await {
             Event::Apply(claim) => {
                 let annotations = claim.to_claim().unwrap().metadata.annotations.unwrap();
                 assert_eq!(annotations["changed"], "yes");
@@ -389,7 +399,7 @@ async fn the_protobuf_watch_streams_the_initial_claims_then_their_changes() {
             .unwrap();
         // pvc-protection's finalizer: the deletion timestamp first, then the deletion.
         loop {
-            match next_in(&mut events, &ns).await {
+            match next_in(&mut events, &ns, Some(&name)).await {
                 Event::Apply(claim) if claim.metadata.deletion_timestamp.is_some() => {}
                 Event::Delete(claim) => {
                     assert_eq!(claim.metadata.uid, created.metadata.uid);
@@ -399,4 +409,42 @@ async fn the_protobuf_watch_streams_the_initial_claims_then_their_changes() {
             }
         }
     }
+}
+
+/// A watch the API server refuses (a label selector it cannot parse): the answer is its
+/// `Status`, in protobuf, read as such.
+#[tokio::test]
+async fn a_refused_watch_is_read_as_the_api_servers_status() {
+    let cluster = Cluster::new("protobuf-status").await;
+    let path = format!(
+        "{}?watch=true&labelSelector=a%3D%3D%3Db",
+        Api::<CachedClaim>::namespaced(cluster.client.clone(), cluster.ns()).resource_url()
+    );
+    let request = http::Request::get(path)
+        .header(http::header::ACCEPT, protobuf::ACCEPT_WATCH)
+        .body(kube::client::Body::empty())
+        .unwrap();
+    let response = cluster.client.send(request).await.expect("watch");
+    let code = response.status().as_u16();
+    let content_type = response
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .map(|value| value.to_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(code, 400);
+    assert!(
+        content_type.starts_with(protobuf::CONTENT_TYPE),
+        "{content_type}"
+    );
+    let status = protobuf::error_status(code, &body);
+    assert_eq!(
+        (status.code, status.reason.as_str()),
+        (400, "BadRequest"),
+        "{status:?}"
+    );
+    assert!(
+        status.message.contains("unable to parse requirement"),
+        "{status:?}"
+    );
 }

@@ -20,10 +20,10 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use support::cluster::Cluster;
 
-/// GETs `path` asking for protobuf; the HTTP status and the body.
-async fn get_protobuf(client: &Client, path: &str) -> (u16, Vec<u8>) {
+/// GETs `path` accepting `accept`; the HTTP status, content type and body.
+async fn get_accepting(client: &Client, path: &str, accept: &str) -> (u16, String, Vec<u8>) {
     let request = http::Request::get(path)
-        .header(http::header::ACCEPT, ACCEPT)
+        .header(http::header::ACCEPT, accept)
         .body(kube::client::Body::empty())
         .unwrap();
     let response = client.send(request).await.expect("GET");
@@ -34,6 +34,12 @@ async fn get_protobuf(client: &Client, path: &str) -> (u16, Vec<u8>) {
         .map(|value| value.to_str().unwrap_or_default().to_owned())
         .unwrap_or_default();
     let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, content_type, body.to_vec())
+}
+
+/// GETs `path` asking for protobuf; the HTTP status and the body.
+async fn get_protobuf(client: &Client, path: &str) -> (u16, Vec<u8>) {
+    let (status, content_type, body) = get_accepting(client, path, ACCEPT).await;
     if status == 200 {
         assert_eq!(
             content_type,
@@ -41,7 +47,7 @@ async fn get_protobuf(client: &Client, path: &str) -> (u16, Vec<u8>) {
             "the API server answered {content_type}"
         );
     }
-    (status, body.to_vec())
+    (status, body)
 }
 
 /// The object read both ways: from JSON (kube's path, the `Wire*` types) and from protobuf.
@@ -420,18 +426,8 @@ async fn a_refused_watch_is_read_as_the_api_servers_status() {
         "{}?watch=true&labelSelector=a%3D%3D%3Db",
         Api::<CachedClaim>::namespaced(cluster.client.clone(), cluster.ns()).resource_url()
     );
-    let request = http::Request::get(path)
-        .header(http::header::ACCEPT, protobuf::ACCEPT_WATCH)
-        .body(kube::client::Body::empty())
-        .unwrap();
-    let response = cluster.client.send(request).await.expect("watch");
-    let code = response.status().as_u16();
-    let content_type = response
-        .headers()
-        .get(http::header::CONTENT_TYPE)
-        .map(|value| value.to_str().unwrap_or_default().to_owned())
-        .unwrap_or_default();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let (code, content_type, body) =
+        get_accepting(&cluster.client, &path, protobuf::ACCEPT_WATCH).await;
     assert_eq!(code, 400);
     assert!(
         content_type.starts_with(protobuf::CONTENT_TYPE),

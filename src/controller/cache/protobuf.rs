@@ -20,6 +20,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use prost::Message;
+use serde::Serialize;
 
 use super::{
     CachedAttachment, CachedClaim, CachedClaimStatus, CachedCsiSource, CachedVolume,
@@ -47,12 +48,25 @@ fn wire_meta(meta: Option<ObjectMeta>) -> WireMeta {
     }
 }
 
-/// `namespace/name`, or `name` of a cluster-scoped object, for errors.
-fn display_name(meta: &WireMeta) -> String {
-    match (&meta.namespace, &meta.name) {
+/// The cached form's identity and kept JSON (`cache::split`), or an error naming the object
+/// (`namespace/name`, or `name` of a cluster-scoped one).
+fn kept<Spec: Serialize, Status: Serialize>(
+    kind: &'static str,
+    meta: WireMeta,
+    spec: Option<Spec>,
+    status: Option<Status>,
+) -> Result<
+    (
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        Box<str>,
+    ),
+    ProtobufError,
+> {
+    let name = match (&meta.namespace, &meta.name) {
         (Some(namespace), name) => format!("{namespace}/{}", name.as_deref().unwrap_or_default()),
         (None, name) => name.clone().unwrap_or_default(),
-    }
+    };
+    split(meta, spec, status).map_err(|source| ProtobufError::Keep { kind, name, source })
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -195,14 +209,8 @@ impl FromProtobuf for CachedClaim {
             phase: non_empty(status.phase),
         });
         let spec = claim.spec.map(ClaimSpec::into_spec);
-        let name = display_name(&meta);
-        split(meta, spec, status)
-            .map(|(metadata, rest)| CachedClaim { metadata, rest })
-            .map_err(|source| ProtobufError::Keep {
-                kind: "PersistentVolumeClaim",
-                name,
-                source,
-            })
+        let (metadata, rest) = kept("PersistentVolumeClaim", meta, spec, status)?;
+        Ok(CachedClaim { metadata, rest })
     }
 }
 
@@ -468,14 +476,8 @@ impl FromProtobuf for CachedVolume {
             phase: non_empty(status.phase),
         });
         let spec = volume.spec.map(VolumeSpec::into_spec);
-        let name = display_name(&meta);
-        split(meta, spec, status)
-            .map(|(metadata, rest)| CachedVolume { metadata, rest })
-            .map_err(|source| ProtobufError::Keep {
-                kind: "PersistentVolume",
-                name,
-                source,
-            })
+        let (metadata, rest) = kept("PersistentVolume", meta, spec, status)?;
+        Ok(CachedVolume { metadata, rest })
     }
 }
 

@@ -545,7 +545,11 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
                  controller manager's binder still has to bind it). In the pre-annotated variant \
                  of (b) the claims carry `volume.kubernetes.io/storage-provisioner` from the \
                  start, so the sidecar does not wait for the binder to add it: that is the \
-                 sidecar's own provisioning rate, compared with (g)",
+                 sidecar's own provisioning rate, compared with (g). API server CPU per \
+                 provision (per deletion, in (c)) is kube-apiserver's utime + stime from just \
+                 before the claims are created until the API writes have stopped, divided by \
+                 the claims: every client's requests count, the binder's and the benchmark's \
+                 too, which are the same for both sidecars",
                 s.claims_a,
                 s.claims_b,
                 api::CONCURRENCY
@@ -571,15 +575,18 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
                  itself: the table gives the setup time per size and the controller \
                  manager's claim and PV writes meanwhile (the apiserver's count less the \
                  benchmark's own: 0 when the binder found nothing to change); once the API \
-                 writes have stopped, the setup checks that every claim and PV is Bound. Before each sidecar starts, one \
-                 new claim of the class, pre-annotated with \
-                 `volume.kubernetes.io/storage-provisioner` as in (b), is created; \
-                 \"first new claim provisioned\" runs from the sidecar's spawn until a watch \
-                 sees its PV (with claimRef) appear. Start-up CPU is utime + stime from spawn \
+                 writes have stopped, the setup checks that every claim and PV is Bound. Before each sidecar starts, two \
+                 new claims of the class, pre-annotated with \
+                 `volume.kubernetes.io/storage-provisioner` as in (b), are created: the API \
+                 server streams claims in key order, so `new-…` comes after every `claim-…` \
+                 and `a-new-…` before them. \"PV of the first new claim\" (the one streamed \
+                 last) and \"PV of a new claim the claim stream brings first\" run from the \
+                 sidecar's spawn until a watch sees that claim's PV (with claimRef) appear. \
+                 Start-up CPU is utime + stime from spawn \
                  until the sidecar has used less than 3 % of a core for 3 s (\"start-up until \
                  idle\"); peak RSS is VmHWM; steady RSS the median VmRSS over {w}s after \
-                 that. Then the new claim is deleted and the run waits until the sidecar has \
-                 deleted its PV, so every run starts from the same pairs. Targets apply at \
+                 that. Then the new claims are deleted and the run waits until the sidecar has \
+                 deleted their PVs, so every run starts from the same pairs. Targets apply at \
                  {target} pairs. RSS growth is the slope of the steady RSS medians between \
                  the smallest and the largest size, per 1,000 pairs (one pair = one claim + \
                  one PV)",
@@ -637,6 +644,11 @@ fn method(s: &Sizes) -> Vec<(String, String)> {
                  start). Both sidecars get `--kube-api-qps=500 --kube-api-burst=1000`, otherwise \
                  default flags (the Topology gate is on by default in both). Times run from the \
                  first pod create; CPU from then until no API write for 3 s after the last binding. \
+                 Where the time goes, per claim: from the first pod create until the claim is \
+                 actionable (a watch sees both the scheduler's `volume.kubernetes.io/selected-node` \
+                 and the PV controller's `volume.kubernetes.io/storage-provisioner`), from then \
+                 until its PV appears (the sidecar's part, median and 90th percentile), and from \
+                 then until the claim is Bound (the binder's). \
                  Every run ends with a check that each PV's node affinity admits its pod's Node, \
                  and fails otherwise",
                 nodes = wffc::NODES,

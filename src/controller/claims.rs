@@ -548,9 +548,11 @@ impl ClaimReconciler {
             .map_err(Into::into),
             Err(error) => Err(ClaimError::ClassTranslation(error.clone())),
         };
+        // Read once: the two steps below must agree on whether the PV store is whole.
+        let volumes_listed = has_listed(&ctx.volumes_listed);
         if let Ok(plan) = &plan
-            && pv_of_the_name_exists(ctx, &plan.volume_name)
-            && pv_of_the_name_is_ours(ctx, pvc, &plan.volume_name).await?
+            && pv_of_the_name_exists(ctx, volumes_listed, &plan.volume_name)
+            && pv_of_the_name_is_ours(ctx, volumes_listed, pvc, &plan.volume_name).await?
         {
             return Ok(ControlFlow::Break(Outcome::Nothing));
         }
@@ -931,9 +933,8 @@ async fn reschedule(
 
 /// Whether a PV named `name` may exist: the PV store says so once it has listed; before (a
 /// claim provisioned while the lists still arrive) only a read can tell, so it may.
-fn pv_of_the_name_exists(ctx: &Context, name: &str) -> bool {
-    let listed = has_listed(&ctx.volumes_listed);
-    !listed || ctx.volumes.get(&ObjectRef::new(name)).is_some()
+fn pv_of_the_name_exists(ctx: &Context, volumes_listed: bool, name: &str) -> bool {
+    !volumes_listed || ctx.volumes.get(&ObjectRef::new(name)).is_some()
 }
 
 /// Whether the PV named like the claim's volume (which may exist, see
@@ -942,12 +943,12 @@ fn pv_of_the_name_exists(ctx: &Context, name: &str) -> bool {
 /// if there is no such PV (provision).
 async fn pv_of_the_name_is_ours(
     ctx: &Context,
+    volumes_listed: bool,
     pvc: &PersistentVolumeClaim,
     name: &str,
 ) -> Result<bool, ClaimError> {
     // Only a PV the listed store holds is known to exist without a read.
-    let known = has_listed(&ctx.volumes_listed);
-    if known && !names_may_collide(ctx.settings.config.volume_name_uuid_length) {
+    if volumes_listed && !names_may_collide(ctx.settings.config.volume_name_uuid_length) {
         return Ok(true);
     }
     let api: Api<PersistentVolume> = Api::all(ctx.client.clone());

@@ -18,6 +18,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use futures::FutureExt;
 use http::{Method, Request, Response};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Secret};
@@ -459,6 +460,8 @@ pub struct Cluster {
     topology_unlisted: bool,
     /// The PV watch has not listed yet (its objects still arriving).
     volumes_unlisted: bool,
+    /// The claim watch's first list is not whole yet.
+    claims_unlisted: bool,
     /// With the CrossNamespaceVolumeDataSource gate on: the listed ReferenceGrants (as JSON).
     grants: Option<Vec<Value>>,
     /// The ReferenceGrant watch never lists (no CRD).
@@ -487,6 +490,7 @@ impl Cluster {
             topology: None,
             topology_unlisted: false,
             volumes_unlisted: false,
+            claims_unlisted: false,
             grants: None,
             grants_unlisted: false,
             attachments: None,
@@ -539,6 +543,12 @@ impl Cluster {
     /// PV's absence from it says nothing.
     pub fn volumes_unlisted(mut self) -> Self {
         self.volumes_unlisted = true;
+        self
+    }
+
+    /// The claim watch's first list is not whole yet: the claims given are those arrived.
+    pub fn claims_unlisted(mut self) -> Self {
+        self.claims_unlisted = true;
         self
     }
 
@@ -680,7 +690,11 @@ impl Cluster {
         );
         let claims = listed(self.claims.iter().map(cached));
         let stores = Stores {
-            claims_listed: super::cache::listed(&claims),
+            claims_listed: if self.claims_unlisted {
+                futures::future::pending().boxed().shared()
+            } else {
+                super::cache::listed(&claims)
+            },
             claims,
             volumes: if self.volumes_unlisted {
                 store(self.volumes.iter().map(cached))

@@ -11,7 +11,7 @@ use kube::api::Api;
 use thiserror::Error;
 use tracing::{debug, warn};
 
-use super::cache::CacheError;
+use super::cache::{CacheError, has_listed};
 use super::context::Context;
 use super::finalizers::{add_finalizer, remove_finalizer};
 use super::grants::GrantsNotListed;
@@ -191,6 +191,13 @@ pub(super) async fn protect(ctx: &Context, source: &DataSource) -> Result<(), So
 /// request fails, the finalizer stays for the sweeper.
 pub(super) async fn release_snapshot(ctx: &Context, source: &DataSource, claim_uid: &str) {
     if source.kind != SourceKind::Snapshot {
+        return;
+    }
+    // "No other Pending claim restores it" is read from the claim store: only once its first
+    // list is whole (docs/journal.md rule 17). Until then the sweeper, which waits for it,
+    // releases the snapshot.
+    if !has_listed(&ctx.claims_listed) {
+        debug!(snapshot = %source.name, "the claim list is not whole yet; the snapshot's finalizer is left to the sweeper");
         return;
     }
     let api: Api<VolumeSnapshot> = Api::namespaced(ctx.client.clone(), &source.namespace);

@@ -108,6 +108,8 @@ where
             queue,
         } = self;
         let store = reconciler.ctx.volumes.clone();
+        // Awaited in this task, beside the controller that waits on the same store's readiness
+        // (kube-runtime's `DelayedInit` keeps one waker): a wake-up of either polls both.
         let listed = reconciler.ctx.volumes_listed.clone();
         let has_work = |reconciler: &Arc<VolumeReconciler>| {
             let reconciler = Arc::clone(reconciler);

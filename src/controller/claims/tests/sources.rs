@@ -233,6 +233,37 @@ async fn a_restore_protects_the_snapshot_until_its_pv_is_saved() {
 
 const CONTENT_PATH: &str = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/content-1";
 
+/// While the claim list is not whole, a finished restore does not release the snapshot: a
+/// claim restoring it may not have arrived yet (docs/journal.md rule 17). The sweeper, which
+/// waits for the list, releases it.
+#[tokio::test(start_paused = true)]
+async fn a_finished_restore_leaves_the_snapshot_protected_while_the_claims_still_arrive() {
+    let scenario = cluster()
+        .claims_unlisted()
+        .start([
+            get(SNAPSHOT_PATH).answer(200, snapshot(&[SNAPSHOT_PROTECTION_FINALIZER])),
+            get(CONTENT_PATH).answer(200, content()),
+            get(SNAPSHOT_PATH).answer(200, snapshot(&[SNAPSHOT_PROTECTION_FINALIZER])),
+            secret_read(),
+            record_written(),
+            get(SNAPSHOT_PATH).answer(200, snapshot(&[SNAPSHOT_PROTECTION_FINALIZER])),
+            create_volume(
+                CreateVolumeCall {
+                    content_source: from_snapshot("snap-handle"),
+                    ..expected_create()
+                },
+                created_from(from_snapshot("snap-handle")),
+            ),
+            pv_created(),
+            // No read of the snapshot for its release, no PATCH.
+            record_removed(),
+        ])
+        .await;
+    let restore = claim().data_source(Some("snapshot.storage.k8s.io"), "VolumeSnapshot", "snap");
+    assert_eq!(reconcile(&scenario, restore.build()).await, Next::Wait);
+    assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+}
+
 /// Issue #31, hole 4: a finished restore leaves the snapshot's finalizer on while another
 /// restore of the same snapshot is in flight (docs/journal.md rule 12).
 #[tokio::test(start_paused = true)]

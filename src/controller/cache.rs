@@ -11,6 +11,11 @@
 //! needs them (`to_claim`, `to_volume`). A typed claim costs two `BTreeMap`s of 540 bytes
 //! each however few entries they hold, plus a dozen small strings; its JSON, about 200 bytes.
 //!
+//! On the wire the claims, volumes and attachments come as protobuf (`protobuf.rs`, through
+//! `kube_client::protobuf_watch`). The JSON `Wire*` types below read the same fields from JSON:
+//! the reconcile fixtures and the simulator build their cached objects with them, and
+//! `tests/protobuf.rs` holds the protobuf read against them on the API server's objects.
+//!
 //! The stores are for deciding *whether* to look at an object. Every decision that could
 //! create or delete storage is re-checked against a fresh read from the API server by the
 //! reconcilers (see docs/design.md, "Fresh state before acting").

@@ -40,6 +40,7 @@ pub mod accessibility;
 pub mod api;
 pub mod attachment;
 pub mod attributes_class;
+pub mod call_rate;
 pub mod capabilities;
 pub mod claim;
 pub mod consistency;
@@ -81,6 +82,9 @@ pub use attachment::{Attachment, AttachmentError, check_detached};
 pub use attributes_class::{
     AttributesClassError, ignored_attributes_class, mutable_parameters, recorded_class_moved,
     requested_attributes_class,
+};
+pub use call_rate::{
+    AdaptiveRate, CALLS_PER_SECOND_ANNOTATION, CallRateError, class_call_rate, effective_rate,
 };
 pub use capabilities::{
     CapabilityError, SourceKind, check_create_delete_capabilities, csi_access_mode, fs_type,

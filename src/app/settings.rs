@@ -60,6 +60,7 @@ pub(super) fn settings(
         worker_threads: usize::try_from(controller.worker_threads).unwrap_or(usize::MAX),
         max_concurrent_per_class: usize::try_from(controller.max_concurrent_per_storage_class)
             .unwrap_or(usize::MAX),
+        adaptive_call_rate: controller.adaptive_call_rate,
         cloning_protection_threads: usize::try_from(controller.cloning_protection_threads)
             .unwrap_or(usize::MAX),
         snapshot_orphan_sweep_interval: controller.snapshot_orphan_sweep_interval,

@@ -34,6 +34,13 @@ pub struct ControllerArgs {
     #[arg(long, default_value_t = 0)]
     pub max_concurrent_per_storage_class: u64,
 
+    /// Ours (not upstream): halve a StorageClass's CreateVolume/DeleteVolume rate when its
+    /// driver answers UNAVAILABLE, or RESOURCE_EXHAUSTED without a place asked for, and let it
+    /// climb back in steps while the driver keeps up.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
+    pub adaptive_call_rate: bool,
+
     /// Ours (not upstream): whether a PVC without the annotation
     /// `volume.kubernetes.io/provisioning-consistency` gets the provisioning-protection
     /// finalizer before CreateVolume (guards against the volume leak of upstream issue #486).

@@ -108,6 +108,7 @@ pub const FLAGS: &[FlagInfo] = {
         up("log-json-split-stream", Different),
         up("log-json-info-buffer-size", Different),
         ours("max-concurrent-per-storage-class", Built),
+        ours("adaptive-call-rate", Built),
         ours("provisioning-consistency-default", Built),
         ours("drain", Built),
     ]

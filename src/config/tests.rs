@@ -148,6 +148,7 @@ fn every_flag_parses() {
         "--log-json-split-stream=true",
         "--log-json-info-buffer-size=2Mi",
         "--max-concurrent-per-storage-class=4",
+        "--adaptive-call-rate",
         "--provisioning-consistency-default=enable",
         "--drain",
     ];
@@ -214,6 +215,7 @@ fn every_flag_parses() {
     assert!(a.log.log_json_split_stream);
     assert_eq!(a.log.log_json_info_buffer_size, 2 * 1024 * 1024);
     assert_eq!(a.controller.max_concurrent_per_storage_class, 4);
+    assert!(a.controller.adaptive_call_rate);
     assert_eq!(
         a.controller.provisioning_consistency_default,
         ConsistencyDefault::Enable

@@ -6,14 +6,23 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
 use kube::api::Api;
-use kube::{Client, ResourceExt};
+use kube::{Client, Resource, ResourceExt};
 use thiserror::Error;
 
+use kube::runtime::reflector::ObjectRef;
+use tracing::warn;
+
 use super::context::Context;
+use super::events::EventType;
 use super::finalizers::{add_finalizer, remove_finalizer};
 use crate::csi;
 use crate::csi_client::CallError;
-use crate::provision::{PROVISIONING_FINALIZER, SecretError, SecretRef, secret_data};
+use crate::provision::{
+    PROVISIONING_FINALIZER, SecretError, SecretRef, class_call_rate, secret_data,
+};
+
+/// A StorageClass's `provisioner.csi-rs.dev/calls-per-second` cannot be read.
+const INVALID_CALL_RATE: &str = "InvalidCallRate";
 
 /// A Secret named by a class or a PV could not be turned into CSI secrets.
 #[derive(Debug, Error)]
@@ -79,9 +88,17 @@ pub async fn create_volume(
     class: &str,
     request: csi::CreateVolumeRequest,
 ) -> Result<csi::CreateVolumeResponse, CallError> {
-    let _permit = ctx.limits.acquire(class).await;
+    let rate = class_rate(ctx, class);
+    let placement_requested = request.accessibility_requirements.is_some();
+    let permit = ctx.limits.acquire(class, rate).await;
     ctx.driver.fence.check()?;
-    ctx.driver.csi.create_volume(request).await
+    let result = ctx.driver.csi.create_volume(request).await;
+    drop(permit);
+    if let Err(error) = &result {
+        ctx.limits
+            .outcome(class, rate, error.signals_overload(placement_requested));
+    }
+    result
 }
 
 /// DeleteVolume under the call limits of `class`, if this replica can prove it leads.
@@ -91,16 +108,41 @@ pub async fn delete_volume(
     volume_id: &str,
     secrets: HashMap<String, String>,
 ) -> Result<(), CallError> {
-    let _permit = ctx.limits.acquire(class).await;
+    let rate = class_rate(ctx, class);
+    let permit = ctx.limits.acquire(class, rate).await;
     ctx.driver.fence.check()?;
-    ctx.driver
+    let result = ctx
+        .driver
         .csi
         .delete_volume(csi::DeleteVolumeRequest {
             volume_id: volume_id.to_owned(),
             secrets,
         })
         .await
-        .map(|_| ())
+        .map(|_| ());
+    drop(permit);
+    if let Err(error) = &result {
+        ctx.limits
+            .outcome(class, rate, error.signals_overload(false));
+    }
+    result
+}
+
+/// The calls per second `class` sets for itself (`provision::class_call_rate`); a class that
+/// is gone has none, and an unreadable value is a Warning event on the class and no limit
+/// (the calls go on as before the annotation was set).
+fn class_rate(ctx: &Context, class: &str) -> Option<f64> {
+    let class = ctx.classes.get(&ObjectRef::new(class))?;
+    class_call_rate(&class).unwrap_or_else(|error| {
+        warn!(%error, "the class's call rate is ignored");
+        ctx.events.publish(
+            &class.object_ref(&()),
+            EventType::Warning,
+            INVALID_CALL_RATE,
+            &error.to_string(),
+        );
+        None
+    })
 }
 
 /// `<namespace>/<name>`, as claims are named in logs and messages.

@@ -31,6 +31,8 @@ pub struct Settings {
     pub retry_interval_max: Duration,
     pub worker_threads: usize,
     pub max_concurrent_per_class: usize,
+    /// `--adaptive-call-rate`: halve a class's call rate when its driver is overloaded.
+    pub adaptive_call_rate: bool,
     /// `--cloning-protection-threads`: concurrent reconciles of the cloning-protection
     /// controller (only with CLONE_VOLUME).
     pub cloning_protection_threads: usize,
@@ -170,6 +172,12 @@ impl Context {
         journal: Journal,
         settings: Settings,
     ) -> Self {
+        let limits = CallLimits::new(
+            settings.worker_threads,
+            settings.max_concurrent_per_class,
+            settings.adaptive_call_rate,
+            Arc::clone(&metrics),
+        );
         Context {
             client,
             driver,
@@ -183,7 +191,7 @@ impl Context {
             attachments: stores.attachments.map(Attachments::new),
             events,
             metrics,
-            limits: CallLimits::new(settings.worker_threads, settings.max_concurrent_per_class),
+            limits,
             journal,
             capacity_refresh: None,
             settings,

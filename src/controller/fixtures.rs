@@ -656,6 +656,7 @@ impl Cluster {
             retry_interval_max: RETRY_MAX,
             worker_threads: 4,
             max_concurrent_per_class: 0,
+            adaptive_call_rate: false,
             cloning_protection_threads: 1,
             snapshot_orphan_sweep_interval: Duration::from_secs(300),
             event_component: "csi-provisioner".to_owned(),

@@ -154,6 +154,21 @@ impl CallError {
             && (self.class() == ErrorClass::InProgress || self.code() == Code::AlreadyExists)
     }
 
+    /// Whether the driver answered that it or its backend is overloaded, for the adaptive
+    /// call rate (`--adaptive-call-rate`): UNAVAILABLE, or RESOURCE_EXHAUSTED unless the request
+    /// asked for a place (accessibility requirements), where it means "no room there" and
+    /// reschedules. A failed connection or a lost lease is not the driver's answer.
+    pub fn signals_overload(&self, placement_requested: bool) -> bool {
+        match self {
+            CallError::Status(status) => match status.code() {
+                Code::Unavailable => true,
+                Code::ResourceExhausted => !placement_requested,
+                _ => false,
+            },
+            CallError::Timeout(_) | CallError::Transport(_) | CallError::Fenced(_) => false,
+        }
+    }
+
     /// Whether the request is infeasible (InvalidArgument) and should be retried only slowly
     /// (5 min, or when the StorageClass is re-created).
     pub fn is_infeasible(&self) -> bool {

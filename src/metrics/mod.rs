@@ -6,12 +6,14 @@
 //! families and records them (`csi`: the CSI calls; `controller`: provisioning and deletion;
 //! `orphans`: the orphan reaper; `leader`: leader election; `workqueue`: the work queues;
 //! `process`: the process figures, read at each scrape; `capacity`: the CSIStorageCapacity
-//! gauges); [`Metrics::new`] composes them and keeps the method names callers use.
+//! gauges; `limits`: the per-StorageClass call limits); [`Metrics::new`] composes them and
+//! keeps the method names callers use.
 
 mod capacity;
 mod controller;
 mod csi;
 mod leader;
+mod limits;
 mod orphans;
 mod process;
 mod workqueue;
@@ -44,6 +46,7 @@ pub struct Metrics {
     csi: csi::CsiMetrics,
     controller: controller::ControllerMetrics,
     orphans: orphans::OrphanMetrics,
+    limits: limits::LimitGauges,
     leader: leader::LeaderMetrics,
     workqueues: workqueue::Workqueues,
     capacity: capacity::CapacityGauges,
@@ -62,6 +65,7 @@ impl Metrics {
         let csi = csi::CsiMetrics::register(&mut registry);
         let controller = controller::ControllerMetrics::register(&mut registry);
         let orphans = orphans::OrphanMetrics::register(&mut registry);
+        let limits = limits::LimitGauges::register(&mut registry);
         let leader = leader::LeaderMetrics::register(&mut registry);
         let workqueues = workqueue::Workqueues::register(&mut registry);
         // Upstream's provisioning library creates both queues at start, on every replica.
@@ -73,6 +77,7 @@ impl Metrics {
             csi,
             controller,
             orphans,
+            limits,
             leader,
             workqueues,
             capacity: capacity::CapacityGauges::default(),
@@ -122,6 +127,16 @@ impl Metrics {
     /// Sets how many orphans wait for their provisioner secret to be readable again.
     pub fn set_orphans_waiting_for_secret(&self, waiting: usize) {
         self.orphans.set_waiting_for_secret(waiting);
+    }
+
+    /// Sets the calls per second `class` is held to now; `None` (no limit) removes its series.
+    pub fn set_call_rate(&self, class: &str, rate: Option<f64>) {
+        self.limits.set_rate(class, rate);
+    }
+
+    /// Sets how many calls of `class` wait for a permit or their slot.
+    pub fn set_calls_queued(&self, class: &str, queued: usize) {
+        self.limits.set_queued(class, queued);
     }
 
     /// Records one CSI call. `method_name` is the full gRPC path

@@ -12,6 +12,8 @@
 
 #[path = "../attach.rs"]
 mod attach;
+#[path = "../call_rate.rs"]
+mod call_rate;
 #[path = "../chaos.rs"]
 mod chaos;
 #[path = "../control_plane_smoke.rs"]

@@ -86,7 +86,9 @@ fetch_db() {
   env "${git_env[@]}" GIT_TERMINAL_PROMPT=0 timeout 120 \
     "$deny" --log-level error --config "$config" fetch db >"$work/fetch.log" 2>&1
 }
-if ! fetch_db; then
+if fetch_db; then
+  log "advisory database refreshed"
+else
   log "could not refresh the advisory database:"
   sed 's/^/  /' "$work/fetch.log" | tail -n 5 >&2
 fi

@@ -72,6 +72,12 @@ grep -q '^db-path = ' "$config" || { log "deny.toml has no [advisories] table"; 
 
 # --- the advisory database ---------------------------------------------------------------------
 mkdir -p "$db_root"
+# A clone with a commit and the advisories (crates/); anything else (an interrupted clone) is
+# removed, or every later fetch would fail on it.
+valid_db() { [[ -e $1/.git && -d $1/crates ]] && git -C "$1" rev-parse --verify --quiet HEAD >/dev/null 2>&1; }
+for dir in "$db_root"/advisory-db-*/; do
+  [[ ! -d $dir ]] || valid_db "$dir" || { log "removing the broken advisory database $dir"; rm -rf "$dir"; }
+done
 fetch_db() {
   local git_env=()
   if [[ -n ${CSI_PROVISIONER_ADVISORY_DB_MIRROR:-} ]]; then
@@ -94,9 +100,7 @@ else
 fi
 db_dir=
 for dir in "$db_root"/advisory-db-*/; do
-  if git -C "$dir" rev-parse --verify --quiet HEAD >/dev/null 2>&1 && [[ -d $dir/crates ]]; then
-    db_dir=${dir%/}
-  fi
+  if [[ -d $dir ]] && valid_db "$dir"; then db_dir=${dir%/}; fi
 done
 
 # --- the checks ----------------------------------------------------------------------------------

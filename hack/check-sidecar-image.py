@@ -28,8 +28,8 @@ SBOM = "usr/local/share/sbom/csi-provisioner.cdx.json"
 NOT_IN_SIDECAR = ("csi-reference-driver", "csi-testbed", "csi-test-support")
 # Crates the sidecar cannot be built without: the SBOM must list them at Cargo.lock's version.
 KEY_CRATES = ("kube-client", "k8s-openapi", "tokio", "tonic", "rustls", "csi-spec", "csi-provision")
-# A crate's sources as cargo unpacks them: .../index.crates.io-<hash>/<name>-<version>/src/...
-CRATE_PATH = re.compile(rb"index\.crates\.io-[0-9a-f]{16}/([A-Za-z0-9_-]+?)-(\d+\.\d+\.\d+[A-Za-z0-9.+-]*)/")
+# A crate's sources as cargo unpacks them: $CARGO_HOME/registry/src/<registry>-<hash>/<name>-<version>/...
+CRATE_PATH = re.compile(rb"registry/src/[^/]+-[0-9a-f]{16}/([A-Za-z0-9_-]+?)-(\d+\.\d+\.\d+[A-Za-z0-9.+-]*)/")
 
 
 def image_files(archive):

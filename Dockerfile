@@ -6,8 +6,10 @@
 #   docker build --target reference-driver -t csi-reference-driver-rs:0.1.0 .    # the reference driver
 #   docker run --rm csi-provisioner-rs:0.1.0 --version
 #
-# The sidecar image (the default, last stage) holds only /usr/local/bin/csi-provisioner; the
-# reference CSI driver (the demo Deployment in deploy/, the tests) is its own image.
+# The sidecar image (the default, last stage) holds only /usr/local/bin/csi-provisioner and its
+# SBOM, /usr/local/share/sbom/csi-provisioner.cdx.json (CycloneDX JSON: every crate the binary
+# is built from, docs/supply-chain.md); the reference CSI driver (the demo Deployment in deploy/,
+# the tests) is its own image.
 #
 # Both binaries are linked statically against musl, so the final images need no libc and run
 # on distroless/static. Why musl rather than static glibc: glibc does not support full static
@@ -35,16 +37,18 @@ WORKDIR /src
 COPY . .
 # The same script the test command runs (hack/test.sh), so the image's build is what CI tests:
 # it adds the musl target and musl-tools, then builds both binaries from the committed
-# Cargo.lock. The CSI proto is compiled in pure Rust (protox), so no protoc is needed.
+# Cargo.lock and writes the sidecar's SBOM (hack/sbom.py). The CSI proto is compiled in pure
+# Rust (protox), so no protoc is needed.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     bash hack/build-static.sh /out
 
-# The binaries of hack/build-static.sh OUT, with OUT as the build context (BINARIES=prebuilt).
+# The output of hack/build-static.sh OUT, with OUT as the build context (BINARIES=prebuilt).
 FROM scratch AS prebuilt
-COPY csi-provisioner csi-reference-driver /out/
+COPY csi-provisioner csi-reference-driver csi-provisioner.cdx.json /out/
 
-# /out/csi-provisioner and /out/csi-reference-driver, from whichever stage BINARIES names.
+# /out/csi-provisioner, /out/csi-reference-driver and /out/csi-provisioner.cdx.json, from
+# whichever stage BINARIES names.
 # ":-build" repeats the default for buildah/podman (1.28 at least): they find the stages a
 # target needs from the --build-arg values only, not from ARG defaults, so a plain
 # `${BINARIES}` would skip the stage "build" and then look for an image named "build".
@@ -59,9 +63,10 @@ COPY --from=binaries /out/csi-reference-driver /usr/local/bin/
 USER 0:0
 ENTRYPOINT ["/usr/local/bin/csi-reference-driver"]
 
-# The default target: the sidecar alone.
+# The default target: the sidecar alone, with its SBOM.
 FROM ${BASE_IMAGE} AS csi-provisioner
 COPY --from=binaries /out/csi-provisioner /usr/local/bin/
+COPY --from=binaries /out/csi-provisioner.cdx.json /usr/local/share/sbom/
 # distroless "nonroot" (65532); numeric so runAsNonRoot can verify it without /etc/passwd.
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/csi-provisioner"]

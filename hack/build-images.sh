@@ -20,7 +20,8 @@
 # Output (the last line of stdout; progress goes to stderr):
 #   $CACHE/images/<hash>/   with sidecar.tar driver.tar pause.tar busybox.tar registrar.tar,
 #                           images.txt ("FILE NAME" per line, FILE relative to the directory),
-#                           sizes.txt ("NAME ARCHIVE_BYTES HUMAN" per line)
+#                           sizes.txt ("NAME ARCHIVE_BYTES HUMAN" per line),
+#                           csi-provisioner.cdx.json (the sidecar's SBOM, as in its image)
 # where CACHE is $CSI_PROVISIONER_CACHE (default ~/.cache/csi-provisioner-rs, as hack/test.sh)
 # and <hash> covers every input: this script, the Dockerfile, hack/pause/, the binaries' bytes
 # and every host file copied into an image. A run with the same inputs rebuilds nothing but
@@ -98,6 +99,7 @@ bash hack/build-static.sh "$work/binaries" >&2
 for binary in csi-provisioner csi-reference-driver; do
   [ -x "$work/binaries/$binary" ] || die "hack/build-static.sh did not produce $binary"
 done
+[ -s "$work/binaries/csi-provisioner.cdx.json" ] || die "hack/build-static.sh did not produce csi-provisioner.cdx.json"
 command -v musl-gcc >/dev/null 2>&1 || die "musl-gcc is missing: apt-get install musl-tools"
 
 # One build at a time per cache (buildah's storage has its own locks; the output directories not).
@@ -282,7 +284,7 @@ fi
 out_hash=$({
   echo "base $base_hash"
   sha256sum "$repo/Dockerfile"
-  (cd "$work/binaries" && sha256sum csi-provisioner csi-reference-driver)
+  (cd "$work/binaries" && sha256sum csi-provisioner csi-reference-driver csi-provisioner.cdx.json)
   echo "$sidecar_image $driver_image $registrar_image"
 } | sha)
 out_dir=$images_root/$out_hash
@@ -320,6 +322,7 @@ archive "$driver_image" "$tmp_out/driver.tar"
 for f in pause busybox registrar; do
   ln "$base_dir/$f.tar" "$tmp_out/$f.tar" 2>/dev/null || cp "$base_dir/$f.tar" "$tmp_out/$f.tar"
 done
+cp "$work/binaries/csi-provisioner.cdx.json" "$tmp_out/"
 {
   echo "sidecar.tar $sidecar_image"
   echo "driver.tar $driver_image"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The release build of the shipped binaries, statically linked against musl: the Dockerfile
 # runs exactly this script, and so does the test command, so the image's build is tested.
+# Also writes the sidecar's SBOM (CycloneDX JSON, hack/sbom.py), which the sidecar image carries.
 # Usage: hack/build-static.sh OUT_DIR
+# Output: OUT_DIR/csi-provisioner, OUT_DIR/csi-reference-driver, OUT_DIR/csi-provisioner.cdx.json
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:?usage: hack/build-static.sh OUT_DIR}
@@ -17,6 +19,11 @@ if ! command -v musl-gcc >/dev/null 2>&1; then
   step "installing musl-tools"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends musl-tools
 fi
+if ! command -v python3 >/dev/null 2>&1; then
+  # hack/sbom.py (the Rust images based on Debian's buildpack-deps have it already).
+  step "installing python3"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3
+fi
 # Frame pointers: --enable-pprof's CPU profiles walk them from the SIGPROF handler, because
 # musl's signal trampoline has no unwind information (Cargo.toml, src/profiling/cpu.rs).
 export CARGO_TARGET_X86_64_UNKNOWN_LINUX_MUSL_RUSTFLAGS="-C force-frame-pointers=yes"
@@ -25,4 +32,6 @@ cargo build --release --locked --target "$target" --bin csi-provisioner --bin cs
 mkdir -p "$out"
 target_dir=${CARGO_TARGET_DIR:-target}
 cp "$target_dir/$target/release/csi-provisioner" "$target_dir/$target/release/csi-reference-driver" "$out/"
-step "static binaries in $out"
+# The crates of the build just done (the same target and cargo invocation's features).
+python3 hack/sbom.py csi-provisioner-rs csi-provisioner "$target" "$out/csi-provisioner.cdx.json"
+step "static binaries and the sidecar's SBOM in $out"

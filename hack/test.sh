@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The project's test command (README "Tests"; .ci/run calls exactly this).
 # Builds or reuses everything the tests need, then runs, in order:
-#   formatting and lint gates, the control-plane build, every unit and integration test
+#   formatting and lint gates, the control-plane build, the supply-chain checks (hack/cargo-deny.sh:
+#   cargo-deny's advisories, bans, licenses and sources against deny.toml; an advisories check
+#   without an advisory database on the machine is counted as skipped, not passed), every unit and
+#   integration test
 #   (the integration tests start a real etcd + kube-apiserver + kube-controller-manager; the
 #   in-cluster tests also a real node, containerd and a kubelet, built by hack/build-node.sh,
 #   running the images hack/build-images.sh builds from the Dockerfile with buildah),
@@ -9,8 +12,11 @@
 #   demo (hack/demo.sh, then with --node; each stops at the first step that does not happen),
 #   Kubernetes' External Storage e2e suite with our sidecar and with upstream's (hack/e2e.sh:
 #   the CI subset; fails on any spec that fails with ours), and the image build (the static
-#   release binaries the Dockerfile builds, and hadolint).
-# Ends with one summary line "N passed, N failed".
+#   release binaries the Dockerfile builds and the sidecar's SBOM, hadolint, the images, and
+#   hack/check-sidecar-image.py: the sidecar image holds no reference driver and an SBOM that
+#   lists the crates of its binary; docs/supply-chain.md).
+# Ends with one summary line "N passed, N failed" (", N skipped" follows when a check could not
+# run: the advisories check without a database).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -49,6 +55,10 @@ export CSI_TESTBED_BIN_DIR="$bin_dir"
 
 # A failing stage does not stop the later ones: the summary counts them all.
 set +e
+stage "supply chain: cargo-deny (hack/cargo-deny.sh)"
+bash hack/cargo-deny.sh 2>&1 | tee "$log_dir/cargo-deny.log"
+deny_status=${PIPESTATUS[0]}
+
 stage "unit and integration tests"
 # Four tests at a time in each binary (libtest's default is one per core, two here): the
 # integration tests of one binary share its control plane and mostly wait on it and on their
@@ -86,7 +96,7 @@ sed -n '/^\(ours\|upstream\): ginkgo exited\|^Ran [0-9]* of\|^\(PASS\|FAIL\)/p; 
 echo "e2e: hack/e2e.sh exited $e2e_status"
 set -e
 
-stage "the image build: hack/build-static.sh (what the Dockerfile runs), hadolint, the images"
+stage "the image build: hack/build-static.sh (what the Dockerfile runs: the binaries, the sidecar's SBOM), hadolint, the images, hack/check-sidecar-image.py"
 static_out="$log_dir/static"
 bash hack/build-static.sh "$static_out"
 for binary in csi-provisioner csi-reference-driver; do
@@ -112,6 +122,7 @@ fi
 images_dir=$(bash hack/build-images.sh | tail -n 1)
 echo "images (docker-archive bytes):"
 sed 's/^/  /' "$images_dir/sizes.txt"
+python3 hack/check-sidecar-image.py "$images_dir"
 
 # Totals over every cargo test binary and every csi-sanity run.
 passed=$(grep -Eo '[0-9]+ passed;' "$log_dir/cargo-test.log" | awk '{s+=$1} END {print s+0}')
@@ -129,8 +140,18 @@ read -r e2e_passed e2e_failed <<<"$e2e_counts" || true
 e2e_passed=${e2e_passed:-0}
 e2e_failed=${e2e_failed:-0}
 if [ "$e2e_status" -ne 0 ] && [ "$e2e_failed" -eq 0 ]; then e2e_failed=1; fi
-printf '\ncargo test: %s passed, %s failed; csi-sanity: %s passed, %s failed; demo: %s; e2e (ours): %s passed, %s failed; %ss\n' \
-  "$passed" "$failed" "$sanity_passed" "$sanity_failed" \
+# cargo-deny's four checks (its last line: "cargo-deny: N passed, N failed, N not run"); a check
+# that could not run (no advisory database) is skipped, neither passed nor failed.
+deny_counts=$(sed -n 's/^cargo-deny: \([0-9]*\) passed, \([0-9]*\) failed, \([0-9]*\) not run$/\1 \2 \3/p' \
+  "$log_dir/cargo-deny.log" | tail -n 1)
+read -r deny_passed deny_failed deny_skipped <<<"$deny_counts" || true
+deny_passed=${deny_passed:-0}
+deny_failed=${deny_failed:-0}
+deny_skipped=${deny_skipped:-0}
+if [ "$deny_status" -ne 0 ] && [ "$deny_failed" -eq 0 ]; then deny_failed=1; fi
+printf '\ncargo-deny: %s passed, %s failed, %s skipped; cargo test: %s passed, %s failed; csi-sanity: %s passed, %s failed; demo: %s; e2e (ours): %s passed, %s failed; %ss\n' \
+  "$deny_passed" "$deny_failed" "$deny_skipped" "$passed" "$failed" "$sanity_passed" "$sanity_failed" \
   "$([ "$demo_passed" -eq 1 ] && echo passed || echo failed)" "$e2e_passed" "$e2e_failed" "$((SECONDS - started))"
-echo "$((passed + sanity_passed + demo_passed + e2e_passed)) passed, $((failed + sanity_failed + 1 - demo_passed + e2e_failed)) failed"
-[ "$cargo_status" -eq 0 ] && [ "$sanity_status" -eq 0 ] && [ "$demo_status" -eq 0 ] && [ "$e2e_status" -eq 0 ]
+[ "$deny_skipped" -eq 0 ] || echo "SKIPPED: the advisories check (no advisory database on this machine; see the cargo-deny stage)"
+echo "$((deny_passed + passed + sanity_passed + demo_passed + e2e_passed)) passed, $((deny_failed + failed + sanity_failed + 1 - demo_passed + e2e_failed)) failed$([ "$deny_skipped" -eq 0 ] || echo ", $deny_skipped skipped")"
+[ "$deny_status" -eq 0 ] && [ "$cargo_status" -eq 0 ] && [ "$sanity_status" -eq 0 ] && [ "$demo_status" -eq 0 ] && [ "$e2e_status" -eq 0 ]

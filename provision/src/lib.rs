@@ -40,6 +40,7 @@ pub mod accessibility;
 pub mod api;
 pub mod attachment;
 pub mod attributes_class;
+pub mod audit;
 pub mod call_rate;
 pub mod capabilities;
 pub mod claim;

@@ -25,6 +25,10 @@ pub enum AppError {
         "the CSI driver {driver:?} does not report the CREATE_DELETE_VOLUME controller capability, so it cannot provision volumes"
     )]
     NoCreateDelete { driver: String },
+    #[error(
+        "--audit-volumes-interval: the CSI driver {driver:?} does not report the LIST_VOLUMES controller capability, so its volumes cannot be audited"
+    )]
+    NoListVolumes { driver: String },
     #[error(transparent)]
     KubeClient(KubeClientError),
     #[error(transparent)]

@@ -37,6 +37,11 @@ pub(super) fn settings(
     let controller = &args.controller;
     let uuid_length =
         i32::try_from(provision.volume_name_uuid_length).map_err(|_| AppError::UuidLength)?;
+    if !controller.audit_volumes_interval.is_zero() && !info.supports_list_volumes() {
+        return Err(AppError::NoListVolumes {
+            driver: info.name.clone(),
+        });
+    }
     let hostname = leader::sanitize_name(&hostname());
     let node_name = node.as_ref().map(|node| node.name.as_str());
     let identity = provisioner_identity(unix_millis(), random_below_10000(), &info.name, node_name);
@@ -61,6 +66,9 @@ pub(super) fn settings(
         max_concurrent_per_class: usize::try_from(controller.max_concurrent_per_storage_class)
             .unwrap_or(usize::MAX),
         adaptive_call_rate: controller.adaptive_call_rate,
+        audit_volumes_interval: controller.audit_volumes_interval,
+        audit_delete_after: (!controller.audit_delete_after.is_zero())
+            .then_some(controller.audit_delete_after),
         cloning_protection_threads: usize::try_from(controller.cloning_protection_threads)
             .unwrap_or(usize::MAX),
         snapshot_orphan_sweep_interval: controller.snapshot_orphan_sweep_interval,

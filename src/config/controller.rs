@@ -41,6 +41,17 @@ pub struct ControllerArgs {
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub adaptive_call_rate: bool,
 
+    /// Ours (not upstream): how often to compare the driver's volumes (ListVolumes) with the
+    /// PVs, VolumeSnapshotContents and operations in flight that reference them, and report
+    /// those nothing references. 0 = never.
+    #[arg(long, default_value = "0s", value_parser = parse_go_duration)]
+    pub audit_volumes_interval: Duration,
+
+    /// Ours (not upstream): delete a volume the audit has found referenced by nothing for this
+    /// long, if its id holds a volume name of ours whose claim is gone. 0 = never.
+    #[arg(long, default_value = "0s", value_parser = parse_go_duration)]
+    pub audit_delete_after: Duration,
+
     /// Ours (not upstream): whether a PVC without the annotation
     /// `volume.kubernetes.io/provisioning-consistency` gets the provisioning-protection
     /// finalizer before CreateVolume (guards against the volume leak of upstream issue #486).
@@ -70,6 +81,18 @@ impl ControllerArgs {
             self.cloning_protection_threads,
         )?;
         positive_duration("retry-interval-start", self.retry_interval_start)?;
+        if !self.audit_delete_after.is_zero() {
+            positive_duration("audit-volumes-interval", self.audit_volumes_interval).map_err(
+                |_| ConfigError::Invalid {
+                    flag: "audit-delete-after",
+                    reason: "needs --audit-volumes-interval: volumes are deleted only after audits found them referenced by nothing".into(),
+                },
+            )?;
+            not_after(
+                ("audit-volumes-interval", self.audit_volumes_interval),
+                ("audit-delete-after", self.audit_delete_after),
+            )?;
+        }
         not_after(
             ("retry-interval-start", self.retry_interval_start),
             ("retry-interval-max", self.retry_interval_max),

@@ -109,6 +109,8 @@ pub const FLAGS: &[FlagInfo] = {
         up("log-json-info-buffer-size", Different),
         ours("max-concurrent-per-storage-class", Built),
         ours("adaptive-call-rate", Built),
+        ours("audit-volumes-interval", Built),
+        ours("audit-delete-after", Built),
         ours("provisioning-consistency-default", Built),
         ours("drain", Built),
     ]

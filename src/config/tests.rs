@@ -149,6 +149,8 @@ fn every_flag_parses() {
         "--log-json-info-buffer-size=2Mi",
         "--max-concurrent-per-storage-class=4",
         "--adaptive-call-rate",
+        "--audit-volumes-interval=10m",
+        "--audit-delete-after=24h",
         "--provisioning-consistency-default=enable",
         "--drain",
     ];
@@ -216,6 +218,8 @@ fn every_flag_parses() {
     assert_eq!(a.log.log_json_info_buffer_size, 2 * 1024 * 1024);
     assert_eq!(a.controller.max_concurrent_per_storage_class, 4);
     assert!(a.controller.adaptive_call_rate);
+    assert_eq!(a.controller.audit_volumes_interval, secs(600));
+    assert_eq!(a.controller.audit_delete_after, secs(86_400));
     assert_eq!(
         a.controller.provisioning_consistency_default,
         ConsistencyDefault::Enable

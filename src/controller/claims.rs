@@ -1198,6 +1198,7 @@ fn operation(
         },
         provisioner_secret: plan.secrets.provisioner.clone(),
         attributes_class: plan.attributes_class.clone(),
+        known_volume_id: None,
     }
 }
 

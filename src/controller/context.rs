@@ -33,6 +33,10 @@ pub struct Settings {
     pub max_concurrent_per_class: usize,
     /// `--adaptive-call-rate`: halve a class's call rate when its driver is overloaded.
     pub adaptive_call_rate: bool,
+    /// `--audit-volumes-interval`; zero: no audit.
+    pub audit_volumes_interval: Duration,
+    /// `--audit-delete-after`; `None`: the audit only reports.
+    pub audit_delete_after: Option<Duration>,
     /// `--cloning-protection-threads`: concurrent reconciles of the cloning-protection
     /// controller (only with CLONE_VOLUME).
     pub cloning_protection_threads: usize,

@@ -104,6 +104,7 @@ pub fn recorded_operation() -> Operation {
             namespace: "apps".to_owned(),
         }),
         attributes_class: None,
+        known_volume_id: None,
     }
 }
 
@@ -657,6 +658,8 @@ impl Cluster {
             worker_threads: 4,
             max_concurrent_per_class: 0,
             adaptive_call_rate: false,
+            audit_volumes_interval: Duration::ZERO,
+            audit_delete_after: None,
             cloning_protection_threads: 1,
             snapshot_orphan_sweep_interval: Duration::from_secs(300),
             event_component: "csi-provisioner".to_owned(),

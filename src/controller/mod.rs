@@ -9,6 +9,7 @@
 //! same object at once; the driver calls are bounded by [`limits::CallLimits`].
 
 mod actions;
+mod audit;
 pub mod backoff;
 pub mod cache;
 mod capacity_publisher;
@@ -46,6 +47,7 @@ use crate::journal::{Journal, JournalError};
 use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
 use crate::provision::SingleNode;
+use audit::Auditor;
 pub use capacity_publisher::{CapacitySettings, SegmentSource};
 use claims::ClaimController;
 use clone_protection::CloneProtectionController;
@@ -197,6 +199,7 @@ pub async fn run(
         ClaimController::new(&ctx, claim_stream, class_stream, claims_listed.clone());
     let volume_controller = VolumeController::new(&ctx, volume_stream, detached);
     let reaper = Reaper::new(&ctx);
+    let auditor = Auditor::new(&ctx);
     let sweeper = SnapshotSweeper::new(&ctx, claims_listed);
     let capacity = async {
         if let Some(started) = capacity {
@@ -225,6 +228,12 @@ pub async fn run(
             .run(drained)
             .instrument(info_span!("snapshot_sweeper")),
         capacity.instrument(info_span!("capacity_publisher")),
+        async {
+            if let Some(auditor) = auditor {
+                auditor.run(drained).await;
+            }
+        }
+        .instrument(info_span!("audit")),
     );
     let flushed = ctx.journal.flush(ctx.settings.journal_timeout).await;
     // The reaper ends only at the drain signal, which is sent after the hand-over is.

@@ -24,7 +24,7 @@ use super::actions::{
 use super::backoff::Backoff;
 use super::context::{Context, NodeDeployment};
 use super::events::EventType;
-use crate::csi_client::CallError;
+use crate::csi_client::{CallError, ErrorClass};
 use crate::journal::{JournalError, Operation, Phase};
 use crate::provision::storage_capacity::RefreshCause;
 use crate::provision::{
@@ -71,6 +71,8 @@ impl ReapError {
 }
 
 const ORPHAN_DELETED: &str = "OrphanedVolumeDeleted";
+/// Ours: the audit's deletion of a volume nothing referenced (`--audit-delete-after`).
+const UNREFERENCED_DELETED: &str = "UnreferencedVolumeDeleted";
 const ORPHAN_WAITING_FOR_SECRET: &str = "OrphanWaitingForSecret";
 /// Under `--drain`: an orphan that keeps failing keeps the drain from completing.
 const DRAIN_BLOCKED: &str = "DrainBlocked";
@@ -279,6 +281,9 @@ pub(super) async fn reap_idle(ctx: &Context, operation: &Operation) -> Result<Re
 /// Reaps one operation the caller has marked busy (`Registry::take_idle`), so that no claim
 /// reconcile works on it meanwhile.
 async fn reap(ctx: &Context, operation: &Operation) -> Result<Reaped, ReapError> {
+    if let Some(volume_id) = &operation.known_volume_id {
+        return delete_unreferenced(ctx, operation, volume_id).await;
+    }
     let deleting_claim = match claim_state(ctx, operation).await? {
         ClaimState::Gone(claim) => claim,
         ClaimState::LeftThisNode => None,
@@ -448,6 +453,66 @@ async fn delete_orphan(ctx: &Context, operation: &Operation) -> Result<(), ReapE
             ),
         );
     Ok(())
+}
+
+/// Deletes a volume the audit found referenced by nothing (ours, `--audit-delete-after`; see
+/// `controller::audit`), recorded by its id: no CreateVolume is replayed. A PV referencing it
+/// now ends the operation without a deletion. A final error from the driver also ends it, once
+/// that is stored: the volume stays and the audit reports it again (a driver that needs
+/// secrets to delete cannot be given any here, and retrying forever would hold up a drain).
+async fn delete_unreferenced(
+    ctx: &Context,
+    operation: &Operation,
+    volume_id: &str,
+) -> Result<Reaped, ReapError> {
+    match confirmed_holder(ctx, volume_id).await? {
+        Holder::Pv(holder) => {
+            info!(
+                volume = operation.volume_name,
+                volume_id,
+                pv = holder,
+                "an unreferenced volume the audit was to delete is referenced by a PV now: not deleted"
+            );
+        }
+        Holder::Unknown { pv, error } => {
+            return Err(ReapError::HolderUnknown {
+                volume_id: volume_id.to_owned(),
+                pv,
+                error,
+            });
+        }
+        Holder::None => match delete_volume(ctx, "", volume_id, HashMap::new()).await {
+            Ok(()) => {
+                ctx.metrics.unreferenced_volume_deleted();
+                info!(
+                    volume = operation.volume_name,
+                    volume_id, "deleted a volume nothing references"
+                );
+                ctx.events.publish(
+                    &ctx.journal.shard_reference(&operation.volume_name),
+                    EventType::Normal,
+                    UNREFERENCED_DELETED,
+                    &format!(
+                        "Deleted volume {volume_id} ({}), which no PV, VolumeSnapshotContent or operation in flight referenced and whose claim (uid {}) no longer exists",
+                        operation.volume_name, operation.claim_uid
+                    ),
+                );
+            }
+            Err(error @ CallError::Fenced(_)) => return Err(ReapError::Driver(error)),
+            Err(error) if error.class() == ErrorClass::Final => {
+                warn!(volume = operation.volume_name, volume_id, %error, "the driver refused to delete a volume nothing references; it stays, and the audit reports it again");
+                ctx.journal
+                    .forget_durably(&operation.volume_name)
+                    .await
+                    .map_err(ReapError::Journal)?;
+                return Err(ReapError::Driver(error));
+            }
+            Err(error) => return Err(ReapError::Driver(error)),
+        },
+    }
+    still_leading(ctx)?;
+    ctx.journal.complete(&operation.volume_name);
+    Ok(Reaped::Done)
 }
 
 /// [`volume_holder`], with a PV found in the cache read again: the cache may still hold a PV

@@ -36,8 +36,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tonic::Code;
 use tonic::transport::Channel;
+use tonic::{Code, Status};
 use tracing::{info, trace, warn};
 
 use crate::csi::controller_client::ControllerClient;
@@ -138,6 +138,17 @@ pub trait CsiController: Send + Sync {
         &self,
         request: GetCapacityRequest,
     ) -> Result<GetCapacityResponse, CallError>;
+
+    /// Controller.ListVolumes, one page (the backend audit, `--audit-volumes-interval`). The
+    /// fakes of the unit tests serve none.
+    async fn list_volumes(
+        &self,
+        _request: ListVolumesRequest,
+    ) -> Result<ListVolumesResponse, CallError> {
+        Err(CallError::Status(Status::unimplemented(
+            "ListVolumes is not served",
+        )))
+    }
 }
 
 /// A connection to the CSI driver. Cheap to clone; clones share the connection.
@@ -476,5 +487,12 @@ impl CsiController for CsiClient {
         request: GetCapacityRequest,
     ) -> Result<GetCapacityResponse, CallError> {
         CsiClient::get_capacity(self, request).await
+    }
+
+    async fn list_volumes(
+        &self,
+        request: ListVolumesRequest,
+    ) -> Result<ListVolumesResponse, CallError> {
+        CsiClient::list_volumes(self, request).await
     }
 }

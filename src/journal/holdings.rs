@@ -95,6 +95,7 @@ mod tests {
             },
             provisioner_secret: None,
             attributes_class: None,
+            known_volume_id: None,
         };
         OperationRecord::from_operation(&operation, Timestamp::UNIX_EPOCH)
     }

@@ -30,6 +30,7 @@ use tracing::{info, warn};
 
 use crate::csi;
 use crate::kube_client::RateLimitLayer;
+use crate::provision::audit::InFlight;
 use holdings::Holdings;
 use placement::Placement;
 pub use placement::{SHARD_BYTES, SHARD_CAPACITY};
@@ -73,7 +74,7 @@ pub enum JournalError {
     WriterGone,
     #[error(transparent)]
     Refused(#[from] Refusal),
-    #[error("failed to list every node's journal shards: {0}")]
+    #[error("failed to list the driver's journal shards (in node mode every node's): {0}")]
     EveryNode(kube::Error),
     #[error("another node's journal holds a record this build cannot read: {0}")]
     Unreadable(RecordError),
@@ -428,6 +429,46 @@ impl Journal {
                     .cloned()
                     .unwrap_or_else(|| shard.name_any())
             }))
+    }
+
+    /// Every operation in flight of the driver, as the audit needs them (`provision::audit`):
+    /// this sidecar's, reserved ones included (their `since` is now), and what every shard of
+    /// the driver holds as stored now: in node mode every node's. An `Err` means they are
+    /// unknown: the audit reports nothing on the strength of it.
+    pub async fn operations_everywhere(&self) -> Result<Vec<InFlight>, JournalError> {
+        let selector = self.every_node_selector.as_ref().unwrap_or(&self.selector);
+        self.rate_limit.acquire().await;
+        let shards = self
+            .api
+            .list(&ListParams::default().labels(selector))
+            .await
+            .map_err(JournalError::EveryNode)?;
+        let now = Timestamp::now();
+        let mut in_flight: HashMap<String, InFlight> = HashMap::new();
+        for record in shards.items.iter().flat_map(|shard| &shard.spec.operations) {
+            // An unreadable time counts as the earliest: such a record holds back every report
+            // an operation of unknown volume may hold back.
+            let since = record.since.parse().unwrap_or(Timestamp::MIN);
+            in_flight.insert(
+                record.volume_name.clone(),
+                InFlight {
+                    volume_name: record.volume_name.clone(),
+                    since,
+                },
+            );
+        }
+        for volume_name in self.registry().volume_names() {
+            in_flight.entry(volume_name.clone()).or_insert(InFlight {
+                volume_name,
+                since: now,
+            });
+        }
+        Ok(in_flight.into_values().collect())
+    }
+
+    /// This sidecar's shards are `<base name>-<index>`; its audit report is named after it.
+    pub fn base_name(&self) -> &str {
+        &self.base_name
     }
 
     pub fn namespace(&self) -> &str {

@@ -20,9 +20,15 @@ use super::registry::Operation;
 use crate::csi;
 use crate::provision::SecretRef;
 
-/// Version of [`OperationRecord`] written by this build. Older records are still read: every
-/// field added since version 1 has a default.
-pub const RECORD_FORMAT: i32 = 1;
+/// The newest version of [`OperationRecord`] this build reads. Older records are still read:
+/// every field added since version 1 has a default.
+pub const RECORD_FORMAT: i32 = 2;
+/// The version of a record of a CreateVolume, which every build since the first replays.
+const CREATE_FORMAT: i32 = 1;
+/// The version of a record of a DeleteVolume of a volume known by its id (`volume_id`, the
+/// audit's deletions): a build before it would replay its empty request as a CreateVolume, so
+/// it must leave such a record alone (`RecordError::NewerFormat`).
+const DELETE_FORMAT: i32 = 2;
 
 /// One shard of the journal of operations in flight.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -78,6 +84,11 @@ pub struct OperationRecord {
     /// When the operation was first recorded (RFC 3339).
     #[serde(default)]
     pub since: String,
+    /// Format 2: the volume to delete, known by its id (a volume the audit found referenced by
+    /// nothing, `--audit-delete-after`); `request` then holds only the name, and no
+    /// CreateVolume is ever replayed for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_id: Option<String>,
 }
 
 fn first_format() -> i32 {
@@ -152,9 +163,17 @@ impl OperationRecord {
             ..operation.request.clone()
         };
         OperationRecord {
-            format_version: RECORD_FORMAT,
+            format_version: if operation.known_volume_id.is_some() {
+                DELETE_FORMAT
+            } else {
+                CREATE_FORMAT
+            },
             volume_name: operation.volume_name.clone(),
-            claim: format!("{}/{}", operation.claim_namespace, operation.claim_name),
+            claim: if operation.claim_name.is_empty() {
+                String::new()
+            } else {
+                format!("{}/{}", operation.claim_namespace, operation.claim_name)
+            },
             claim_uid: operation.claim_uid.clone(),
             storage_class: operation.class_name.clone(),
             request: STANDARD.encode(request.encode_to_vec()),
@@ -169,6 +188,7 @@ impl OperationRecord {
             attempts: 0,
             last_error: None,
             since: since.to_string(),
+            volume_id: operation.known_volume_id.clone(),
         }
     }
 
@@ -218,11 +238,15 @@ impl OperationRecord {
                 reason: error.to_string(),
             }
         })?;
-        let Some((namespace, name)) = self
-            .claim
-            .split_once('/')
-            .filter(|(ns, name)| !ns.is_empty() && !name.is_empty())
-        else {
+        let claim = match &self.volume_id {
+            // A deletion of the audit's: no claim exists any more.
+            Some(_) if self.claim.is_empty() => Some(("", "")),
+            _ => self
+                .claim
+                .split_once('/')
+                .filter(|(ns, name)| !ns.is_empty() && !name.is_empty()),
+        };
+        let Some((namespace, name)) = claim else {
             return Err(RecordError::Claim {
                 volume: volume(),
                 claim: self.claim.clone(),
@@ -242,6 +266,7 @@ impl OperationRecord {
                 },
             ),
             attributes_class: self.volume_attributes_class.clone(),
+            known_volume_id: self.volume_id.clone(),
         })
     }
 }
@@ -283,6 +308,7 @@ pub fn apply(spec: &mut ProvisioningJournalSpec, changes: &[Change]) -> bool {
                         .volume_attributes_class
                         .clone_from(&record.volume_attributes_class);
                     existing.format_version = record.format_version;
+                    existing.volume_id.clone_from(&record.volume_id);
                     existing.phase = Phase::Provisioning;
                 }
                 None => {
@@ -378,6 +404,7 @@ mod tests {
                 namespace: "ns".into(),
             }),
             attributes_class: Some("gold".into()),
+            known_volume_id: None,
         }
     }
 

@@ -32,6 +32,11 @@ pub struct Operation {
     /// The VolumeAttributesClass whose parameters are the request's `mutable_parameters`: the
     /// PV names it, whatever the claim names by the time the volume exists.
     pub attributes_class: Option<String>,
+    /// Ours: the id of a volume to delete that is known without a CreateVolume: one the audit
+    /// found referenced by nothing (`--audit-delete-after`). Its claim is gone (namespace and
+    /// name empty, `claim_uid` what the volume's name holds of the UID) and `request` carries
+    /// only the name: it is never sent.
+    pub known_volume_id: Option<String>,
 }
 
 /// Why [`Registry::reserve`] gives a claim reconcile no operation.
@@ -274,6 +279,11 @@ impl Registry {
         self.lock().entries.remove(volume_name);
     }
 
+    /// The volume names of every operation known, reserved or recorded.
+    pub fn volume_names(&self) -> Vec<String> {
+        self.lock().entries.keys().cloned().collect()
+    }
+
     pub fn contains(&self, volume_name: &str) -> bool {
         self.lock().entries.contains_key(volume_name)
     }
@@ -311,6 +321,7 @@ mod tests {
             },
             provisioner_secret: None,
             attributes_class: None,
+            known_volume_id: None,
         }
     }
 

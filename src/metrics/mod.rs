@@ -6,9 +6,10 @@
 //! families and records them (`csi`: the CSI calls; `controller`: provisioning and deletion;
 //! `orphans`: the orphan reaper; `leader`: leader election; `workqueue`: the work queues;
 //! `process`: the process figures, read at each scrape; `capacity`: the CSIStorageCapacity
-//! gauges; `limits`: the per-StorageClass call limits); [`Metrics::new`] composes them and
-//! keeps the method names callers use.
+//! gauges; `limits`: the per-StorageClass call limits; `audit`: the backend audit);
+//! [`Metrics::new`] composes them and keeps the method names callers use.
 
+mod audit;
 mod capacity;
 mod controller;
 mod csi;
@@ -47,6 +48,7 @@ pub struct Metrics {
     controller: controller::ControllerMetrics,
     orphans: orphans::OrphanMetrics,
     limits: limits::LimitGauges,
+    audit: audit::AuditMetrics,
     leader: leader::LeaderMetrics,
     workqueues: workqueue::Workqueues,
     capacity: capacity::CapacityGauges,
@@ -66,6 +68,7 @@ impl Metrics {
         let controller = controller::ControllerMetrics::register(&mut registry);
         let orphans = orphans::OrphanMetrics::register(&mut registry);
         let limits = limits::LimitGauges::register(&mut registry);
+        let audit = audit::AuditMetrics::register(&mut registry);
         let leader = leader::LeaderMetrics::register(&mut registry);
         let workqueues = workqueue::Workqueues::register(&mut registry);
         // Upstream's provisioning library creates both queues at start, on every replica.
@@ -78,6 +81,7 @@ impl Metrics {
             controller,
             orphans,
             limits,
+            audit,
             leader,
             workqueues,
             capacity: capacity::CapacityGauges::default(),
@@ -137,6 +141,21 @@ impl Metrics {
     /// Sets how many calls of `class` wait for a permit or their slot.
     pub fn set_calls_queued(&self, class: &str, queued: usize) {
         self.limits.set_queued(class, queued);
+    }
+
+    /// A complete audit found `unreferenced` volumes of `bytes` in all.
+    pub fn audit_complete(&self, unreferenced: usize, bytes: i64) {
+        self.audit.complete(unreferenced, bytes);
+    }
+
+    /// An audit could not be completed (its gauges keep the last complete one's figures).
+    pub fn audit_failed(&self) {
+        self.audit.failed();
+    }
+
+    /// Counts a volume the audit found unreferenced and the reaper deleted.
+    pub fn unreferenced_volume_deleted(&self) {
+        self.audit.deleted();
     }
 
     /// Records one CSI call. `method_name` is the full gRPC path

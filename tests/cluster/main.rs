@@ -12,6 +12,8 @@
 
 #[path = "../attach.rs"]
 mod attach;
+#[path = "../audit.rs"]
+mod audit;
 #[path = "../call_rate.rs"]
 mod call_rate;
 #[path = "../chaos.rs"]

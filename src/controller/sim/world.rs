@@ -433,6 +433,8 @@ impl World {
             worker_threads: 4,
             max_concurrent_per_class: 0,
             adaptive_call_rate: false,
+            audit_volumes_interval: Duration::ZERO,
+            audit_delete_after: None,
             cloning_protection_threads: 1,
             snapshot_orphan_sweep_interval: Duration::from_secs(300),
             event_component: "csi-provisioner".to_owned(),

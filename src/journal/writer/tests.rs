@@ -172,6 +172,7 @@ fn record(volume: &str) -> OperationRecord {
         },
         provisioner_secret: None,
         attributes_class: None,
+        known_volume_id: None,
     };
     OperationRecord::from_operation(&operation, k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
 }

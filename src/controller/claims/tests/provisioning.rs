@@ -135,6 +135,7 @@ async fn a_claim_whose_volume_name_is_another_claims_operation_sends_nothing() {
         request: csi::CreateVolumeRequest::default(),
         provisioner_secret: None,
         attributes_class: None,
+        known_volume_id: None,
     };
     let scenario = cluster().journaled(theirs).start([secret_read()]).await;
     assert_eq!(

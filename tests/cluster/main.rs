@@ -16,6 +16,8 @@ mod attach;
 mod chaos;
 #[path = "../control_plane_smoke.rs"]
 mod control_plane_smoke;
+#[path = "../events.rs"]
+mod events;
 #[path = "../handover.rs"]
 mod handover;
 #[path = "../journal.rs"]

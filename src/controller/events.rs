@@ -171,8 +171,16 @@ impl Writer {
             let event = match waiting.front() {
                 Some(oldest) => {
                     let since = tokio::time::Instant::from_std(oldest.queued);
+                    // The waiting event first: with capacity to spare, events go out in the
+                    // order they happened; without, news overtakes them.
                     tokio::select! {
                         biased;
+                        () = self.limit.yield_since(since) => {
+                            if let Some(oldest) = waiting.pop_front() {
+                                self.write(oldest).await;
+                            }
+                            continue;
+                        }
                         received = pending.recv(), if open => match received {
                             Some(event) => event,
                             None => {
@@ -180,12 +188,6 @@ impl Writer {
                                 continue;
                             }
                         },
-                        () = self.limit.yield_since(since) => {
-                            if let Some(oldest) = waiting.pop_front() {
-                                self.write(oldest).await;
-                            }
-                            continue;
-                        }
                     }
                 }
                 None if open => match pending.recv().await {

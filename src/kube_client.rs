@@ -28,8 +28,9 @@ const DEFAULT_BURST: u32 = 10;
 const MAX_WAIT: Duration = Duration::from_secs(24 * 3600);
 /// How often [`RateLimitLayer::yield_since`] looks at the bucket.
 const SPARE_POLL: Duration = Duration::from_millis(20);
-/// Longest low-priority traffic (events, the journal's removals) yields to the requests that
-/// make progress before it takes its turn like any request. It outlasts a long backlog: 1,000
+/// Longest low-priority traffic (the events that are not news, see `controller::events`; the
+/// journal's removals) yields to the requests that make progress before it takes its turn like
+/// any request. It outlasts a long backlog: 1,000
 /// claims take 200 s at the default QPS, and with a 30 s bound the events and journal
 /// removals of the first claims took turns among the PV creates for most of it.
 const MAX_YIELD: Duration = Duration::from_secs(300);

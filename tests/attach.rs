@@ -1,7 +1,8 @@
 //! The VolumeAttachment check before DeleteVolume, end to end: a driver that reports
 //! PUBLISH_UNPUBLISH_VOLUME (the reference driver with `--attach-required`) gets no DeleteVolume
 //! for a PV while a VolumeAttachment names it; the PV stays Terminating, held by our finalizer,
-//! with upstream's VolumeFailedDelete event, and goes with its volume once the attachment is
+//! with one Normal WaitingForDetach event for the whole wait (upstream: a VolumeFailedDelete
+//! Warning on every retry; docs/flags.md), and goes with its volume once the attachment is
 //! gone. Without the capability, attachments are not looked at.
 
 use csi_test_support as support;
@@ -10,10 +11,12 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, PostParams};
 
 use support::cluster::{Cluster, events_of, pv_name, summarize, wait_bound, wait_event};
-use support::peers::{Driver, Sidecar, TIMEOUT};
+use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse_metrics};
 
 const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 const NODE: &str = "node-1";
+const WAITING_FOR_DETACH: &str = "WaitingForDetach";
+const DELETE_FAILED_METRIC: &str = "controller_persistentvolume_delete_failed_total";
 /// Many retries while the attachment exists: each one must be refused.
 const FAST_RETRIES: [&str; 2] = ["--retry-interval-start=200ms", "--retry-interval-max=1s"];
 /// A backoff far longer than the test: only the attachment's deletion can bring the retry.
@@ -87,36 +90,62 @@ async fn assert_held(cluster: &Cluster, pv: &str) {
 async fn an_attached_volume_is_deleted_only_once_its_attachment_is_gone() {
     let cluster = Cluster::new("attached").await;
     let driver = Driver::start(&["--attach-required"]).await;
-    let mut sidecar = Sidecar::start(&driver, &FAST_RETRIES);
+    let mut sidecar = Sidecar::start_with(
+        &driver,
+        SidecarOptions {
+            metrics: true,
+            ..SidecarOptions::args(&FAST_RETRIES)
+        },
+    );
     let class = cluster.class("attach", &driver, "Delete", &[]).await;
     let (pv, attachments) = attached_claim(&cluster, &driver, &class, "data").await;
 
     cluster.delete_claim("data").await;
-    let expected = format!("persistentvolume {pv} is still attached to node {NODE}");
+    let attachment = format!("csi-{pv}");
     wait_event(
         &cluster.client,
         "default",
         &pv,
-        "VolumeFailedDelete",
-        |message| message == expected,
+        WAITING_FOR_DETACH,
+        |message| message.contains(&attachment) && message.contains(NODE),
     )
     .await;
-    // Several refused retries (aggregated into one event's count), none of them let through.
+    // Several refused retries, none of them let through, and none of them told again.
     support::eventually("three refused deletions", TIMEOUT, || async {
         assert_no_delete_volume(&driver, 1);
-        let events = events_of(&cluster.client, "default", &pv).await?;
-        events
-            .iter()
-            .any(|e| e.message.as_deref() == Some(expected.as_str()) && e.count >= Some(3))
+        let page = sidecar.metrics()?;
+        let refused = metric_sum(&parse_metrics(&page), DELETE_FAILED_METRIC, &[]);
+        (refused >= 3.0)
             .then_some(())
-            .ok_or_else(|| summarize(&events))
+            .ok_or_else(|| format!("{refused} refused deletions"))
     })
     .await;
     assert_held(&cluster, &pv).await;
     assert_no_delete_volume(&driver, 1);
+    let events = events_of(&cluster.client, "default", &pv)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let waits: Vec<_> = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some(WAITING_FOR_DETACH))
+        .collect();
+    assert!(
+        waits.len() == 1
+            && waits[0].count == Some(1)
+            && waits[0].type_.as_deref() == Some("Normal"),
+        "one Normal WaitingForDetach for the whole wait: {}",
+        summarize(&events)
+    );
+    assert!(
+        events
+            .iter()
+            .all(|e| e.reason.as_deref() != Some("VolumeFailedDelete")),
+        "no Warning while waiting for the detach: {}",
+        summarize(&events)
+    );
 
     attachments
-        .delete(&format!("csi-{pv}"), &DeleteParams::default())
+        .delete(&attachment, &DeleteParams::default())
         .await
         .expect("deleting the VolumeAttachment");
     cluster.wait_pv_gone(&pv).await;
@@ -145,7 +174,7 @@ async fn a_deleted_attachment_frees_the_volume_without_waiting_for_the_backoff()
         &cluster.client,
         "default",
         &pv,
-        "VolumeFailedDelete",
+        WAITING_FOR_DETACH,
         |message| message.contains("is still attached to node"),
     )
     .await;

@@ -15,6 +15,8 @@ use super::settings::DriverCapabilities;
 /// What the check reads of one VolumeAttachment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attachment<'a> {
+    /// `metadata.name`, for the user told what the deletion waits for.
+    pub name: &'a str,
     /// `spec.source.persistentVolumeName`; `None` for an inline (migrated) volume source.
     pub persistent_volume_name: Option<&'a str>,
     /// `spec.nodeName`.
@@ -26,7 +28,12 @@ pub struct Attachment<'a> {
 pub enum AttachmentError {
     /// Upstream's text, which admins search for.
     #[error("persistentvolume {volume} is still attached to node {node}")]
-    StillAttached { volume: String, node: String },
+    StillAttached {
+        volume: String,
+        node: String,
+        /// The VolumeAttachment's name.
+        attachment: String,
+    },
     /// The VolumeAttachment watch has not listed yet: an empty cache would say "detached" for
     /// a volume that is attached.
     #[error("failed to list volumeattachments: the watch has not listed them yet")]
@@ -52,9 +59,19 @@ pub fn check_detached<'a>(
         Some(attachment) => Err(AttachmentError::StillAttached {
             volume: pv_name.to_owned(),
             node: attachment.node_name.to_owned(),
+            attachment: attachment.name.to_owned(),
         }),
         None => Ok(()),
     }
+}
+
+/// Whether a deletion refused by [`AttachmentError::StillAttached`] is news to the user: one
+/// Normal `WaitingForDetach` event tells a wait (upstream #1574: a Warning on every retry reads
+/// as a failure, when the deletion only waits for the attach-detach controller). `announced`:
+/// the attachment the PV's current wait was announced for, `None` if it has not been (or the
+/// PV was not waiting before). A wait on another attachment is a new wait.
+pub fn announce_detach_wait(announced: Option<&str>, attachment: &str) -> bool {
+    announced != Some(attachment)
 }
 
 #[cfg(test)]
@@ -71,6 +88,7 @@ mod tests {
 
     fn on(node: &'static str, pv: Option<&'static str>) -> Attachment<'static> {
         Attachment {
+            name: "csi-attachment",
             persistent_volume_name: pv,
             node_name: node,
         }
@@ -114,5 +132,25 @@ mod tests {
             check_detached("pv-1", &caps(), None::<[Attachment; 0]>),
             Ok(())
         );
+    }
+
+    #[test]
+    fn the_refusal_names_the_attachment() {
+        let attachments = [on("node-1", Some("pv-1"))];
+        assert_eq!(
+            check_detached("pv-1", &attaching(), Some(attachments)),
+            Err(AttachmentError::StillAttached {
+                volume: "pv-1".to_owned(),
+                node: "node-1".to_owned(),
+                attachment: "csi-attachment".to_owned(),
+            })
+        );
+    }
+
+    #[test]
+    fn a_wait_is_announced_once_per_attachment() {
+        assert!(announce_detach_wait(None, "csi-1"));
+        assert!(!announce_detach_wait(Some("csi-1"), "csi-1"));
+        assert!(announce_detach_wait(Some("csi-1"), "csi-2"));
     }
 }

@@ -47,6 +47,7 @@ pub mod claim;
 pub mod consistency;
 pub mod data_source;
 pub mod deletion;
+pub mod event_delivery;
 pub mod finalizers;
 pub mod migration;
 pub mod node;
@@ -79,7 +80,7 @@ mod proptests;
 pub use accessibility::{
     ClusterTopology, TopologyError, TopologyInputs, TopologyTerm, accessibility_requirements,
 };
-pub use attachment::{Attachment, AttachmentError, check_detached};
+pub use attachment::{Attachment, AttachmentError, announce_detach_wait, check_detached};
 pub use attributes_class::{
     AttributesClassError, ignored_attributes_class, mutable_parameters, recorded_class_moved,
     requested_attributes_class,
@@ -112,6 +113,7 @@ pub use deletion::{
     pv_finalizer_action, pv_holds_volume, pv_is_for_claim, pv_of_operation, should_delete,
     volume_finalizer_action,
 };
+pub use event_delivery::{EventDelivery, event_delivery};
 pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
 pub use migration::{Holding, InTreePlugin, MigrationError};
 pub use node::{

@@ -245,6 +245,7 @@ pub struct CachedAttachment {
 impl CachedAttachment {
     pub fn attachment(&self) -> Attachment<'_> {
         Attachment {
+            name: self.metadata.name.as_deref().unwrap_or_default(),
             persistent_volume_name: self.persistent_volume_name.as_deref(),
             node_name: &self.node_name,
         }

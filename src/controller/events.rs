@@ -1,15 +1,18 @@
 //! Kubernetes events on claims and volumes, written as core/v1 Events like upstream's
 //! client-go recorder (so upstream's RBAC, which grants core `events`, keeps working).
 //!
-//! Events are written by a background task, never by the reconcile that reports them, and they
-//! yield to the requests that make progress: under the client-side rate limit
-//! (`--kube-api-qps`), an event is sent only when the token bucket is full, or once it has
-//! waited 5 minutes (`kube_client::MAX_YIELD`). Both sidecars spend the same budget on the
-//! same events; ours spends it on PVs first, so claims are bound sooner and the events
-//! follow. Each event keeps the time it happened. Repeats of the same event within ten
+//! Events are written by a background task, never by the reconcile that reports them. News goes
+//! at once: the first Warning about an object, and a Warning whose reason differs from the last
+//! Warning about it (`provision::event_delivery`), take their turn in the client-side rate
+//! limit (`--kube-api-qps`) like any request. Everything else (Normal events, a Warning
+//! repeating the last one's reason) yields to the requests that make progress: it is sent only
+//! when the token bucket is full, or once it has waited 5 minutes (`kube_client::MAX_YIELD`).
+//! Both sidecars spend the same budget on the same events; ours spends it on PVs first, so
+//! claims are bound sooner and the bulk of the events follow, while a failing claim shows why
+//! at once. Each event keeps the time it happened. Repeats of the same event within ten
 //! minutes bump `count` instead of creating new objects, as client-go's aggregation does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
@@ -23,12 +26,14 @@ use tracing::{debug, warn};
 
 use crate::kube_client::RateLimitLayer;
 use crate::kube_client::protobuf;
+use crate::provision::{EventDelivery, event_delivery};
 
 pub(super) mod wire;
 
 /// Events older than this are not aggregated into (client-go uses the same window).
 const AGGREGATION_WINDOW: Duration = Duration::from_secs(600);
-/// Upper bound on remembered events; the oldest are forgotten first.
+/// Upper bound on remembered events, and on the objects whose last Warning is remembered; the
+/// oldest are forgotten first.
 const MAX_REMEMBERED: usize = 4096;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -119,6 +124,7 @@ impl EventRecorder {
             host,
             limit,
             recent: HashMap::new(),
+            last_warnings: LastWarnings::default(),
         };
         tokio::spawn(writer.run(pending));
         Self { queue }
@@ -152,30 +158,67 @@ struct Writer {
     host: String,
     limit: RateLimitLayer,
     recent: HashMap<EventKey, Recorded>,
+    last_warnings: LastWarnings,
 }
 
 impl Writer {
+    /// Sorts the events as they arrive: news is written at once, the rest waits in order of
+    /// arrival for spare capacity (each at most `MAX_YIELD` after it was queued).
     async fn run(mut self, mut pending: mpsc::UnboundedReceiver<Pending>) {
-        while let Some(event) = pending.recv().await {
-            self.limit
-                .yield_since(tokio::time::Instant::from_std(event.queued))
-                .await;
-            self.write(event).await;
+        let mut waiting: VecDeque<Pending> = VecDeque::new();
+        let mut open = true;
+        loop {
+            let event = match waiting.front() {
+                Some(oldest) => {
+                    let since = tokio::time::Instant::from_std(oldest.queued);
+                    // The waiting event first: with capacity to spare, events go out in the
+                    // order they happened; without, news overtakes them.
+                    tokio::select! {
+                        biased;
+                        () = self.limit.yield_since(since) => {
+                            if let Some(oldest) = waiting.pop_front() {
+                                self.write(oldest).await;
+                            }
+                            continue;
+                        }
+                        received = pending.recv(), if open => match received {
+                            Some(event) => event,
+                            None => {
+                                open = false;
+                                continue;
+                            }
+                        },
+                    }
+                }
+                None if open => match pending.recv().await {
+                    Some(event) => event,
+                    None => return,
+                },
+                None => return,
+            };
+            let warning = (event.type_ == EventType::Warning).then_some(event.reason.as_str());
+            let object = object_key(&event.regarding);
+            match event_delivery(warning, self.last_warnings.get(&object)) {
+                EventDelivery::AtOnce => {
+                    if let Some(reason) = warning {
+                        self.last_warnings.insert(object, reason);
+                    }
+                    self.write(event).await;
+                }
+                EventDelivery::WhenSpare => {
+                    if warning.is_some() {
+                        self.last_warnings.touch(&object);
+                    }
+                    waiting.push_back(event);
+                }
+            }
         }
     }
 
     async fn write(&mut self, event: Pending) {
         let regarding = &event.regarding;
-        // Objects referenced without a uid (journal shards) are keyed by namespace and name.
-        let object = regarding.uid.clone().unwrap_or_else(|| {
-            format!(
-                "{}/{}",
-                regarding.namespace.as_deref().unwrap_or_default(),
-                regarding.name.as_deref().unwrap_or_default()
-            )
-        });
         let key = EventKey {
-            object,
+            object: object_key(regarding),
             type_: event.type_,
             reason: event.reason.clone(),
             message: event.message.clone(),
@@ -266,5 +309,96 @@ impl Writer {
                 first_seen: Instant::now(),
             },
         );
+    }
+}
+
+/// The key of an event's object: its uid; objects referenced without one (journal shards) are
+/// keyed by namespace and name.
+fn object_key(regarding: &ObjectReference) -> String {
+    regarding.uid.clone().unwrap_or_else(|| {
+        format!(
+            "{}/{}",
+            regarding.namespace.as_deref().unwrap_or_default(),
+            regarding.name.as_deref().unwrap_or_default()
+        )
+    })
+}
+
+/// The reason of the last Warning about each object, for [`event_delivery`]; at most
+/// `MAX_REMEMBERED` objects, those with the oldest Warnings forgotten first (a forgotten
+/// object's next Warning goes at once, as a first one).
+#[derive(Default)]
+struct LastWarnings {
+    /// By object key: the reason, and when it was last seen (a sequence number).
+    reasons: HashMap<String, (Box<str>, u64)>,
+    next: u64,
+}
+
+impl LastWarnings {
+    fn get(&self, object: &str) -> Option<&str> {
+        self.reasons.get(object).map(|(reason, _)| &**reason)
+    }
+
+    fn insert(&mut self, object: String, reason: &str) {
+        self.make_room();
+        let seen = self.tick();
+        self.reasons.insert(object, (reason.into(), seen));
+    }
+
+    /// A repeat keeps its object among the remembered ones.
+    fn touch(&mut self, object: &str) {
+        let seen = self.tick();
+        if let Some((_, last)) = self.reasons.get_mut(object) {
+            *last = seen;
+        }
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    /// When full, keeps the objects seen in the last `MAX_REMEMBERED / 2` Warnings (at most
+    /// that many: each sequence number belongs to one object), so the sweep runs at most once
+    /// per `MAX_REMEMBERED / 2` insertions.
+    fn make_room(&mut self) {
+        if self.reasons.len() < MAX_REMEMBERED {
+            return;
+        }
+        let kept_from = self.next.saturating_sub(MAX_REMEMBERED as u64 / 2);
+        self.reasons.retain(|_, (_, seen)| *seen > kept_from);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_warnings_forget_the_oldest_objects_first() {
+        let mut last = LastWarnings::default();
+        for i in 0..MAX_REMEMBERED {
+            last.insert(format!("claim-{i}"), "ProvisioningFailed");
+        }
+        // claim-0 repeats: it is now among the most recent.
+        last.touch("claim-0");
+        last.insert("one more".to_owned(), "ProvisioningFailed");
+        assert!(last.reasons.len() <= MAX_REMEMBERED / 2 + 1);
+        assert_eq!(last.get("claim-0"), Some("ProvisioningFailed"));
+        assert_eq!(last.get("claim-1"), None);
+        assert_eq!(
+            last.get(&format!("claim-{}", MAX_REMEMBERED - 1)),
+            Some("ProvisioningFailed")
+        );
+        assert_eq!(last.get("one more"), Some("ProvisioningFailed"));
+    }
+
+    #[test]
+    fn a_new_reason_replaces_the_last_one() {
+        let mut last = LastWarnings::default();
+        last.insert("claim".to_owned(), "ProvisioningFailed");
+        last.insert("claim".to_owned(), "VolumeAttributesClassIgnored");
+        assert_eq!(last.get("claim"), Some("VolumeAttributesClassIgnored"));
+        assert_eq!(last.reasons.len(), 1);
     }
 }

@@ -34,8 +34,9 @@ use crate::metrics::VOLUMES_QUEUE;
 use crate::provision::storage_capacity::RefreshCause;
 use crate::provision::{
     AttachmentError, DeletionError, DeletionSecrets, FinalizerAction, PV_FINALIZER, SecretError,
-    check_detached, deletion_secret_from_class, deletion_target, has_deletable_source, is_migrated,
-    may_delete_pv_first, should_delete, volume_finalizer_action, volume_has_work, volume_on_node,
+    announce_detach_wait, check_detached, deletion_secret_from_class, deletion_target,
+    has_deletable_source, is_migrated, may_delete_pv_first, should_delete, volume_finalizer_action,
+    volume_has_work, volume_on_node,
 };
 
 #[derive(Debug, Error)]
@@ -66,6 +67,9 @@ pub enum VolumeError {
 }
 
 const VOLUME_FAILED_DELETE: &str = "VolumeFailedDelete";
+/// Ours (upstream #1574): the deletion waits for a VolumeAttachment to go; a Normal event, once
+/// per wait, where upstream sends a `VolumeFailedDelete` Warning on every retry.
+const WAITING_FOR_DETACH: &str = "WaitingForDetach";
 /// How long a deletion waits for the VolumeAttachment watch's first list (at start-up the
 /// volume watch may list first) before it is retried with backoff.
 const ATTACHMENTS_LIST_WAIT: Duration = Duration::from_secs(10);
@@ -168,6 +172,9 @@ pub struct VolumeReconciler {
     /// Migrated PVs whose in-tree source could not be translated, by name, with the
     /// resourceVersion that failed: left alone until they change (never retried in a loop).
     untranslatable: Mutex<HashMap<String, String>>,
+    /// PVs whose deletion waits for a VolumeAttachment to go, by name, with the attachment the
+    /// wait was announced for (one `WaitingForDetach` event per wait, not per retry).
+    detach_waits: Mutex<HashMap<String, String>>,
 }
 
 impl VolumeReconciler {
@@ -179,6 +186,7 @@ impl VolumeReconciler {
                 settings.retry_interval_max,
             )),
             untranslatable: Mutex::new(HashMap::new()),
+            detach_waits: Mutex::new(HashMap::new()),
             ctx,
         }
     }
@@ -211,6 +219,7 @@ impl VolumeReconciler {
         match migrated_calls(migrated, self.reconcile_volume(&pv)).await {
             Ok(deleted) => {
                 self.backoff().forget(&name);
+                self.detach_waits().remove(&name);
                 if deleted {
                     ctx.metrics
                         .delete_succeeded(&volume_class(&pv), started.elapsed());
@@ -225,13 +234,23 @@ impl VolumeReconciler {
                     ctx.metrics.delete_failed(&volume_class(&pv));
                 }
                 let message = error.to_string();
+                if let VolumeError::Attached(AttachmentError::StillAttached {
+                    attachment,
+                    node,
+                    ..
+                }) = &error
+                {
+                    self.announce_detach_wait(&pv, attachment, node);
+                } else {
+                    self.detach_waits().remove(&name);
+                }
                 if matches!(
                     error,
                     VolumeError::Target(_)
                         | VolumeError::Untranslatable(_)
                         | VolumeError::SecretReference { .. }
                         | VolumeError::SecretData(_)
-                        | VolumeError::Attached(_)
+                        | VolumeError::Attached(AttachmentError::NotListed)
                         | VolumeError::Driver(_)
                 ) {
                     ctx.events.publish(
@@ -275,6 +294,7 @@ impl VolumeReconciler {
         } else {
             self.backoff().forget(&name);
             self.untranslatable().remove(&name);
+            self.detach_waits().remove(&name);
             None
         }
     }
@@ -381,12 +401,37 @@ impl VolumeReconciler {
         }
     }
 
+    /// One Normal event when the PV starts waiting for `attachment` to go, none on the retries
+    /// of that wait.
+    fn announce_detach_wait(&self, pv: &PersistentVolume, attachment: &str, node: &str) {
+        let name = pv.name_any();
+        let mut waits = self.detach_waits();
+        if !announce_detach_wait(waits.get(&name).map(String::as_str), attachment) {
+            return;
+        }
+        waits.insert(name, attachment.to_owned());
+        drop(waits);
+        self.ctx.events.publish(
+            &pv.object_ref(&()),
+            EventType::Normal,
+            WAITING_FOR_DETACH,
+            &format!(
+                "waiting for VolumeAttachment {attachment} to be deleted: the volume is still \
+                 attached to node {node}; it is deleted once detached"
+            ),
+        );
+    }
+
     fn backoff(&self) -> MutexGuard<'_, Backoff<String>> {
         lock(&self.backoff)
     }
 
     fn untranslatable(&self) -> MutexGuard<'_, HashMap<String, String>> {
         lock(&self.untranslatable)
+    }
+
+    fn detach_waits(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        lock(&self.detach_waits)
     }
 }
 

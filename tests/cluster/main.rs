@@ -20,6 +20,8 @@ mod call_rate;
 mod chaos;
 #[path = "../control_plane_smoke.rs"]
 mod control_plane_smoke;
+#[path = "../events.rs"]
+mod events;
 #[path = "../handover.rs"]
 mod handover;
 #[path = "../journal.rs"]

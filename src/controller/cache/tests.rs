@@ -254,6 +254,7 @@ fn a_cached_attachment_keeps_its_pv_and_node_only() {
     assert_eq!(
         cached.attachment(),
         Attachment {
+            name: "csi-123",
             persistent_volume_name: Some("pv-1"),
             node_name: "node-1"
         }

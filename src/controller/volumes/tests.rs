@@ -123,7 +123,8 @@ fn attachment(pv: &str, node: &str) -> VolumeAttachment {
 }
 
 /// The PV is deleted first (our finalizer holds it), then no DeleteVolume while a
-/// VolumeAttachment names it: upstream's event, and a retry.
+/// VolumeAttachment names it: one Normal event naming the attachment (upstream: a Warning
+/// `VolumeFailedDelete` on every retry), and a retry.
 #[tokio::test(start_paused = true)]
 async fn an_attached_volume_is_not_deleted() {
     let scenario = Cluster::new()
@@ -137,7 +138,35 @@ async fn an_attached_volume_is_not_deleted() {
     assert_eq!(
         scenario.finish().await,
         [
-            "PersistentVolume/pv-1 Warning VolumeFailedDelete: persistentvolume pv-1 is still attached to node node-1"
+            "PersistentVolume/pv-1 Normal WaitingForDetach: waiting for VolumeAttachment csi-pv-1-node-1 to be deleted: the volume is still attached to node node-1; it is deleted once detached"
+        ]
+    );
+}
+
+/// The retries of one wait say nothing more: one `WaitingForDetach` for the wait, no Warning.
+#[tokio::test(start_paused = true)]
+async fn a_wait_for_detach_is_announced_once() {
+    let scenario = Cluster::new()
+        .attaching([attachment("pv-1", "node-1")])
+        .start([
+            pv_deleted_first(),
+            secret_read(),
+            get(PV_PATH).answer(200, released().deleting().build()),
+            secret_read(),
+        ])
+        .await;
+    assert_eq!(
+        reconcile(&scenario, released().build()).await,
+        Next::RetryIn(RETRY_START)
+    );
+    assert_eq!(
+        reconcile(&scenario, released().deleting().build()).await,
+        Next::RetryIn(RETRY_START * 2)
+    );
+    assert_eq!(
+        scenario.finish().await,
+        [
+            "PersistentVolume/pv-1 Normal WaitingForDetach: waiting for VolumeAttachment csi-pv-1-node-1 to be deleted: the volume is still attached to node node-1; it is deleted once detached"
         ]
     );
 }

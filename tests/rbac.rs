@@ -309,6 +309,8 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
         &[
             "--leader-election",
             "--feature-gates=CrossNamespaceVolumeDataSource=true",
+            // The claim's Namespace is read (its `get`).
+            "--extra-create-metadata-namespace-labels=team",
         ],
     );
 
@@ -657,6 +659,8 @@ async fn the_node_overlay_rbac_is_enough_and_every_rule_is_used() {
         // The Immediate claim is won within a second, not twenty.
         "--node-deployment-base-delay=200ms".to_owned(),
         "--node-deployment-max-delay=1s".to_owned(),
+        // The claim's Namespace is read (the base ClusterRole's `get` on namespaces).
+        "--extra-create-metadata-namespace-labels=team".to_owned(),
     ]);
     let mut sidecar = Sidecar::start_with(
         &driver,

@@ -46,6 +46,7 @@ pub mod consistency;
 pub mod data_source;
 pub mod deletion;
 pub mod finalizers;
+pub mod metadata;
 pub mod migration;
 pub mod node;
 pub mod parameters;
@@ -108,6 +109,10 @@ pub use deletion::{
     volume_finalizer_action,
 };
 pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
+pub use metadata::{
+    KeyAllowList, KeyPatternError, MetadataAllowLists, claim_metadata_parameters,
+    copy_claim_labels, namespace_metadata_parameters,
+};
 pub use migration::{Holding, InTreePlugin, MigrationError};
 pub use node::{
     CapacityCheck, NodeScope, Ownership, SingleNode, VolumePlace, capacity_check, check_node,

@@ -110,5 +110,9 @@ pub const FLAGS: &[FlagInfo] = {
         ours("max-concurrent-per-storage-class", Built),
         ours("provisioning-consistency-default", Built),
         ours("drain", Built),
+        ours("copy-claim-labels", Built),
+        ours("extra-create-metadata-claim-annotations", Built),
+        ours("extra-create-metadata-namespace-labels", Built),
+        ours("extra-create-metadata-namespace-annotations", Built),
     ]
 };

@@ -107,20 +107,26 @@ const NO_SNAPSHOT_CRDS: &str = "restores (controller/sources.rs) and the snapsho
 const LISTED_ONLY: &str = "controller/cache.rs lists only where the API server does not stream \
      initial lists; this one does (tests/initial_list.rs runs one that does not)";
 
-/// Removes `verb` on `resource` from every rule (the negative test's broken RBAC).
+/// Removes `verb` on `resource` from every rule (the negative test's broken RBAC); a rule left
+/// without verbs goes (the API server refuses one).
 fn without_verb(objects: &[Value], resource: &str, verb: &str) -> Vec<Value> {
     let mut objects = objects.to_vec();
     for object in &mut objects {
         let Some(rules) = object.get_mut("rules").and_then(Value::as_array_mut) else {
             continue;
         };
-        for rule in rules {
+        for rule in rules.iter_mut() {
             let names = |key: &str| rule[key].as_array().cloned().unwrap_or_default();
             if names("resources").iter().any(|r| r == resource) {
                 let verbs: Vec<Value> = names("verbs").into_iter().filter(|v| v != verb).collect();
                 rule["verbs"] = Value::from(verbs);
             }
         }
+        rules.retain(|rule| {
+            rule["verbs"]
+                .as_array()
+                .is_none_or(|verbs| !verbs.is_empty())
+        });
     }
     objects
 }
@@ -309,6 +315,8 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
         &[
             "--leader-election",
             "--feature-gates=CrossNamespaceVolumeDataSource=true",
+            // The claim's Namespace is read (its `get`).
+            "--extra-create-metadata-namespace-labels=team",
         ],
     );
 
@@ -657,6 +665,8 @@ async fn the_node_overlay_rbac_is_enough_and_every_rule_is_used() {
         // The Immediate claim is won within a second, not twenty.
         "--node-deployment-base-delay=200ms".to_owned(),
         "--node-deployment-max-delay=1s".to_owned(),
+        // The claim's Namespace is read (the base ClusterRole's `get` on namespaces).
+        "--extra-create-metadata-namespace-labels=team".to_owned(),
     ]);
     let mut sidecar = Sidecar::start_with(
         &driver,
@@ -848,6 +858,60 @@ async fn without_pv_create_provisioning_fails_as_forbidden() {
         sidecar.log().contains("is forbidden"),
         "the sidecar logged no 403"
     );
+}
+
+/// Without `get` on namespaces, a sidecar with `--extra-create-metadata-namespace-labels`
+/// reports the Forbidden read on the claim (ProvisioningFailed) and retries: CreateVolume is
+/// never sent without the parameters, and nothing is recorded.
+#[tokio::test]
+async fn without_namespace_get_the_namespace_flags_fail_as_forbidden_and_send_nothing() {
+    let dir = test_dir();
+    let (client, ns, kubeconfig) =
+        deployed_without("rbac-no-ns-get", "namespaces", "get", dir.path()).await;
+    let ns = ns.name();
+    let driver = Driver::start(&[]).await;
+    let class = format!("{ns}-class");
+    create_class(&client, &storage_class(&class, &driver, "Delete", &[])).await;
+    let _sidecar = start_sidecar(
+        &driver,
+        &kubeconfig,
+        ns,
+        &[
+            "--extra-create-metadata-namespace-labels=team",
+            "--retry-interval-max=1s",
+        ],
+    );
+
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    create_claim(&claims, &claim("data", &class, "1Gi", None)).await;
+    support::eventually(
+        "two ProvisioningFailed events for the Forbidden namespace read",
+        TIMEOUT,
+        || async {
+            let events = events_of(&client, ns, "data").await?;
+            events
+                .iter()
+                .any(|event| {
+                    let message = event.message.as_deref().unwrap_or_default();
+                    event.reason.as_deref() == Some("ProvisioningFailed")
+                        && message.starts_with(&format!("failed to read namespace \"{ns}\""))
+                        && message.contains("forbidden")
+                        && event.count.unwrap_or(1) >= 2
+                })
+                .then_some(())
+                .ok_or_else(|| summarize(&events))
+        },
+    )
+    .await;
+    assert!(
+        driver.create_volume_requests().is_empty(),
+        "CreateVolume was sent: {:?}",
+        driver.create_volume_requests()
+    );
+    let operations = journal_operations(&client, ns, &driver)
+        .await
+        .expect("listing the journal");
+    assert!(operations.is_empty(), "recorded: {operations:?}");
 }
 
 /// A leader whose claim watch cannot start (so its controllers are still waiting for their

@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 
 use super::accessibility::ClusterTopology;
+use super::metadata::MetadataAllowLists;
 use super::settings::{DriverCapabilities, ProvisionerConfig};
 use super::well_known::PV_FINALIZER;
 
@@ -45,6 +46,7 @@ pub fn config() -> ProvisionerConfig {
         volume_name_prefix: "pvc".to_owned(),
         volume_name_uuid_length: -1,
         extra_create_metadata: false,
+        metadata: MetadataAllowLists::default(),
         default_fstype: String::new(),
         controller_publish_readonly: false,
         prevent_volume_mode_conversion: true,

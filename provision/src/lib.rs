@@ -49,6 +49,7 @@ pub mod data_source;
 pub mod deletion;
 pub mod event_delivery;
 pub mod finalizers;
+pub mod metadata;
 pub mod migration;
 pub mod node;
 pub mod parameters;
@@ -115,6 +116,10 @@ pub use deletion::{
 };
 pub use event_delivery::{EventDelivery, event_delivery};
 pub use finalizers::{finalizer_addition_patch, finalizer_removal_patch};
+pub use metadata::{
+    KeyAllowList, KeyPatternError, MetadataAllowLists, claim_metadata_parameters,
+    copy_claim_labels, namespace_metadata_parameters,
+};
 pub use migration::{Holding, InTreePlugin, MigrationError};
 pub use node::{
     CapacityCheck, NodeScope, Ownership, SingleNode, VolumePlace, capacity_check, check_node,

@@ -15,6 +15,7 @@ use super::attributes_class::requested_attributes_class;
 use super::capabilities::{self, CapabilityError, SourceKind, check_provisioning_capabilities};
 use super::claim::claim_class_name;
 use super::data_source::{CLAIM_KIND, DataSource, SNAPSHOT_API_GROUP, SNAPSHOT_KIND};
+use super::metadata::claim_metadata_parameters;
 use super::parameters::{
     ExtraCreateMetadata, ParameterError, create_volume_parameters, deprecated_parameter_keys,
 };
@@ -185,7 +186,8 @@ pub fn plan_provision(
         pvc_namespace,
         pv_name: &name,
     });
-    let parameters = create_volume_parameters(class_parameters, extra.as_ref())?;
+    let mut parameters = create_volume_parameters(class_parameters, extra.as_ref())?;
+    parameters.extend(claim_metadata_parameters(pvc, &config.metadata));
 
     let read_only = config.controller_publish_readonly
         && matches!(

@@ -346,6 +346,7 @@ fn provisioner_config() -> BoxedStrategy<ProvisionerConfig> {
                 volume_name_prefix,
                 volume_name_uuid_length,
                 extra_create_metadata,
+                metadata: MetadataAllowLists::default(),
                 default_fstype,
                 controller_publish_readonly,
                 prevent_volume_mode_conversion: true,

@@ -1,6 +1,8 @@
 //! What the decisions depend on besides the objects: the driver's capabilities and the
 //! command-line settings.
 
+use super::metadata::MetadataAllowLists;
+
 /// What the driver reported, reduced to the bits the decisions need. The CSI client maps its
 /// own driver info onto this.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,6 +38,9 @@ pub struct ProvisionerConfig {
     pub volume_name_uuid_length: i32,
     /// `--extra-create-metadata`.
     pub extra_create_metadata: bool,
+    /// Ours: the claim and namespace metadata passed on by allow-list (`--copy-claim-labels`,
+    /// `--extra-create-metadata-claim-annotations`, `--extra-create-metadata-namespace-*`).
+    pub metadata: MetadataAllowLists,
     /// `--default-fstype`; empty means none.
     pub default_fstype: String,
     /// `--controller-publish-readonly`.

@@ -52,6 +52,7 @@ pub(super) fn settings(
             volume_name_prefix: provision.volume_name_prefix.clone(),
             volume_name_uuid_length: uuid_length,
             extra_create_metadata: provision.extra_create_metadata,
+            metadata: provision.metadata_allow_lists(),
             default_fstype: provision.default_fstype.clone(),
             controller_publish_readonly: provision.controller_publish_readonly,
             prevent_volume_mode_conversion: provision.prevent_volume_mode_conversion,

@@ -113,5 +113,9 @@ pub const FLAGS: &[FlagInfo] = {
         ours("audit-delete-after", Built),
         ours("provisioning-consistency-default", Built),
         ours("drain", Built),
+        ours("copy-claim-labels", Built),
+        ours("extra-create-metadata-claim-annotations", Built),
+        ours("extra-create-metadata-namespace-labels", Built),
+        ours("extra-create-metadata-namespace-annotations", Built),
     ]
 };

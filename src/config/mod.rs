@@ -8,7 +8,9 @@
 //! `--flag false`), the last occurrence of a scalar flag wins, map flags accumulate.
 //! docs/flags.md documents every flag; `FLAGS` is the same table in machine-readable form.
 //!
-//! This module imports nothing from the rest of the crate: it sits below every consumer.
+//! This module imports nothing from the rest of the crate: it sits below every consumer. It
+//! parses the metadata allow-lists into the pure `csi-provision` crate's type (one rule for
+//! what a key is, shared with the decisions).
 
 mod capacity;
 mod client;

@@ -1,6 +1,7 @@
 //! Flags of volume naming and of what CreateVolume and the PV carry.
 
 use clap::ArgAction;
+use csi_provision::metadata::{KeyAllowList, MetadataAllowLists};
 
 use super::error::ConfigError;
 use super::go::parse_go_bool;
@@ -20,6 +21,28 @@ pub struct ProvisionArgs {
           default_value = "false", default_missing_value = "true", value_parser = parse_go_bool)]
     pub extra_create_metadata: bool,
 
+    /// Ours: claim labels copied onto the PV at creation: keys and `<prefix>*` patterns,
+    /// comma-separated (repeatable). A label the PV already gets from the sidecar is kept.
+    #[arg(long, action = ArgAction::Append, value_parser = parse_key_allow_list)]
+    pub copy_claim_labels: Vec<KeyAllowList>,
+
+    /// Ours: claim annotations passed to CreateVolume as
+    /// `csi.storage.k8s.io/pvc/annotations/<key>` (keys and `<prefix>*`, repeatable).
+    #[arg(long, action = ArgAction::Append, value_parser = parse_key_allow_list)]
+    pub extra_create_metadata_claim_annotations: Vec<KeyAllowList>,
+
+    /// Labels of the claim's namespace passed to CreateVolume as
+    /// `csi.storage.k8s.io/namespace/labels/<key>` (upstream PR #1531's name; keys and
+    /// `<prefix>*`, repeatable).
+    #[arg(long, action = ArgAction::Append, value_parser = parse_key_allow_list)]
+    pub extra_create_metadata_namespace_labels: Vec<KeyAllowList>,
+
+    /// Annotations of the claim's namespace passed to CreateVolume as
+    /// `csi.storage.k8s.io/namespace/annotations/<key>` (upstream PR #1531's name; keys and
+    /// `<prefix>*`, repeatable).
+    #[arg(long, action = ArgAction::Append, value_parser = parse_key_allow_list)]
+    pub extra_create_metadata_namespace_annotations: Vec<KeyAllowList>,
+
     /// fsType used when the StorageClass has none.
     #[arg(long, default_value = "")]
     pub default_fstype: String,
@@ -35,7 +58,30 @@ pub struct ProvisionArgs {
     pub prevent_volume_mode_conversion: bool,
 }
 
+/// One occurrence of an allow-list flag: `key,prefix*,...`, each a valid label/annotation key
+/// (or the start of one before `*`); clap's message names the flag.
+fn parse_key_allow_list(s: &str) -> Result<KeyAllowList, String> {
+    KeyAllowList::parse(s).map_err(|error| error.to_string())
+}
+
+/// Every occurrence of a repeatable allow-list flag together.
+fn union(lists: &[KeyAllowList]) -> KeyAllowList {
+    lists
+        .iter()
+        .fold(KeyAllowList::default(), KeyAllowList::union)
+}
+
 impl ProvisionArgs {
+    /// The resolved metadata allow-lists (every occurrence of each flag).
+    pub fn metadata_allow_lists(&self) -> MetadataAllowLists {
+        MetadataAllowLists {
+            claim_labels: union(&self.copy_claim_labels),
+            claim_annotations: union(&self.extra_create_metadata_claim_annotations),
+            namespace_labels: union(&self.extra_create_metadata_namespace_labels),
+            namespace_annotations: union(&self.extra_create_metadata_namespace_annotations),
+        }
+    }
+
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if !(-1..=32).contains(&self.volume_name_uuid_length) {
             return Err(ConfigError::OutOfRange {

@@ -153,6 +153,10 @@ fn every_flag_parses() {
         "--audit-delete-after=24h",
         "--provisioning-consistency-default=enable",
         "--drain",
+        "--copy-claim-labels=team,cost.example.com/*",
+        "--extra-create-metadata-claim-annotations=example.com/owner",
+        "--extra-create-metadata-namespace-labels=tier",
+        "--extra-create-metadata-namespace-annotations=note-*",
     ];
     let a = ok(&argv);
     assert_eq!(a.driver.csi_address, "unix:///csi/csi.sock");
@@ -225,6 +229,11 @@ fn every_flag_parses() {
         ConsistencyDefault::Enable
     );
     assert!(a.controller.drain);
+    let lists = a.provision.metadata_allow_lists();
+    assert!(lists.claim_labels.allows("team") && lists.claim_labels.allows("cost.example.com/x"));
+    assert!(lists.claim_annotations.allows("example.com/owner"));
+    assert!(lists.namespace_labels.allows("tier"));
+    assert!(lists.namespace_annotations.allows("note-1"));
     // --vmodule is for the text format only (as upstream); everything else is valid.
     assert!(matches!(
         a.validate(),
@@ -570,6 +579,20 @@ fn bad_values_name_the_flag() {
             &["--provisioning-consistency-default=yes"],
             "--provisioning-consistency-default",
         ),
+        (&["--copy-claim-labels=a b"], "--copy-claim-labels"),
+        (&["--copy-claim-labels=*"], "--copy-claim-labels"),
+        (
+            &["--extra-create-metadata-claim-annotations=a/b/c"],
+            "--extra-create-metadata-claim-annotations",
+        ),
+        (
+            &["--extra-create-metadata-namespace-labels=team,,x"],
+            "--extra-create-metadata-namespace-labels",
+        ),
+        (
+            &["--extra-create-metadata-namespace-annotations=-*"],
+            "--extra-create-metadata-namespace-annotations",
+        ),
     ] {
         let e = err(flags);
         assert!(e.contains(flag), "{flags:?}: {e}");
@@ -723,6 +746,24 @@ fn labels_accumulate_and_later_keys_win() {
         BTreeMap::from([("a".into(), "1".into()), ("b".into(), "3".into())])
     );
     assert!(parse_label_list("").is_err());
+}
+
+#[test]
+fn metadata_allow_lists_accumulate_and_default_to_nothing() {
+    let a = ok(&[
+        "--copy-claim-labels=team",
+        "--copy-claim-labels=app,env-*",
+        "--extra-create-metadata-namespace-labels=",
+    ]);
+    let lists = a.provision.metadata_allow_lists();
+    for key in ["team", "app", "env-prod"] {
+        assert!(lists.claim_labels.allows(key), "{key}");
+    }
+    assert!(lists.namespace_labels.is_empty());
+    assert_eq!(
+        ok(&[]).provision.metadata_allow_lists(),
+        csi_provision::MetadataAllowLists::default()
+    );
 }
 
 #[test]

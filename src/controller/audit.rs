@@ -4,7 +4,7 @@
 //! volumes nothing references. Those are reported: two gauges, a Warning event
 //! `UnreferencedVolume` per volume, and the ConfigMap `<journal name>-audit` in the journal's
 //! namespace listing them. With `--audit-delete-after`, a volume that may be deleted is recorded
-//! in the journal by its id first (docs/journal.md, rule 18); the orphan reaper then deletes it
+//! in the journal by its id first (docs/journal.md, rule 19); the orphan reaper then deletes it
 //! as it deletes orphans (`orphans::delete_unreferenced`).
 //!
 //! A pass whose ListVolumes pages fail, repeat a volume or loop, or whose references cannot all

@@ -4,7 +4,7 @@
 //! server, and maps every failure to one event and one metric in
 //! [`ClaimReconciler::report_failure`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::{self, BoxFuture, Either, Shared};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::Request;
@@ -50,10 +50,11 @@ use crate::provision::{
     Holding, InTreePlugin, MigrationError, NodeVerdict, ProvisionError, ProvisionPlan,
     RescheduleCause, TopologyError, TopologyInputs, accessibility_requirements,
     build_create_volume_request, build_persistent_volume, claim_class_name, claim_work,
-    class_for_driver, drain_claim_work, existing_pv, has_operation_in_flight,
+    class_for_driver, copy_claim_labels, drain_claim_work, existing_pv, has_operation_in_flight,
     ignored_attributes_class, migrated_plugin, mutable_parameters, names_may_collide,
-    needs_finalizer, node_claim_work, node_verdict, plan_provision, pv_holds_volume,
-    pv_is_for_claim, recorded_class_moved, reschedule_patch, selected_node, topology_missing,
+    namespace_metadata_parameters, needs_finalizer, node_claim_work, node_verdict, plan_provision,
+    pv_holds_volume, pv_is_for_claim, recorded_class_moved, reschedule_patch, selected_node,
+    topology_missing,
 };
 
 /// Why one provisioning attempt failed. Each variant says what exists on the backend:
@@ -100,6 +101,14 @@ pub enum ClaimError {
     AttributesClassRead(String),
     #[error(transparent)]
     AttributesClass(#[from] AttributesClassError),
+    /// `--copy-claim-labels`: the claim is read for its labels (the cache keeps none).
+    #[error("failed to read the claim for its labels (--copy-claim-labels): {0}")]
+    ClaimLabelsRead(String),
+    /// `--extra-create-metadata-namespace-*`: nothing is sent without the parameters.
+    #[error(
+        "failed to read namespace {namespace:?} for its labels and annotations (--extra-create-metadata-namespace-labels, --extra-create-metadata-namespace-annotations): {error}"
+    )]
+    NamespaceRead { namespace: String, error: String },
     #[error(transparent)]
     ClaimFinalizer(#[from] ClaimFinalizerError),
     #[error("failed to read PersistentVolume {name}: {source}")]
@@ -428,6 +437,8 @@ struct Planned {
     class: Arc<StorageClass>,
     /// A migrated claim's in-tree plugin, whose source its PV is given.
     migration: Option<InTreePlugin>,
+    /// The claim's labels as read live, with `--copy-claim-labels` only.
+    claim_labels: Option<BTreeMap<String, String>>,
 }
 
 /// What the create stage leaves for the last: CreateVolume's request (as sent) and answer.
@@ -576,11 +587,13 @@ impl ClaimReconciler {
         if let Some(provisioned_by) = provisioned_by {
             plan.provisioned_by = provisioned_by;
         }
+        let claim_labels = claim_labels(ctx, pvc).await?;
         Ok(ControlFlow::Continue(Planned {
             plan,
             class_uid,
             class,
             migration,
+            claim_labels,
         }))
     }
 
@@ -686,6 +699,8 @@ async fn prepare<'a>(
 
     let secrets = read_secret(&ctx.client, plan.secrets.provisioner.as_ref()).await?;
     let mutable = attributes_class_parameters(ctx, plan).await?;
+    let namespace_parameters = namespace_parameters(ctx, pvc, plan).await?;
+    plan.parameters.extend(namespace_parameters);
     let planned_request =
         build_create_volume_request(plan, secrets.clone(), requirements, content_source, mutable);
     let (busy, recorded) = ctx
@@ -747,7 +762,10 @@ async fn persist(
     created: Created,
 ) -> Result<Outcome, ClaimError> {
     let Planned {
-        plan, migration, ..
+        plan,
+        migration,
+        claim_labels,
+        ..
     } = planned;
     let Created { request, response } = created;
     if let Some(volume) = response.volume.as_ref()
@@ -772,7 +790,7 @@ async fn persist(
         .as_ref()
         .map(|volume| volume.volume_id.clone())
         .unwrap_or_default();
-    let pv = match migration {
+    let mut pv = match migration {
         None => pv,
         Some(plugin) => match plugin.to_in_tree(pv) {
             Ok(in_tree) => in_tree,
@@ -781,6 +799,12 @@ async fn persist(
             }
         },
     };
+    // Last, so that a label the sidecar set (a migrated PV's zone) is never the claim's.
+    copy_claim_labels(
+        &mut pv,
+        claim_labels.as_ref(),
+        &ctx.settings.config.metadata,
+    );
     // The volume takes space from here on, whether or not its PV is saved at this attempt.
     ctx.refresh_capacity(|| RefreshCause::Provisioned {
         class: plan.class_name.clone(),
@@ -854,6 +878,60 @@ async fn attributes_class_parameters(
         .await
         .map_err(|error| ClaimError::AttributesClassRead(go_error_text(&error)))?;
     Ok(mutable_parameters(name, &class, &plan.driver_name)?)
+}
+
+/// The CreateVolume parameters from the claim's Namespace (`--extra-create-metadata-namespace-*`),
+/// read live as upstream PR #1531 does. A claim whose operation is already recorded gets none:
+/// the recorded request, with the parameters it was recorded with, is what is sent
+/// (docs/journal.md, rules 2 and 18), so a namespace relabelled since changes nothing. A failed
+/// read fails the attempt before anything is recorded or sent.
+async fn namespace_parameters(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+    plan: &ProvisionPlan,
+) -> Result<HashMap<String, String>, ClaimError> {
+    let lists = &ctx.settings.config.metadata;
+    if !lists.needs_namespace() || ctx.journal.registry().contains(&plan.volume_name) {
+        return Ok(HashMap::new());
+    }
+    let name = pvc.namespace().unwrap_or_default();
+    let namespace = Api::<Namespace>::all(ctx.client.clone())
+        .get(&name)
+        .await
+        .map_err(|error| ClaimError::NamespaceRead {
+            namespace: name,
+            error: go_error_text(&error),
+        })?;
+    Ok(namespace_metadata_parameters(&namespace, lists))
+}
+
+/// The claim's labels for its PV (`--copy-claim-labels`), `None` without the flag. The claim
+/// cache keeps no labels (docs/design.md, "Memory"), so the claim is read live: one GET per
+/// attempt, only with the flag, before anything is recorded or sent. A claim replaced under
+/// the same name (another UID) is not this claim: the attempt fails and the cache catches up.
+async fn claim_labels(
+    ctx: &Context,
+    pvc: &PersistentVolumeClaim,
+) -> Result<Option<BTreeMap<String, String>>, ClaimError> {
+    if !ctx.settings.config.metadata.needs_claim_labels() {
+        return Ok(None);
+    }
+    let claims = Api::<PersistentVolumeClaim>::namespaced(
+        ctx.client.clone(),
+        &pvc.namespace().unwrap_or_default(),
+    );
+    let live = claims
+        .get(&pvc.name_any())
+        .await
+        .map_err(|error| ClaimError::ClaimLabelsRead(go_error_text(&error)))?;
+    if live.uid() != pvc.uid() {
+        return Err(ClaimError::ClaimLabelsRead(format!(
+            "the claim was replaced (UID {:?}, expected {:?})",
+            live.uid().unwrap_or_default(),
+            pvc.uid().unwrap_or_default()
+        )));
+    }
+    Ok(Some(live.metadata.labels.unwrap_or_default()))
 }
 
 /// The accessibility requirements of a new CreateVolume, `None` without topology. A claim

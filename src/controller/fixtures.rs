@@ -54,7 +54,7 @@ use crate::kube_client::protobuf;
 use crate::metrics::Metrics;
 use crate::provision::SecretRef;
 use crate::provision::fixtures::{DRIVER, PVC_UID, caps, config};
-use crate::provision::{DriverCapabilities, ProvisionerConfig, SingleNode};
+use crate::provision::{DriverCapabilities, MetadataAllowLists, ProvisionerConfig, SingleNode};
 
 /// The sidecar's namespace, where the journal lives.
 pub const JOURNAL_NAMESPACE: &str = "csi";
@@ -475,6 +475,8 @@ pub struct Cluster {
     attributes_classes: bool,
     /// The driver's name, when not `DRIVER` (a migration target).
     driver: Option<&'static str>,
+    /// `--copy-claim-labels` and `--extra-create-metadata-*` allow-lists (none by default).
+    metadata: MetadataAllowLists,
 }
 
 impl Cluster {
@@ -498,6 +500,7 @@ impl Cluster {
             node: None,
             attributes_classes: true,
             driver: None,
+            metadata: MetadataAllowLists::default(),
         }
     }
 
@@ -618,6 +621,12 @@ impl Cluster {
         self
     }
 
+    /// The claim and namespace metadata allow-lists.
+    pub fn metadata(mut self, lists: MetadataAllowLists) -> Self {
+        self.metadata = lists;
+        self
+    }
+
     pub fn journal_timeout(mut self, timeout: Duration) -> Self {
         self.journal_timeout = timeout;
         self
@@ -646,6 +655,7 @@ impl Cluster {
                 volume_name_uuid_length: self.uuid_length,
                 cross_namespace_data_sources: self.grants.is_some(),
                 volume_attributes_classes: self.attributes_classes,
+                metadata: self.metadata.clone(),
                 ..config()
             },
             caps: DriverCapabilities {

@@ -30,6 +30,8 @@ mod journal;
 mod leader_election;
 #[path = "../logging.rs"]
 mod logging;
+#[path = "../metadata.rs"]
+mod metadata;
 #[path = "../migration.rs"]
 mod migration;
 #[path = "../mock_driver.rs"]

@@ -19,6 +19,7 @@ use crate::provision::{
 mod attributes_class;
 mod collisions;
 mod drain;
+mod metadata;
 mod migration;
 mod node_deployment;
 mod provisioning;

@@ -92,11 +92,12 @@ impl Listing {
 }
 
 /// An operation in flight in some node's journal: its CreateVolume name and when it was
-/// recorded.
+/// recorded, and the volume id of a deletion known by id (the audit's own).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InFlight {
     pub volume_name: String,
     pub since: Timestamp,
+    pub volume_id: Option<String>,
 }
 
 /// What references volumes, read after the listing.
@@ -185,9 +186,10 @@ pub fn audit_pass(
         .in_flight
         .iter()
         .filter(|operation| {
-            !named_ids
-                .iter()
-                .any(|id| holds_name(id, &operation.volume_name))
+            operation.volume_id.is_none()
+                && !named_ids
+                    .iter()
+                    .any(|id| holds_name(id, &operation.volume_name))
         })
         .map(|operation| operation.since)
         .min()
@@ -257,10 +259,9 @@ fn reference_of(
     };
     if references.pv_handles.contains(id)
         || references.snapshot_sources.contains(id)
-        || references
-            .in_flight
-            .iter()
-            .any(|operation| holds_name(id, &operation.volume_name))
+        || references.in_flight.iter().any(|operation| {
+            operation.volume_id.as_deref() == Some(id) || holds_name(id, &operation.volume_name)
+        })
         || maybe_unmatched()
     {
         return Reference::Some;

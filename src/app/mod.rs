@@ -57,6 +57,9 @@ async fn serve(args: Args, shutdown: Shutdown) -> Result<(), AppError> {
     if args.capacity.enable_capacity {
         metrics.register_capacity();
     }
+    if !args.controller.audit_volumes_interval.is_zero() {
+        metrics.register_audit();
+    }
     let metrics = Arc::new(metrics);
     let (driver, info) = driver::connect(&args.driver, Arc::clone(&metrics)).await?;
     let capacity_args = args.capacity.enable_capacity.then_some(&args.capacity);

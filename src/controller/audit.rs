@@ -64,6 +64,9 @@ pub(super) struct Auditor {
     policy: AuditPolicy,
     memory: AuditMemory,
     reported: HashSet<String>,
+    /// What the report ConfigMap holds (its data but the time), and its reference: it is
+    /// written only when that changes, so a steady state costs the API server nothing.
+    written: Option<(BTreeMap<String, String>, ObjectReference)>,
 }
 
 impl Auditor {
@@ -83,6 +86,7 @@ impl Auditor {
             },
             memory: AuditMemory::new(),
             reported: HashSet::new(),
+            written: None,
         })
     }
 
@@ -270,30 +274,47 @@ impl Auditor {
     }
 
     /// Writes the report ConfigMap (findings of a complete pass, or the error of a failed one,
-    /// which keeps the last list); its reference for events, `None` if it cannot be written.
+    /// which keeps the last list) if what it says changed; its reference for events, `None` if
+    /// it cannot be written.
     async fn publish_report(
-        &self,
+        &mut self,
         findings: Option<&[Finding]>,
         error: Option<&str>,
     ) -> Option<ObjectReference> {
         let ctx = &self.ctx;
-        let name = format!("{}-audit", ctx.journal.base_name());
         let mut data = BTreeMap::from([
             ("driver".to_owned(), ctx.settings.config.driver_name.clone()),
-            ("lastAudit".to_owned(), Timestamp::now().to_string()),
             ("lastError".to_owned(), error.unwrap_or_default().to_owned()),
         ]);
-        if let Some(findings) = findings {
-            data.insert("unreferenced".to_owned(), findings.len().to_string());
-            data.insert("volumes".to_owned(), report_table(findings));
+        match (findings, &self.written) {
+            (Some(findings), _) => {
+                data.insert("unreferenced".to_owned(), findings.len().to_string());
+                data.insert("volumes".to_owned(), report_table(findings));
+            }
+            (None, Some((written, _))) => {
+                for key in ["unreferenced", "volumes"] {
+                    if let Some(value) = written.get(key) {
+                        data.insert(key.to_owned(), value.clone());
+                    }
+                }
+            }
+            (None, None) => {}
         }
+        if let Some((written, reference)) = &self.written
+            && *written == data
+        {
+            return Some(reference.clone());
+        }
+        let name = format!("{}-audit", ctx.journal.base_name());
+        let mut stamped = data.clone();
+        stamped.insert("since".to_owned(), Timestamp::now().to_string());
         let report = ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 namespace: Some(ctx.journal.namespace().to_owned()),
                 ..ObjectMeta::default()
             },
-            data: Some(data),
+            data: Some(stamped),
             ..ConfigMap::default()
         };
         let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ctx.journal.namespace());
@@ -305,7 +326,11 @@ impl Auditor {
             )
             .await
         {
-            Ok(written) => Some(written.object_ref(&())),
+            Ok(written) => {
+                let reference = written.object_ref(&());
+                self.written = Some((data, reference.clone()));
+                Some(reference)
+            }
             Err(error) => {
                 warn!(configmap = name, %error, "the audit report cannot be written");
                 None

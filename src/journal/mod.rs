@@ -454,6 +454,7 @@ impl Journal {
                 InFlight {
                     volume_name: record.volume_name.clone(),
                     since,
+                    volume_id: record.volume_id.clone(),
                 },
             );
         }
@@ -461,6 +462,7 @@ impl Journal {
             in_flight.entry(volume_name.clone()).or_insert(InFlight {
                 volume_name,
                 since: now,
+                volume_id: None,
             });
         }
         Ok(in_flight.into_values().collect())

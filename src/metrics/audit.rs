@@ -13,7 +13,10 @@ struct ResultLabels {
     result: &'static str,
 }
 
-#[derive(Debug)]
+/// The audit's metrics. They exist from the start but are registered only with
+/// `--audit-volumes-interval` ([`AuditMetrics::register`]): without an audit, a gauge of 0
+/// unreferenced volumes would claim something nobody checked.
+#[derive(Debug, Default)]
 pub(super) struct AuditMetrics {
     unreferenced: Gauge,
     unreferenced_bytes: Gauge,
@@ -22,37 +25,27 @@ pub(super) struct AuditMetrics {
 }
 
 impl AuditMetrics {
-    pub(super) fn register(registry: &mut Registry) -> Self {
-        let unreferenced = Gauge::default();
+    pub(super) fn register(&self, registry: &mut Registry) {
         registry.register(
             "csi_provisioner_unreferenced_volumes",
             "Volumes the driver lists that no PV, VolumeSnapshotContent or operation in flight referenced on audits at least --audit-volumes-interval apart",
-            unreferenced.clone(),
+            self.unreferenced.clone(),
         );
-        let unreferenced_bytes = Gauge::default();
         registry.register(
             "csi_provisioner_unreferenced_volumes_bytes",
             "Capacity of the unreferenced volumes, as the driver lists it",
-            unreferenced_bytes.clone(),
+            self.unreferenced_bytes.clone(),
         );
-        let deleted = Counter::default();
         registry.register(
             "csi_provisioner_unreferenced_volumes_deleted",
             "Unreferenced volumes deleted under --audit-delete-after",
-            deleted.clone(),
+            self.deleted.clone(),
         );
-        let passes = Family::<ResultLabels, Counter>::default();
         registry.register(
             "csi_provisioner_volume_audits",
             "Audits of the driver's volumes, by result: complete, or failed (nothing reported or deleted from it)",
-            passes.clone(),
+            self.passes.clone(),
         );
-        AuditMetrics {
-            unreferenced,
-            unreferenced_bytes,
-            deleted,
-            passes,
-        }
     }
 
     /// See [`super::Metrics::audit_complete`].

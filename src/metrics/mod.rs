@@ -68,7 +68,6 @@ impl Metrics {
         let controller = controller::ControllerMetrics::register(&mut registry);
         let orphans = orphans::OrphanMetrics::register(&mut registry);
         let limits = limits::LimitGauges::register(&mut registry);
-        let audit = audit::AuditMetrics::register(&mut registry);
         let leader = leader::LeaderMetrics::register(&mut registry);
         let workqueues = workqueue::Workqueues::register(&mut registry);
         // Upstream's provisioning library creates both queues at start, on every replica.
@@ -81,7 +80,7 @@ impl Metrics {
             controller,
             orphans,
             limits,
-            audit,
+            audit: audit::AuditMetrics::default(),
             leader,
             workqueues,
             capacity: capacity::CapacityGauges::default(),
@@ -99,6 +98,11 @@ impl Metrics {
     pub fn register_capacity(&mut self) {
         self.workqueues.declare(CAPACITY_QUEUE);
         self.capacity.register(&mut self.registry);
+    }
+
+    /// Registers the backend audit's metrics (`--audit-volumes-interval`).
+    pub fn register_audit(&mut self) {
+        self.audit.register(&mut self.registry);
     }
 
     /// Sets the CSIStorageCapacity gauges: objects wanted, wanted objects that exist, and
@@ -428,5 +432,33 @@ mod tests {
         assert!(text.contains("\ncsistoragecapacities_desired_current 3\n"));
         assert!(text.contains("\ncsistoragecapacities_obsolete 1\n"));
         assert!(text.contains("\nworkqueue_depth{name=\"csistoragecapacity\"} 0\n"));
+    }
+
+    #[test]
+    fn audit_metrics_appear_only_once_registered_and_call_limits_only_per_class() {
+        let mut metrics = Metrics::new();
+        let text = metrics.encode();
+        assert!(!text.contains("unreferenced"), "{text}");
+        assert!(!text.contains("csi_provisioner_storage_class"), "{text}");
+        metrics.register_audit();
+        metrics.audit_complete(2, 3 << 30);
+        metrics.audit_failed();
+        metrics.unreferenced_volume_deleted();
+        metrics.set_call_rate("gold", Some(2.5));
+        metrics.set_calls_queued("gold", 3);
+        let text = metrics.encode();
+        for line in [
+            "\ncsi_provisioner_unreferenced_volumes 2\n",
+            "\ncsi_provisioner_unreferenced_volumes_bytes 3221225472\n",
+            "\ncsi_provisioner_unreferenced_volumes_deleted_total 1\n",
+            "\ncsi_provisioner_volume_audits_total{result=\"complete\"} 1\n",
+            "\ncsi_provisioner_volume_audits_total{result=\"failed\"} 1\n",
+            "\ncsi_provisioner_storage_class_calls_per_second{storage_class=\"gold\"} 2.5\n",
+            "\ncsi_provisioner_storage_class_queued_calls{storage_class=\"gold\"} 3\n",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+        metrics.set_call_rate("gold", None);
+        assert!(!metrics.encode().contains("calls_per_second{"));
     }
 }

@@ -154,6 +154,7 @@ fn pvs_snapshot_contents_and_operations_in_flight_reference_volumes() {
     refs.in_flight.push(InFlight {
         volume_name: name.clone(),
         since: at(-3600),
+        volume_id: None,
     });
     let listed = [
         volume("vol-pv"),
@@ -173,6 +174,7 @@ fn an_operation_whose_volume_is_unknown_holds_back_volumes_listed_after_it_began
     refs.in_flight.push(InFlight {
         volume_name: format!("pvc-{UID}"),
         since: at(1000),
+        volume_id: None,
     });
     let listed = [volume("vol-new")];
     let policy = policy(None);
@@ -188,6 +190,17 @@ fn an_operation_whose_volume_is_unknown_holds_back_volumes_listed_after_it_began
     let named = [volume(&format!("pvc-{OTHER_UID}"))];
     let findings = two_passes(&named, &refs, &policy);
     assert_eq!(findings.len(), 1);
+    // A deletion recorded by id holds back nothing but its own volume, listed or not.
+    refs.in_flight = vec![InFlight {
+        volume_name: format!("pvc-{OTHER_UID}"),
+        since: at(1000),
+        volume_id: Some("vol-deleting".to_owned()),
+    }];
+    let listed = [volume("vol-new"), volume("vol-deleting")];
+    let new = audit_pass(&AuditMemory::new(), &listed, &refs.get(), &policy, at(900));
+    let new = audit_pass(&new.memory, &listed, &refs.get(), &policy, at(1200));
+    let ids: Vec<&str> = new.findings.iter().map(|f| f.volume.id.as_str()).collect();
+    assert_eq!(ids, ["vol-new"]);
 }
 
 #[test]

@@ -7,11 +7,6 @@ use csi_test_support as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use csi_provisioner::csi;
-use csi_provisioner::csi::controller_client::ControllerClient;
-use csi_provisioner::csi::volume_capability::{
-    AccessMode, AccessType, MountVolume, access_mode::Mode,
-};
 use k8s_openapi::api::core::v1::{ConfigMap, Event};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -21,7 +16,6 @@ use nix::sys::signal::Signal;
 use support::cluster::{
     Cluster, create_class, driver_pvs, journal_operations, pv_name, wait_bound,
 };
-use support::csi_wire::channel;
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse_metrics};
 
 const UNREFERENCED: &str = "UnreferencedVolume";
@@ -41,32 +35,6 @@ fn sidecar_options(cluster: &Cluster, extra: &[&str]) -> SidecarOptions {
         metrics: true,
         ..SidecarOptions::default()
     }
-}
-
-/// Creates volume `name` on the driver directly, as a provisioner that then forgot it would.
-async fn create_on_driver(driver: &Driver, name: &str) -> String {
-    let request = csi::CreateVolumeRequest {
-        name: name.to_owned(),
-        capacity_range: Some(csi::CapacityRange {
-            required_bytes: 1 << 20,
-            limit_bytes: 0,
-        }),
-        volume_capabilities: vec![csi::VolumeCapability {
-            access_type: Some(AccessType::Mount(MountVolume::default())),
-            access_mode: Some(AccessMode {
-                mode: Mode::SingleNodeWriter as i32,
-            }),
-        }],
-        ..Default::default()
-    };
-    ControllerClient::new(channel(driver.socket()).await)
-        .create_volume(request)
-        .await
-        .unwrap_or_else(|e| panic!("CreateVolume {name} on the driver: {e}"))
-        .into_inner()
-        .volume
-        .unwrap_or_else(|| panic!("a reply without a volume"))
-        .volume_id
 }
 
 /// The ids the driver holds.
@@ -187,8 +155,12 @@ async fn the_audit_reports_and_deletes_only_what_nothing_references() {
     );
     let bound = cluster.claim("bound", &class).await;
     wait_bound(&cluster.claims, "bound").await;
-    let ours = create_on_driver(&driver, &format!("pvc-{}", uuid::Uuid::new_v4())).await;
-    let foreign = create_on_driver(&driver, "leaked-by-another-provisioner").await;
+    let ours = driver
+        .create_directly(&format!("pvc-{}", uuid::Uuid::new_v4()))
+        .await;
+    let foreign = driver
+        .create_directly("leaked-by-another-provisioner")
+        .await;
     // A claim of a driver nobody serves: it exists, so the volume named after it stays.
     let other_class = format!("{}-nobody", cluster.ns());
     create_class(
@@ -204,7 +176,7 @@ async fn the_audit_reports_and_deletes_only_what_nothing_references() {
     )
     .await;
     let waiting = cluster.claim("waiting", &other_class).await;
-    let claimed = create_on_driver(&driver, &pv_name(&waiting)).await;
+    let claimed = driver.create_directly(&pv_name(&waiting)).await;
     // The driver creates the next volumes and never answers (so no more direct creates).
     driver.set_faults("fault CreateVolume=after:hang\n");
     let in_flight = cluster.claim("in-flight", &class).await;
@@ -312,7 +284,7 @@ async fn a_new_leader_finishes_a_recorded_deletion_without_a_create_volume() {
 
     driver.set_faults("fault DeleteVolume=before:hang\n");
     let name = format!("pvc-{}", uuid::Uuid::new_v4());
-    let leaked = create_on_driver(&driver, &name).await;
+    let leaked = driver.create_directly(&name).await;
     support::eventually("the deletion to be recorded and sent", TIMEOUT, || async {
         let recorded = journal_operations(&cluster.client, cluster.ns(), &driver)
             .await?

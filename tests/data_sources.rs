@@ -10,14 +10,14 @@ use csi_test_support as support;
 use csi_provisioner::api::VolumeSnapshotContent;
 use csi_provisioner::provision::{CLONE_PROTECTION_FINALIZER, SNAPSHOT_PROTECTION_FINALIZER};
 use csi_reference_driver::ContentSource;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, TypedLocalObjectReference};
-use kube::api::{DeleteParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, TypedLocalObjectReference};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use support::cluster::{
     Cluster, claim, create_claim, journal_operations, pv_name, wait_bound, wait_event,
 };
-use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT};
+use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse_metrics};
 use support::snapshots::Snapshotter;
 
 const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
@@ -546,6 +546,105 @@ async fn a_restore_in_flight_when_the_sidecar_is_killed_leaks_nothing() {
     .await;
     cluster.wait_snapshot_protected("snap", false).await;
     sidecar.assert_running();
+}
+
+/// The backend audit (`--audit-volumes-interval`, `--audit-delete-after`) around a restore: a
+/// restore in flight (its volume created, the answer never coming) and a volume whose PV and
+/// claim are gone but from which a snapshot was taken are never reported nor deleted; once the
+/// snapshot is deleted, that volume is referenced by nothing and the audit deletes it.
+#[tokio::test]
+async fn the_audit_never_reports_a_restore_in_flight_nor_a_snapshots_source_volume() {
+    support::control_plane_with_scheduler();
+    let cluster = Cluster::new("restore-audit").await;
+    let driver = Driver::start(&["--volume-id-prefix", "ref-"]).await;
+    let mut options = options(
+        &cluster,
+        &["--audit-volumes-interval=1s", "--audit-delete-after=2s"],
+    );
+    options.metrics = true;
+    let mut sidecar = Sidecar::start_with(&driver, options);
+    let class = cluster.class("keep", &driver, "Retain", &[]).await;
+    let source = cluster.bound_source(&class, None).await;
+    let (_snapshotter, content) = snapshot_of_source(&cluster, &driver).await;
+    let source_pv = cluster
+        .pv(&format!("pvc-{}", source_claim_uid(&source)))
+        .await;
+    cluster.delete_claim("src").await;
+    cluster.wait_claim_gone("src").await;
+    let source_pv_name = source_pv.metadata.name.clone().unwrap_or_default();
+    cluster
+        .volumes
+        .delete(&source_pv_name, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting PV {source_pv_name}: {e}"));
+    cluster.wait_pv_gone(&source_pv_name).await;
+
+    driver.set_faults("fault CreateVolume/snapshot=after:hang\n");
+    let created = create_claim(
+        &cluster.claims,
+        &claim_from("restored", &class, "1Gi", None, restore_of("snap")),
+    )
+    .await;
+    driver.wait_holds(&pv_name(&created)).await;
+    let audits = || {
+        let page = sidecar.metrics().unwrap_or_default();
+        metric_sum(
+            &parse_metrics(&page),
+            "csi_provisioner_volume_audits_total",
+            &[("result", "complete")],
+        )
+    };
+    let now = audits();
+    support::eventually("five more audits", TIMEOUT, || async {
+        let done = audits();
+        (done >= now + 5.0)
+            .then_some(())
+            .ok_or_else(|| format!("{done} audits"))
+    })
+    .await;
+    assert!(
+        driver.volume_requests("DeleteVolume").is_empty(),
+        "nothing deleted while the snapshot and the restore reference the volumes"
+    );
+    let reported = events_with_reason(&cluster, "UnreferencedVolume").await;
+    assert!(reported.is_empty(), "{reported:?}");
+
+    driver.clear_faults();
+    wait_bound(&cluster.claims, "restored").await;
+    cluster
+        .delete_snapshot_and_wait("snap", content.metadata.name.as_deref().unwrap_or_default())
+        .await;
+    support::eventually("the source volume to be deleted", TIMEOUT, || async {
+        let ids: Vec<String> = driver.volumes().into_iter().map(|v| v.id).collect();
+        (!ids.contains(&source))
+            .then_some(())
+            .ok_or_else(|| format!("{ids:?}"))
+    })
+    .await;
+    let deleted: Vec<String> = driver
+        .volume_requests("DeleteVolume")
+        .into_iter()
+        .map(|request| request.volume_id)
+        .collect();
+    assert_eq!(deleted, [source.clone()]);
+    sidecar.assert_running();
+}
+
+/// The claim UID a volume id of ours (`ref-pvc-<uid>`) holds.
+fn source_claim_uid(handle: &str) -> &str {
+    handle.trim_start_matches("ref-pvc-")
+}
+
+async fn events_with_reason(cluster: &Cluster, reason: &str) -> Vec<String> {
+    Api::<Event>::namespaced(cluster.client.clone(), cluster.ns())
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("listing events: {e}"))
+        .items
+        .into_iter()
+        .filter(|event| event.reason.as_deref() == Some(reason))
+        .filter_map(|event| event.message)
+        .collect()
 }
 
 // ------------------------------------------------------------------------------ bad input

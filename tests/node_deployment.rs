@@ -10,7 +10,8 @@ use csi_test_support as support;
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim};
+use kube::api::{Api, ListParams};
 
 use support::cluster::{Cluster, journal_operations, pv_name, wait_bound};
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT};
@@ -586,5 +587,79 @@ async fn node_mode_chaos_leaks_nothing() {
     );
     for node in &mut nodes {
         node.sidecar.assert_running();
+    }
+}
+
+/// The backend audit in node mode: each node audits its own driver. A volume of our name that
+/// nothing references on node c's backend is reported and deleted by node c alone; node a's
+/// bound volume and node b's volume in flight (created, the answer never coming) are never
+/// reported by any node, and no other node deletes anything.
+#[tokio::test]
+async fn each_node_audits_its_own_backend_and_deletes_only_its_unreferenced_volume() {
+    let (cluster, topology) = scheduling_cluster("node-audit").await;
+    let ids: &[&str] = &["--volume-id-prefix", "ref-"];
+    let nodes = three_nodes(
+        &cluster,
+        &topology,
+        [ids, ids, ids],
+        &["--audit-volumes-interval=1s", "--audit-delete-after=2s"],
+    )
+    .await;
+    let class = topology.wffc_class("wffc", nodes[0].driver.name()).await;
+    let (a, b, c) = (0, 1, 2);
+    cluster.claim("bound", &class).await;
+    topology
+        .create_pod(
+            "app-a",
+            &["bound"],
+            &[("kubernetes.io/hostname", &nodes[a].name)],
+        )
+        .await;
+    wait_bound(&cluster.claims, "bound").await;
+    nodes[b]
+        .driver
+        .set_faults("fault CreateVolume=after:hang\n");
+    let in_flight = cluster.claim("in-flight", &class).await;
+    topology
+        .create_pod(
+            "app-b",
+            &["in-flight"],
+            &[("kubernetes.io/hostname", &nodes[b].name)],
+        )
+        .await;
+    nodes[b].driver.wait_holds(&pv_name(&in_flight)).await;
+
+    let leaked = nodes[c]
+        .driver
+        .create_directly(&format!("pvc-{}", uuid::Uuid::new_v4()))
+        .await;
+    support::eventually("node c to delete the leaked volume", TIMEOUT, || async {
+        match nodes[c].driver.volume_count() {
+            0 => Ok(()),
+            held => Err(format!("{held} volumes")),
+        }
+    })
+    .await;
+    assert_eq!(deleted(&nodes[c]), [leaked.clone()]);
+    assert!(deleted(&nodes[a]).is_empty() && deleted(&nodes[b]).is_empty());
+    let events = Api::<Event>::namespaced(cluster.client.clone(), cluster.ns())
+        .list(&ListParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("listing events: {e}"));
+    let reported: Vec<String> = events
+        .items
+        .iter()
+        .filter(|event| event.reason.as_deref() == Some("UnreferencedVolume"))
+        .filter_map(|event| event.message.clone())
+        .collect();
+    assert!(
+        reported.iter().all(|message| message.contains(&leaked)),
+        "only the leaked volume is reported: {reported:?}"
+    );
+
+    nodes[b].driver.clear_faults();
+    wait_bound(&cluster.claims, "in-flight").await;
+    for node in &nodes[..2] {
+        assert_eq!(node.driver.volume_count(), 1, "{}", node.name);
     }
 }

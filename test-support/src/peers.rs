@@ -365,6 +365,36 @@ impl Driver {
             .collect()
     }
 
+    /// Creates a 1 MiB volume `name` by calling the driver directly, as a provisioner that then
+    /// forgot it would; returns its id.
+    pub async fn create_directly(&self, name: &str) -> String {
+        use csi_spec::volume_capability::{AccessMode, AccessType, MountVolume, access_mode};
+        let request = csi_spec::CreateVolumeRequest {
+            name: name.to_owned(),
+            capacity_range: Some(csi_spec::CapacityRange {
+                required_bytes: 1 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![csi_spec::VolumeCapability {
+                access_type: Some(AccessType::Mount(MountVolume::default())),
+                access_mode: Some(AccessMode {
+                    mode: access_mode::Mode::SingleNodeWriter as i32,
+                }),
+            }],
+            ..Default::default()
+        };
+        csi_spec::controller_client::ControllerClient::new(
+            super::csi_wire::channel(&self.socket).await,
+        )
+        .create_volume(request)
+        .await
+        .unwrap_or_else(|e| panic!("CreateVolume {name} on the driver: {e}"))
+        .into_inner()
+        .volume
+        .unwrap_or_else(|| panic!("a reply without a volume"))
+        .volume_id
+    }
+
     pub fn volume_count(&self) -> usize {
         self.volumes().len()
     }

@@ -233,7 +233,7 @@ async fn the_audit_reports_and_deletes_only_what_nothing_references() {
         .collect();
     assert_eq!(
         deletes,
-        [ours.clone()],
+        std::slice::from_ref(&ours),
         "only the volume of ours was deleted"
     );
 

@@ -626,7 +626,7 @@ async fn the_audit_never_reports_a_restore_in_flight_nor_a_snapshots_source_volu
         .into_iter()
         .map(|request| request.volume_id)
         .collect();
-    assert_eq!(deleted, [source.clone()]);
+    assert_eq!(deleted, std::slice::from_ref(&source));
     sidecar.assert_running();
 }
 

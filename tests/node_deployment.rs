@@ -640,7 +640,7 @@ async fn each_node_audits_its_own_backend_and_deletes_only_its_unreferenced_volu
         }
     })
     .await;
-    assert_eq!(deleted(&nodes[c]), [leaked.clone()]);
+    assert_eq!(deleted(&nodes[c]), std::slice::from_ref(&leaked));
     assert!(deleted(&nodes[a]).is_empty() && deleted(&nodes[b]).is_empty());
     let events = Api::<Event>::namespaced(cluster.client.clone(), cluster.ns())
         .list(&ListParams::default())

@@ -317,6 +317,8 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
             "--feature-gates=CrossNamespaceVolumeDataSource=true",
             // The claim's Namespace is read (its `get`).
             "--extra-create-metadata-namespace-labels=team",
+            // The audit's report ConfigMap is created, then applied (its `create`, `patch`).
+            "--audit-volumes-interval=1s",
         ],
     );
 
@@ -434,6 +436,7 @@ async fn the_deploy_rbac_is_enough_and_every_rule_is_used() {
     })
     .await;
     wait_driver_empty(&driver).await;
+    audit_reports_a_leak(&client, ns, &driver, &sidecar).await;
 
     // SIGTERM: the Lease is released (an update), the sidecar exits 0.
     exits_on_sigterm_releasing_the_lease(&mut sidecar, &client, ns, &driver).await;
@@ -667,6 +670,8 @@ async fn the_node_overlay_rbac_is_enough_and_every_rule_is_used() {
         "--node-deployment-max-delay=1s".to_owned(),
         // The claim's Namespace is read (the base ClusterRole's `get` on namespaces).
         "--extra-create-metadata-namespace-labels=team".to_owned(),
+        // The audit's report ConfigMap is created, then applied (the base Role's rule).
+        "--audit-volumes-interval=1s".to_owned(),
     ]);
     let mut sidecar = Sidecar::start_with(
         &driver,
@@ -760,6 +765,7 @@ async fn the_node_overlay_rbac_is_enough_and_every_rule_is_used() {
             .ok_or(format!("{objects:?}"))
     })
     .await;
+    audit_reports_a_leak(&client, ns, &driver, &sidecar).await;
 
     sidecar.signal(Signal::SIGTERM);
     let status = sidecar.wait_exit(TIMEOUT).await;
@@ -775,6 +781,28 @@ async fn the_node_overlay_rbac_is_enough_and_every_rule_is_used() {
 }
 
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
+
+/// A volume made on the driver behind the sidecar's back is listed in the audit's report
+/// ConfigMap: created at the first audit, applied again once the report changes.
+async fn audit_reports_a_leak(client: &Client, ns: &str, driver: &Driver, sidecar: &Sidecar) {
+    let leaked = driver
+        .create_directly("leaked-behind-the-sidecars-back")
+        .await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    support::eventually("the audit report to list the leak", TIMEOUT, || async {
+        assert_not_refused(sidecar);
+        let listed = maps
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| e.to_string())?
+            .items
+            .into_iter()
+            .filter_map(|map| map.data?.get("volumes").cloned())
+            .any(|table| table.contains(&leaked));
+        listed.then_some(()).ok_or_else(|| "not listed".to_owned())
+    })
+    .await;
+}
 
 /// A Pod whose controlling owner is a ConfigMap: what `--capacity-ownerref-level=1` reads
 /// (the owner reference as it is, without reading the owner), as a DaemonSet's pod would

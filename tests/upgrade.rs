@@ -477,6 +477,9 @@ fn the_upgrade_rbac_is_what_upstreams_example_lacks() {
         permission("gateway.networking.k8s.io", "referencegrants", "watch"),
         // --extra-create-metadata-namespace-labels/-annotations (upstream's PR #1531, unreleased).
         permission("", "namespaces", "get"),
+        // --audit-volumes-interval's report ConfigMap (ours).
+        permission("", "configmaps", "create"),
+        permission("", "configmaps", "patch"),
     ]
     .into();
     let ours = granted(&render(&format!("{ROOT}/deploy/base")));

@@ -34,6 +34,9 @@ pub const MAX_PAGES: usize = 100_000;
 pub struct ListedVolume {
     pub id: String,
     pub capacity_bytes: i64,
+    /// The driver says it is in use: published to a node (`published_node_ids`) or in an
+    /// abnormal condition. Such a volume is never deleted.
+    pub in_use: bool,
 }
 
 /// Why a pass's listing cannot be trusted. Such a pass reports nothing and deletes nothing.
@@ -132,6 +135,9 @@ pub struct AuditPolicy {
 pub struct Sighting {
     pub first_listed: Timestamp,
     pub unreferenced_since: Option<Timestamp>,
+    /// Something referenced it while this sidecar watched: whoever let go of it kept it (the
+    /// PV of a `Retain` volume deleted to keep its data), so it is never deleted.
+    pub ever_referenced: bool,
 }
 
 pub type AuditMemory = HashMap<String, Sighting>;
@@ -143,6 +149,11 @@ pub enum Deletion {
     Off,
     /// Its id holds no name our naming could have produced: whose it is cannot be told.
     NotOurName,
+    /// The driver says it is in use (published to a node, or abnormal).
+    InUse,
+    /// A PV, snapshot or operation referenced it while this sidecar watched: it was let go of
+    /// on purpose (a `Retain` volume's PV deleted), not leaked.
+    WasReferenced,
     /// A claim with the UID its name holds exists.
     ClaimExists { claim_uid: String },
     /// Not unreferenced for `--audit-delete-after` yet.
@@ -193,7 +204,12 @@ pub fn audit_pass(
         })
         .map(|operation| operation.since)
         .min()
-        .map(|since| since - SignedDuration::try_from(CLOCK_MARGIN).unwrap_or_default());
+        .map(|since| {
+            SignedDuration::try_from(CLOCK_MARGIN)
+                .ok()
+                .and_then(|margin| since.checked_sub(margin).ok())
+                .unwrap_or(Timestamp::MIN)
+        });
     let mut outcome = AuditOutcome::default();
     for volume in listed {
         let first_listed = memory
@@ -214,11 +230,16 @@ pub fn audit_pass(
                 .and_then(|seen| seen.unreferenced_since)
                 .unwrap_or(started)
         });
+        let ever_referenced = referenced
+            || memory
+                .get(&volume.id)
+                .is_some_and(|seen| seen.ever_referenced);
         outcome.memory.insert(
             volume.id.clone(),
             Sighting {
                 first_listed,
                 unreferenced_since,
+                ever_referenced,
             },
         );
         let Some(since) = unreferenced_since else {
@@ -231,7 +252,7 @@ pub fn audit_pass(
         outcome.findings.push(Finding {
             volume: volume.clone(),
             unreferenced_since: since,
-            deletion: deletion(volume, since, references, policy, started),
+            deletion: deletion(volume, since, ever_referenced, references, policy, started),
         });
     }
     outcome
@@ -287,6 +308,7 @@ fn reference_of(
 fn deletion(
     volume: &ListedVolume,
     since: Timestamp,
+    ever_referenced: bool,
     references: &References<'_>,
     policy: &AuditPolicy,
     now: Timestamp,
@@ -294,6 +316,12 @@ fn deletion(
     let Some(delete_after) = policy.delete_after else {
         return Deletion::Off;
     };
+    if volume.in_use {
+        return Deletion::InUse;
+    }
+    if ever_referenced {
+        return Deletion::WasReferenced;
+    }
     let Some((volume_name, uid_part)) =
         our_volume_name(&volume.id, &policy.name_prefix, policy.uuid_length)
     else {
@@ -308,7 +336,10 @@ fn deletion(
             claim_uid: claim_uid.clone(),
         };
     }
-    let due = since + SignedDuration::try_from(delete_after).unwrap_or(SignedDuration::MAX);
+    let due = SignedDuration::try_from(delete_after)
+        .ok()
+        .and_then(|delay| since.checked_add(delay).ok())
+        .unwrap_or(Timestamp::MAX);
     if now < due {
         return Deletion::NotBefore(due);
     }

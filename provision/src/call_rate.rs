@@ -17,6 +17,8 @@ pub const CALLS_PER_SECOND_ANNOTATION: &str = "provisioner.csi-rs.dev/calls-per-
 
 /// The highest rate accepted; above it the limit would not limit anything a driver notices.
 pub const MAX_CALLS_PER_SECOND: f64 = 10_000.0;
+/// The lowest rate accepted: one call every 1000 s.
+pub const MIN_CALLS_PER_SECOND: f64 = 0.001;
 /// The lowest rate the adaptive mode goes down to: one call every 20 s still makes progress.
 pub const MIN_ADAPTIVE_RATE: f64 = 0.05;
 /// At most one halving per this long: calls in flight when the driver first pushed back
@@ -30,7 +32,7 @@ const RECOVERY_SHARE: f64 = 0.1;
 #[derive(Debug, Error, PartialEq)]
 pub enum CallRateError {
     #[error(
-        "StorageClass {class}: annotation {CALLS_PER_SECOND_ANNOTATION}={value:?} is not a number of calls per second above 0 and at most {MAX_CALLS_PER_SECOND}; the class is not rate-limited"
+        "StorageClass {class}: annotation {CALLS_PER_SECOND_ANNOTATION}={value:?} is not a number of calls per second from {MIN_CALLS_PER_SECOND} to {MAX_CALLS_PER_SECOND}; the class is not rate-limited"
     )]
     Invalid { class: String, value: String },
 }
@@ -46,9 +48,7 @@ pub fn class_call_rate(class: &StorageClass) -> Result<Option<f64>, CallRateErro
         return Ok(None);
     };
     match value.trim().parse::<f64>() {
-        Ok(rate) if rate.is_finite() && rate > 0.0 && rate <= MAX_CALLS_PER_SECOND => {
-            Ok(Some(rate))
-        }
+        Ok(rate) if (MIN_CALLS_PER_SECOND..=MAX_CALLS_PER_SECOND).contains(&rate) => Ok(Some(rate)),
         _ => Err(CallRateError::Invalid {
             class: class.metadata.name.clone().unwrap_or_default(),
             value: value.clone(),
@@ -140,7 +140,7 @@ mod tests {
         assert_eq!(class_call_rate(&class(None)), Ok(None));
         assert_eq!(class_call_rate(&class(Some("5"))), Ok(Some(5.0)));
         assert_eq!(class_call_rate(&class(Some(" 0.5 "))), Ok(Some(0.5)));
-        for bad in ["0", "-1", "fast", "NaN", "inf", "", "10001"] {
+        for bad in ["0", "-1", "fast", "NaN", "inf", "", "10001", "1e-300"] {
             let error = class_call_rate(&class(Some(bad))).unwrap_err();
             assert!(error.to_string().contains("StorageClass gold"), "{error}");
         }

@@ -18,7 +18,7 @@ use futures::FutureExt;
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, PersistentVolume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use thiserror::Error;
 use tracing::{info, warn};
@@ -37,6 +37,11 @@ use crate::provision::audit::{
 
 /// Volumes asked for per ListVolumes page.
 const PAGE_SIZE: i32 = 500;
+/// At most this many deletions are recorded per pass: a mistake (a backend shared with
+/// another cluster of the same naming) costs at most this many volumes before someone looks.
+const MAX_DELETIONS_PER_PASS: usize = 10;
+/// At most this many volumes are listed in the report ConfigMap (a ConfigMap holds 1 MiB).
+const MAX_REPORT_ROWS: usize = 1000;
 const UNREFERENCED_VOLUME: &str = "UnreferencedVolume";
 const AUDIT_FAILED: &str = "AuditFailed";
 const FIELD_MANAGER: &str = "csi-provisioner-audit";
@@ -147,25 +152,32 @@ impl Auditor {
         );
         let report = self.publish_report(Some(&findings), None).await;
         let mut reported = HashSet::new();
+        let mut recorded = 0;
         for finding in &findings {
-            if !self.reported.contains(&finding.volume.id)
-                && let Some(report) = &report
-            {
+            let id = &finding.volume.id;
+            if self.reported.contains(id) {
+                reported.insert(id.clone());
+            } else if let Some(report) = &report {
+                // Told once; without the report to regard, told at the next pass.
                 self.ctx.events.publish(
                     report,
                     EventType::Warning,
                     UNREFERENCED_VOLUME,
                     &finding_message(finding),
                 );
+                reported.insert(id.clone());
             }
-            reported.insert(finding.volume.id.clone());
             if let Deletion::Due {
                 volume_name,
                 claim_uid,
             } = &finding.deletion
             {
-                self.record_deletion(&finding.volume.id, volume_name, claim_uid)
-                    .await;
+                if recorded == MAX_DELETIONS_PER_PASS {
+                    continue;
+                }
+                if self.record_deletion(id, volume_name, claim_uid).await {
+                    recorded += 1;
+                }
             }
         }
         self.reported = reported;
@@ -215,10 +227,11 @@ impl Auditor {
     /// Records the deletion of `volume_id` in the journal, where the reaper takes it. Not
     /// under `--drain` (nothing new starts), not while an operation holds the name, and not if
     /// a PV of that name exists now (read from the API server, not the store).
-    async fn record_deletion(&self, volume_id: &str, volume_name: &str, claim_uid: &str) {
+    /// Whether the deletion was recorded now.
+    async fn record_deletion(&self, volume_id: &str, volume_name: &str, claim_uid: &str) -> bool {
         let ctx = &self.ctx;
         if ctx.settings.draining || ctx.journal.registry().contains(volume_name) {
-            return;
+            return false;
         }
         let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
         match volumes.get_opt(volume_name).await {
@@ -229,11 +242,11 @@ impl Auditor {
                     pv = volume_name,
                     "a PV named like the unreferenced volume exists now: not deleted"
                 );
-                return;
+                return false;
             }
             Err(error) => {
                 warn!(volume_id, pv = volume_name, %error, "cannot tell whether a PV names the unreferenced volume: not deleted this time");
-                return;
+                return false;
             }
         }
         let operation = Operation {
@@ -259,6 +272,7 @@ impl Auditor {
                     volume = volume_name,
                     "recorded the deletion of a volume nothing references"
                 );
+                true
             }
             Ok(_) => {
                 warn!(
@@ -266,9 +280,11 @@ impl Auditor {
                     volume = volume_name,
                     "an operation of another kind holds the name: not deleted"
                 );
+                false
             }
             Err(error) => {
                 warn!(volume_id, volume = volume_name, %error, "the deletion of an unreferenced volume was not recorded: not deleted this time");
+                false
             }
         }
     }
@@ -318,14 +334,25 @@ impl Auditor {
             ..ConfigMap::default()
         };
         let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), ctx.journal.namespace());
-        match api
-            .patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&report),
-            )
-            .await
-        {
+        // Created the first time (a leader that has written none yet), applied after that; each
+        // falls back to the other when the object is (not) there.
+        let apply = PatchParams::apply(FIELD_MANAGER).force();
+        let written = if self.written.is_none() {
+            match api.create(&PostParams::default(), &report).await {
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    api.patch(&name, &apply, &Patch::Apply(&report)).await
+                }
+                other => other,
+            }
+        } else {
+            match api.patch(&name, &apply, &Patch::Apply(&report)).await {
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    api.create(&PostParams::default(), &report).await
+                }
+                other => other,
+            }
+        };
+        match written {
             Ok(written) => {
                 let reference = written.object_ref(&());
                 self.written = Some((data, reference.clone()));
@@ -354,9 +381,16 @@ async fn list_volumes(ctx: &Context) -> Result<Vec<ListedVolume>, AuditError> {
             .await
             .map_err(AuditError::List)?;
         let volumes = page.entries.into_iter().map(|entry| {
+            let in_use = entry.status.is_some_and(|status| {
+                !status.published_node_ids.is_empty()
+                    || status
+                        .volume_condition
+                        .is_some_and(|condition| condition.abnormal)
+            });
             entry.volume.map(|volume| ListedVolume {
                 id: volume.volume_id,
                 capacity_bytes: volume.capacity_bytes,
+                in_use,
             })
         });
         match listing.add_page(volumes, &page.next_token)? {
@@ -414,6 +448,12 @@ fn finding_message(finding: &Finding) -> String {
         Deletion::NotOurName => {
             "it is not deleted: its id holds no volume name of this provisioner, so whose it is cannot be told".to_owned()
         }
+        Deletion::InUse => {
+            "it is not deleted: the driver says it is published to a node or abnormal".to_owned()
+        }
+        Deletion::WasReferenced => {
+            "it is not deleted: it was referenced while this sidecar watched, so it was let go of on purpose (e.g. the PV of a Retain volume deleted)".to_owned()
+        }
         Deletion::ClaimExists { claim_uid } => {
             format!("it is not deleted: claim uid {claim_uid}, whose name it holds, exists")
         }
@@ -429,10 +469,12 @@ fn finding_message(finding: &Finding) -> String {
 /// The report's `volumes`: one line per volume, tab-separated, with a header.
 fn report_table(findings: &[Finding]) -> String {
     let mut table = String::from("VOLUME ID\tBYTES\tUNREFERENCED SINCE\tDELETION\n");
-    for finding in findings {
+    for finding in findings.iter().take(MAX_REPORT_ROWS) {
         let deletion = match &finding.deletion {
             Deletion::Off => "off".to_owned(),
             Deletion::NotOurName => "never: not our name".to_owned(),
+            Deletion::InUse => "never: in use".to_owned(),
+            Deletion::WasReferenced => "never: was referenced".to_owned(),
             Deletion::ClaimExists { claim_uid } => format!("never: claim {claim_uid} exists"),
             Deletion::NotBefore(at) => format!("after {at}"),
             Deletion::Due { volume_name, .. } => format!("recorded as {volume_name}"),
@@ -440,6 +482,12 @@ fn report_table(findings: &[Finding]) -> String {
         table.push_str(&format!(
             "{}\t{}\t{}\t{deletion}\n",
             finding.volume.id, finding.volume.capacity_bytes, finding.unreferenced_since
+        ));
+    }
+    if findings.len() > MAX_REPORT_ROWS {
+        table.push_str(&format!(
+            "... and {} more (the gauge counts them all)\n",
+            findings.len() - MAX_REPORT_ROWS
         ));
     }
     table

@@ -89,11 +89,27 @@ impl CallLimits {
             Some(semaphore) => Arc::clone(semaphore).acquire_owned().await.ok(),
             None => None,
         };
-        self.wait_for_slot(class, &limits, set_rate).await;
+        // The class's slot is held until the call has its worker too, and only then stamped:
+        // calls of a class start at least 1/rate apart however long the workers were busy, and
+        // only one call of a rate-limited class waits for a worker at a time.
+        let mut last_start = limits.last_start.lock().await;
+        let rate = self
+            .wait_for_slot(class, &limits, set_rate, &last_start)
+            .await;
         let global = Arc::clone(&self.global)
             .acquire_owned()
             .await
             .unwrap_or_else(|_| unreachable!("the global semaphore is never closed"));
+        let now = Instant::now();
+        if rate.is_some() {
+            *last_start = Some(now);
+        }
+        drop(last_start);
+        if self.adaptive {
+            let mut adaptive = lock(&limits.adaptive);
+            adaptive.starts.push_back(now);
+            observed_rate(&mut adaptive.starts, now);
+        }
         let queued = limits.queued.fetch_sub(1, Ordering::Relaxed) - 1;
         self.metrics.set_calls_queued(class, queued);
         CallPermit {
@@ -130,26 +146,25 @@ impl CallLimits {
         }
     }
 
-    /// Waits for the class's next slot under its rate, if it has one now.
-    async fn wait_for_slot(&self, class: &str, limits: &ClassLimits, set_rate: Option<f64>) {
-        let mut last_start = limits.last_start.lock().await;
+    /// Waits for the class's next slot under its rate, if it has one now; the rate it went by.
+    async fn wait_for_slot(
+        &self,
+        class: &str,
+        limits: &ClassLimits,
+        set_rate: Option<f64>,
+        last_start: &Option<Instant>,
+    ) -> Option<f64> {
         loop {
             let now = Instant::now();
-            let Some(rate) = self.rate_now(class, limits, set_rate, now) else {
-                break;
-            };
-            let due = last_start.map_or(now, |last| last + Duration::from_secs_f64(1.0 / rate));
+            let rate = self.rate_now(class, limits, set_rate, now)?;
+            let spacing = Duration::try_from_secs_f64(1.0 / rate).unwrap_or(Duration::MAX);
+            let due = last_start.map_or(now, |last| {
+                last.checked_add(spacing).unwrap_or(now + RATE_RECHECK)
+            });
             if due <= now {
-                break;
+                return Some(rate);
             }
             tokio::time::sleep_until(due.min(now + RATE_RECHECK)).await;
-        }
-        let now = Instant::now();
-        *last_start = Some(now);
-        if self.adaptive {
-            let mut adaptive = lock(&limits.adaptive);
-            adaptive.starts.push_back(now);
-            observed_rate(&mut adaptive.starts, now);
         }
     }
 

@@ -29,6 +29,10 @@ const CREATE_FORMAT: i32 = 1;
 /// audit's deletions): a build before it would replay its empty request as a CreateVolume, so
 /// it must leave such a record alone (`RecordError::NewerFormat`).
 const DELETE_FORMAT: i32 = 2;
+/// Where a record of [`DELETE_FORMAT`] also keeps its volume id: in its request, which the CRD
+/// stores as an opaque string, so a `volumeId` pruned by a CRD not re-applied since, or dropped
+/// by an older build rewriting the shard, is not lost with it. The request is never sent.
+const DELETE_VOLUME_ID_PARAMETER: &str = "provisioner.csi-rs.dev/delete-volume-id";
 
 /// One shard of the journal of operations in flight.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -158,10 +162,15 @@ const MAX_ERROR_LEN: usize = 512;
 
 impl OperationRecord {
     pub fn from_operation(operation: &Operation, since: Timestamp) -> Self {
-        let request = csi::CreateVolumeRequest {
+        let mut request = csi::CreateVolumeRequest {
             secrets: Default::default(),
             ..operation.request.clone()
         };
+        if let Some(volume_id) = &operation.known_volume_id {
+            request
+                .parameters
+                .insert(DELETE_VOLUME_ID_PARAMETER.to_owned(), volume_id.clone());
+        }
         OperationRecord {
             format_version: if operation.known_volume_id.is_some() {
                 DELETE_FORMAT
@@ -238,7 +247,12 @@ impl OperationRecord {
                 reason: error.to_string(),
             }
         })?;
-        let claim = match &self.volume_id {
+        let known_volume_id = self.volume_id.clone().or_else(|| {
+            (self.format_version >= DELETE_FORMAT)
+                .then(|| request.parameters.get(DELETE_VOLUME_ID_PARAMETER).cloned())
+                .flatten()
+        });
+        let claim = match &known_volume_id {
             // A deletion of the audit's: no claim exists any more.
             Some(_) if self.claim.is_empty() => Some(("", "")),
             _ => self
@@ -266,7 +280,7 @@ impl OperationRecord {
                 },
             ),
             attributes_class: self.volume_attributes_class.clone(),
-            known_volume_id: self.volume_id.clone(),
+            known_volume_id,
         })
     }
 }
@@ -421,6 +435,42 @@ mod tests {
         let mut expected = operation("pvc-1");
         expected.request.secrets = HashMap::new();
         assert_eq!(back, expected);
+    }
+
+    #[test]
+    fn an_audit_deletion_keeps_its_volume_id_even_when_the_field_is_dropped() {
+        let deletion = Operation {
+            volume_name: "pvc-1".into(),
+            claim_namespace: String::new(),
+            claim_name: String::new(),
+            claim_uid: "uid-1".into(),
+            class_name: String::new(),
+            request: csi::CreateVolumeRequest {
+                name: "pvc-1".into(),
+                ..Default::default()
+            },
+            provisioner_secret: None,
+            attributes_class: None,
+            known_volume_id: Some("vol-7".into()),
+        };
+        let record = OperationRecord::from_operation(&deletion, Timestamp::UNIX_EPOCH);
+        assert_eq!(record.format_version, 2);
+        assert_eq!(record.claim, "");
+        let back = record.to_operation().expect("decodes");
+        assert_eq!(back.known_volume_id.as_deref(), Some("vol-7"));
+        assert_eq!(
+            (back.claim_namespace.as_str(), back.claim_name.as_str()),
+            ("", "")
+        );
+        // A CRD not re-applied prunes `volumeId`; the request still holds it.
+        let pruned = OperationRecord {
+            volume_id: None,
+            ..record
+        };
+        let back = pruned.to_operation().expect("decodes");
+        assert_eq!(back.known_volume_id.as_deref(), Some("vol-7"));
+        // A record of a build that predates the format is refused by it, not replayed.
+        assert_eq!(self::record("pvc-2").format_version, 1);
     }
 
     #[test]

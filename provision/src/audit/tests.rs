@@ -14,6 +14,7 @@ fn volume(id: &str) -> ListedVolume {
     ListedVolume {
         id: id.to_owned(),
         capacity_bytes: 1 << 30,
+        in_use: false,
     }
 }
 
@@ -280,6 +281,42 @@ fn only_our_names_whose_claim_is_gone_may_be_deleted_and_only_after_the_delay() 
             claim_uid: UID.to_owned()
         }
     );
+    refs.claims.clear();
+
+    let published = [ListedVolume {
+        in_use: true,
+        ..volume(&format!("ref-{name}"))
+    }];
+    let in_use = two_passes(&published, &refs, &policy(Some(60)));
+    assert_eq!(in_use[0].deletion, Deletion::InUse);
+}
+
+#[test]
+fn a_volume_once_referenced_is_never_deleted_but_still_reported() {
+    // A Retain volume whose PV an admin deleted to keep the data.
+    let id = format!("pvc-{UID}");
+    let mut refs = Refs::new();
+    refs.handles.insert(id.clone());
+    let listed = [volume(&id)];
+    let policy = policy(Some(60));
+    let held = audit_pass(&AuditMemory::new(), &listed, &refs.get(), &policy, at(0));
+    refs.handles.clear();
+    let first = audit_pass(&held.memory, &listed, &refs.get(), &policy, at(60));
+    let later = audit_pass(&first.memory, &listed, &refs.get(), &policy, at(600));
+    assert_eq!(later.findings[0].deletion, Deletion::WasReferenced);
+}
+
+#[test]
+fn an_unreadable_record_time_holds_back_reports_and_never_panics() {
+    let mut refs = Refs::new();
+    refs.in_flight.push(InFlight {
+        volume_name: "lost".to_owned(),
+        since: Timestamp::MIN,
+        volume_id: None,
+    });
+    let listed = [volume("vol-1")];
+    let findings = two_passes(&listed, &refs, &policy(Some(u64::MAX)));
+    assert!(findings.is_empty());
 }
 
 #[test]

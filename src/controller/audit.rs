@@ -2,8 +2,8 @@
 //! leader pages through the driver's ListVolumes, reads what references volumes (the PV store,
 //! every node's journal, the VolumeSnapshotContents) and has `provision::audit` decide which
 //! volumes nothing references. Those are reported: two gauges, a Warning event
-//! `UnreferencedVolume` per volume, and the ConfigMap `<journal name>-audit` in the journal's
-//! namespace listing them. With `--audit-delete-after`, a volume that may be deleted is recorded
+//! `UnreferencedVolume` per volume, and the ConfigMap `<journal shards' base name>-audit` in the
+//! journal's namespace listing them. With `--audit-delete-after`, a volume that may be deleted is recorded
 //! in the journal by its id first (docs/journal.md, rule 19); the orphan reaper then deletes it
 //! as it deletes orphans (`orphans::delete_unreferenced`).
 //!
@@ -458,7 +458,9 @@ fn finding_message(finding: &Finding) -> String {
             format!("it is not deleted: claim uid {claim_uid}, whose name it holds, exists")
         }
         Deletion::NotBefore(at) => format!("it is deleted after {at} unless referenced by then"),
-        Deletion::Due { .. } => "it is being deleted".to_owned(),
+        Deletion::Due { .. } => {
+            "it is deleted now (recorded in the journal first), unless a PV or an operation of its name appears".to_owned()
+        }
     };
     format!(
         "Volume {} ({} bytes) is referenced by no PersistentVolume, VolumeSnapshotContent or operation in flight since {}; {what}",
@@ -477,7 +479,7 @@ fn report_table(findings: &[Finding]) -> String {
             Deletion::WasReferenced => "never: was referenced".to_owned(),
             Deletion::ClaimExists { claim_uid } => format!("never: claim {claim_uid} exists"),
             Deletion::NotBefore(at) => format!("after {at}"),
-            Deletion::Due { volume_name, .. } => format!("recorded as {volume_name}"),
+            Deletion::Due { volume_name, .. } => format!("due, as {volume_name}"),
         };
         table.push_str(&format!(
             "{}\t{}\t{}\t{deletion}\n",

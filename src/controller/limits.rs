@@ -83,8 +83,7 @@ impl CallLimits {
     /// second (`provision::class_call_rate`), `None` for none.
     pub async fn acquire(&self, class: &str, set_rate: Option<f64>) -> CallPermit {
         let limits = self.class(class);
-        let queued = limits.queued.fetch_add(1, Ordering::Relaxed) + 1;
-        self.metrics.set_calls_queued(class, queued);
+        let _queued = Queued::new(class, &limits, &self.metrics);
         let class_permit = match &limits.concurrency {
             Some(semaphore) => Arc::clone(semaphore).acquire_owned().await.ok(),
             None => None,
@@ -110,8 +109,6 @@ impl CallLimits {
             adaptive.starts.push_back(now);
             observed_rate(&mut adaptive.starts, now);
         }
-        let queued = limits.queued.fetch_sub(1, Ordering::Relaxed) - 1;
-        self.metrics.set_calls_queued(class, queued);
         CallPermit {
             _class: class_permit,
             _global: global,
@@ -190,6 +187,33 @@ impl CallLimits {
             })
         });
         Arc::clone(limits)
+    }
+}
+
+/// Counts a call as queued for its class until dropped, whether it got its permit or was
+/// cancelled while waiting (a reconcile dropped at shutdown).
+struct Queued<'a> {
+    class: &'a str,
+    limits: &'a ClassLimits,
+    metrics: &'a Metrics,
+}
+
+impl<'a> Queued<'a> {
+    fn new(class: &'a str, limits: &'a ClassLimits, metrics: &'a Metrics) -> Self {
+        let queued = limits.queued.fetch_add(1, Ordering::Relaxed) + 1;
+        metrics.set_calls_queued(class, queued);
+        Queued {
+            class,
+            limits,
+            metrics,
+        }
+    }
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let queued = self.limits.queued.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.metrics.set_calls_queued(self.class, queued);
     }
 }
 

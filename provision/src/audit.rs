@@ -215,13 +215,15 @@ pub fn audit_pass(
         let first_listed = memory
             .get(&volume.id)
             .map_or(started, |seen| seen.first_listed);
-        let referenced =
+        // Whether something may reference it now, and whether something surely does.
+        let (referenced, surely) =
             match reference_of(volume, references, policy, unmatched_since, first_listed) {
-                Reference::None => false,
-                Reference::Some => true,
+                Reference::None => (false, false),
+                Reference::Some => (true, true),
+                Reference::Maybe => (true, false),
                 Reference::Unknown { pv, why } => {
                     outcome.undecided.push((volume.id.clone(), pv, why));
-                    true
+                    (true, false)
                 }
             };
         let unreferenced_since = (!referenced).then(|| {
@@ -230,7 +232,7 @@ pub fn audit_pass(
                 .and_then(|seen| seen.unreferenced_since)
                 .unwrap_or(started)
         });
-        let ever_referenced = referenced
+        let ever_referenced = surely
             || memory
                 .get(&volume.id)
                 .is_some_and(|seen| seen.ever_referenced);
@@ -260,8 +262,15 @@ pub fn audit_pass(
 
 enum Reference {
     None,
+    /// A PV, a snapshot or an operation of its name or id references it.
     Some,
-    Unknown { pv: String, why: String },
+    /// It may be the volume of an operation whose volume is not known yet.
+    Maybe,
+    /// An in-tree PV that cannot be translated may reference it.
+    Unknown {
+        pv: String,
+        why: String,
+    },
 }
 
 fn reference_of(
@@ -283,9 +292,11 @@ fn reference_of(
         || references.in_flight.iter().any(|operation| {
             operation.volume_id.as_deref() == Some(id) || holds_name(id, &operation.volume_name)
         })
-        || maybe_unmatched()
     {
         return Reference::Some;
+    }
+    if maybe_unmatched() {
+        return Reference::Maybe;
     }
     let Some(plugin) = InTreePlugin::for_csi_driver(references.driver) else {
         return Reference::None;

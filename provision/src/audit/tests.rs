@@ -187,6 +187,9 @@ fn an_operation_whose_volume_is_unknown_holds_back_volumes_listed_after_it_began
     let new = audit_pass(&AuditMemory::new(), &listed, &refs.get(), &policy, at(900));
     let new = audit_pass(&new.memory, &listed, &refs.get(), &policy, at(1200));
     assert!(new.findings.is_empty(), "{new:?}");
+    // Only held back, not referenced: once the operation is gone it may be deleted.
+    let held_back = audit_pass(&AuditMemory::new(), &listed, &refs.get(), &policy, at(900));
+    assert!(!held_back.memory["vol-new"].ever_referenced);
     // A volume holding another of our names is not that operation's.
     let named = [volume(&format!("pvc-{OTHER_UID}"))];
     let findings = two_passes(&named, &refs, &policy);

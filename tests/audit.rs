@@ -127,6 +127,16 @@ async fn wait_volume_gone(driver: &Driver, id: &str) {
     .await;
 }
 
+async fn wait_journal_empty(cluster: &Cluster, driver: &Driver) {
+    support::eventually("the journal to be empty", TIMEOUT, || async {
+        let left = journal_operations(&cluster.client, cluster.ns(), driver).await?;
+        left.is_empty()
+            .then_some(())
+            .ok_or_else(|| format!("{left:?}"))
+    })
+    .await;
+}
+
 /// The handles of the driver's PVs.
 async fn pv_handles(cluster: &Cluster, driver: &Driver) -> BTreeSet<String> {
     driver_pvs(&cluster.client, driver)
@@ -245,13 +255,7 @@ async fn the_audit_reports_and_deletes_only_what_nothing_references() {
         referenced,
         "{bound:?} and in-flight hold the two others"
     );
-    support::eventually("the journal to be empty", TIMEOUT, || async {
-        let left = journal_operations(&cluster.client, cluster.ns(), &driver).await?;
-        left.is_empty()
-            .then_some(())
-            .ok_or_else(|| format!("{left:?}"))
-    })
-    .await;
+    wait_journal_empty(&cluster, &driver).await;
     sidecar.assert_running();
 }
 
@@ -303,13 +307,7 @@ async fn a_new_leader_finishes_a_recorded_deletion_without_a_create_volume() {
     let _ = first.wait_exit(TIMEOUT).await;
     driver.clear_faults();
     wait_volume_gone(&driver, &leaked).await;
-    support::eventually("the journal to be empty", TIMEOUT, || async {
-        let left = journal_operations(&cluster.client, cluster.ns(), &driver).await?;
-        left.is_empty()
-            .then_some(())
-            .ok_or_else(|| format!("{left:?}"))
-    })
-    .await;
+    wait_journal_empty(&cluster, &driver).await;
     let creates: Vec<String> = driver
         .requests("CreateVolume")
         .into_iter()
@@ -403,13 +401,7 @@ async fn the_audit_finds_and_deletes_what_upstream_leaked_and_ours_did_not() {
         })
         .await;
         if !upstream {
-            support::eventually("our journal to be empty", TIMEOUT, || async {
-                let left = journal_operations(&cluster.client, cluster.ns(), &driver).await?;
-                left.is_empty()
-                    .then_some(())
-                    .ok_or_else(|| format!("{left:?}"))
-            })
-            .await;
+            wait_journal_empty(&cluster, &driver).await;
         }
         sidecar.signal(Signal::SIGTERM);
         let _ = sidecar.wait_exit(TIMEOUT).await;

@@ -362,7 +362,7 @@ fn deletion(
 
 /// Whether `id` holds the CreateVolume name `name`: it is the name, or ends with it after a
 /// character that cannot be part of a name (a driver that prefixes ids).
-fn holds_name(id: &str, name: &str) -> bool {
+pub fn holds_name(id: &str, name: &str) -> bool {
     id.strip_suffix(name).is_some_and(|before| {
         before.is_empty() || !before.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '.')
     })

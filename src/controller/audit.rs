@@ -32,7 +32,7 @@ use crate::journal::{JournalError, Operation};
 use crate::provision::InTreePlugin;
 use crate::provision::audit::{
     AuditMemory, AuditPolicy, Deletion, Finding, InFlight, ListedVolume, Listing, ListingError,
-    References, audit_pass,
+    References, audit_pass, holds_name,
 };
 
 /// Volumes asked for per ListVolumes page.
@@ -48,7 +48,7 @@ const FIELD_MANAGER: &str = "csi-provisioner-audit";
 
 /// Why a pass was not completed; it reports and deletes nothing.
 #[derive(Debug, Error)]
-enum AuditError {
+pub(super) enum AuditError {
     #[error("ListVolumes failed: {0}")]
     List(CallError),
     #[error(transparent)]
@@ -61,6 +61,8 @@ enum AuditError {
         "cached PersistentVolume {0} cannot be read: whether it references a volume is unknown"
     )]
     Volume(String),
+    #[error("the PersistentVolume named like the volume cannot be read: {0}")]
+    Pv(kube::Error),
 }
 
 /// The audit: owns what it remembers of each volume between passes and which it reported.
@@ -364,6 +366,39 @@ impl Auditor {
             }
         }
     }
+}
+
+/// Read again right before the reaper's DeleteVolume of a recorded audit deletion (the decision
+/// may be old: retries back off, a new leader takes it over): whether a PV named like it, a
+/// VolumeSnapshotContent taken from it, or another operation of its name or id references
+/// `volume_id` now. PVs of other names are the reaper's cache check (`orphans::confirmed_holder`).
+pub(super) async fn referenced_now(
+    ctx: &Context,
+    volume_name: &str,
+    volume_id: &str,
+) -> Result<bool, AuditError> {
+    let volumes: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    if volumes
+        .get_opt(volume_name)
+        .await
+        .map_err(AuditError::Pv)?
+        .is_some()
+    {
+        return Ok(true);
+    }
+    if snapshot_sources(ctx).await?.contains(volume_id) {
+        return Ok(true);
+    }
+    let operations = ctx
+        .journal
+        .operations_everywhere()
+        .await
+        .map_err(AuditError::Journal)?;
+    Ok(operations.iter().any(|operation| {
+        operation.volume_name != volume_name
+            && (operation.volume_id.as_deref() == Some(volume_id)
+                || holds_name(volume_id, &operation.volume_name))
+    }))
 }
 
 /// Every volume ListVolumes gives, page after page.

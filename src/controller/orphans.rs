@@ -21,6 +21,7 @@ use super::actions::{
     ClaimFinalizerError, SecretReadError, create_volume, delete_volume, read_secret,
     set_claim_finalizer,
 };
+use super::audit::{AuditError, referenced_now};
 use super::backoff::Backoff;
 use super::context::{Context, NodeDeployment};
 use super::events::EventType;
@@ -48,6 +49,8 @@ pub(super) enum ReapError {
     ClaimFinalizer(#[from] ClaimFinalizerError),
     #[error(transparent)]
     Journal(JournalError),
+    #[error("whether the volume is referenced now cannot be told: {0}")]
+    Audit(Box<AuditError>),
     #[error(
         "the replayed CreateVolume succeeded without a volume id; the volume cannot be deleted"
     )]
@@ -480,6 +483,17 @@ async fn delete_unreferenced(
                 pv,
                 error,
             });
+        }
+        Holder::None
+            if referenced_now(ctx, &operation.volume_name, volume_id)
+                .await
+                .map_err(|error| ReapError::Audit(Box::new(error)))? =>
+        {
+            info!(
+                volume = operation.volume_name,
+                volume_id,
+                "an unreferenced volume the audit was to delete is referenced now: not deleted"
+            );
         }
         Holder::None => match delete_volume(ctx, "", volume_id, HashMap::new()).await {
             Ok(()) => {

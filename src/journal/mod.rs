@@ -375,16 +375,10 @@ impl Journal {
     pub async fn sources_in_flight(&self) -> Result<Vec<csi::VolumeContentSource>, JournalError> {
         let mut sources = self.registry().content_sources();
         if let Some(selector) = &self.every_node_selector {
-            self.rate_limit.acquire().await;
-            let shards = self
-                .api
-                .list(&ListParams::default().labels(selector))
-                .await
-                .map_err(JournalError::EveryNode)?;
+            let shards = self.shards_as_stored(selector).await?;
             // This node's own operations are the registry's, which is ahead of its shards
             // (a removal written lazily would keep a source protected for nothing).
             let others: Vec<ProvisioningJournal> = shards
-                .items
                 .into_iter()
                 .filter(|shard| shard_index(&shard.name_any(), &self.base_name).is_none())
                 .collect();
@@ -405,14 +399,8 @@ impl Journal {
         let Some(selector) = &self.every_node_selector else {
             return Ok(None);
         };
-        self.rate_limit.acquire().await;
-        let shards = self
-            .api
-            .list(&ListParams::default().labels(selector))
-            .await
-            .map_err(JournalError::EveryNode)?;
+        let shards = self.shards_as_stored(selector).await?;
         Ok(shards
-            .items
             .iter()
             .filter(|shard| shard_index(&shard.name_any(), &self.base_name).is_none())
             .find(|shard| {
@@ -437,15 +425,10 @@ impl Journal {
     /// unknown: the audit reports nothing on the strength of it.
     pub async fn operations_everywhere(&self) -> Result<Vec<InFlight>, JournalError> {
         let selector = self.every_node_selector.as_ref().unwrap_or(&self.selector);
-        self.rate_limit.acquire().await;
-        let shards = self
-            .api
-            .list(&ListParams::default().labels(selector))
-            .await
-            .map_err(JournalError::EveryNode)?;
+        let shards = self.shards_as_stored(selector).await?;
         let now = Timestamp::now();
         let mut in_flight: HashMap<String, InFlight> = HashMap::new();
-        for record in shards.items.iter().flat_map(|shard| &shard.spec.operations) {
+        for record in shards.iter().flat_map(|shard| &shard.spec.operations) {
             // An unreadable time counts as the earliest: such a record holds back every report
             // an operation of unknown volume may hold back.
             let since = record.since.parse().unwrap_or(Timestamp::MIN);
@@ -466,6 +449,19 @@ impl Journal {
             });
         }
         Ok(in_flight.into_values().collect())
+    }
+
+    /// The shards `selector` picks, read from the API server now (not this sidecar's memory).
+    async fn shards_as_stored(
+        &self,
+        selector: &str,
+    ) -> Result<Vec<ProvisioningJournal>, JournalError> {
+        self.rate_limit.acquire().await;
+        self.api
+            .list(&ListParams::default().labels(selector))
+            .await
+            .map(|list| list.items)
+            .map_err(JournalError::EveryNode)
     }
 
     /// This sidecar's shards are `<base name>-<index>`; its audit report is named after it.

@@ -125,8 +125,9 @@ sed 's/^/  /' "$images_dir/sizes.txt"
 python3 hack/check-sidecar-image.py "$images_dir"
 
 # Totals over every cargo test binary and every csi-sanity run.
-passed=$(grep -Eo '[0-9]+ passed;' "$log_dir/cargo-test.log" | awk '{s+=$1} END {print s+0}')
-failed=$(grep -Eo '[0-9]+ failed;' "$log_dir/cargo-test.log" | awk '{s+=$1} END {print s+0}')
+# Only libtest's own summary lines count (a test's output may say "<name>-30 failed;").
+passed=$(grep -E '^test result: ' "$log_dir/cargo-test.log" | grep -Eo '[0-9]+ passed;' | awk '{s+=$1} END {print s+0}')
+failed=$(grep -E '^test result: ' "$log_dir/cargo-test.log" | grep -Eo '[0-9]+ failed;' | awk '{s+=$1} END {print s+0}')
 sanity_passed=$(grep -Eo '[0-9]+ Passed' "$log_dir/csi-sanity.log" | awk '{s+=$1} END {print s+0}')
 sanity_failed=$(grep -Eo '[0-9]+ Failed' "$log_dir/csi-sanity.log" | awk '{s+=$1} END {print s+0}')
 if [ "$cargo_status" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi          # a build error

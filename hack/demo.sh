@@ -6,9 +6,10 @@
 #
 # hack/demo.sh --node: the product as users run it, on a real node (containerd and a kubelet, as
 # root): the images built from the Dockerfile, `kubectl apply -k` of deploy/, a claim provisioned
-# by the sidecar in its pod, a pod writing to the volume and a second pod reading it back. Where
-# the machine cannot run a node (not root, no cgroups, no runtime pieces), it says what is
-# missing and runs the demo above instead.
+# by the sidecar in its pod, a pod writing to the volume and a second pod reading it back. It
+# installs what a node needs (hack/build-node.sh: runc and the CNI plugins; hack/build-images.sh:
+# buildah) and fails, saying what is missing, where the machine still cannot run a node (not
+# root, no cgroups): `hack/demo.sh` without --node needs none of that.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 node_demo=false
@@ -132,8 +133,9 @@ YAML
     k delete -k "$work/deploy" --wait=true --timeout=180s >/dev/null
     exit 0
   fi
-  tail -n 5 "$work/testbed.log"
-  say "this machine cannot run a node (above); running the demo without one"
+  tail -n 20 "$work/testbed.log"
+  say "no node could start on this machine (above); hack/demo.sh without --node runs the demo without one"
+  exit 1
 fi
 
 say "starting the local control plane (etcd + kube-apiserver + kube-controller-manager)"

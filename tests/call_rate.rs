@@ -28,13 +28,39 @@ async fn set_rate(cluster: &Cluster, class: &str, rate: &str) {
 }
 
 /// Calls per second between the first and the last arrival: (n - 1) gaps over the time they
-/// took.
+/// took. Printed only: how fast a loaded machine keeps up is a benchmark's figure, not a test's.
 fn rate_of(arrivals: &[Timestamp]) -> f64 {
     let (Some(first), Some(last)) = (arrivals.first(), arrivals.last()) else {
         return 0.0;
     };
     let seconds = last.duration_since(*first).as_secs_f64();
     (arrivals.len() - 1) as f64 / seconds
+}
+
+/// Calls the driver may see beyond `rate × window` in any window: the limiter spaces the starts
+/// of calls, and the socket between it and the driver may deliver one a little late and the next
+/// on time, which shortens one gap as seen by the driver without the sidecar going faster.
+const DELIVERY_JITTER_CALLS: f64 = 2.0;
+
+/// The bound the limiter controls, never faster than `rate`: in every window between two
+/// arrivals, at most `rate × window` calls beyond the first, plus [`DELIVERY_JITTER_CALLS`].
+/// The first window that breaks it, if any.
+fn faster_than(rate: f64, arrivals: &[Timestamp]) -> Option<String> {
+    let mut sorted = arrivals.to_vec();
+    sorted.sort();
+    for (i, first) in sorted.iter().enumerate() {
+        for (j, last) in sorted.iter().enumerate().skip(i + 1) {
+            let window = last.duration_since(*first).as_secs_f64();
+            let calls = (j - i) as f64;
+            if calls > rate * window + DELIVERY_JITTER_CALLS {
+                return Some(format!(
+                    "{calls} calls in {window:.3} s after the one at {first} (at most {:.1})",
+                    rate * window + DELIVERY_JITTER_CALLS
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// The value of `name` for `class` on the sidecar's metrics page, if the series exists.
@@ -47,7 +73,7 @@ fn class_gauge(sidecar: &Sidecar, name: &str, class: &str) -> Result<Option<f64>
 }
 
 #[tokio::test]
-async fn a_class_rate_holds_create_and_delete_calls_per_second() {
+async fn calls_of_a_class_never_go_faster_than_its_rate() {
     const RATE: f64 = 4.0;
     const CLAIMS: usize = 20;
     let cluster = Cluster::new("rate").await;
@@ -104,11 +130,10 @@ async fn a_class_rate_holds_create_and_delete_calls_per_second() {
     println!(
         "calls per second at a setting of {RATE}: CreateVolume {create_rate:.3}, DeleteVolume {delete_rate:.3}"
     );
-    for (what, rate) in [("CreateVolume", create_rate), ("DeleteVolume", delete_rate)] {
-        assert!(
-            (RATE * 0.9..=RATE * 1.1).contains(&rate),
-            "{what} went at {rate:.3} calls/s, not within 10 % of {RATE}"
-        );
+    for (what, arrivals) in [("CreateVolume", &creates), ("DeleteVolume", &deletes)] {
+        if let Some(burst) = faster_than(RATE, arrivals) {
+            panic!("{what} went faster than {RATE} calls/s: {burst}");
+        }
     }
     sidecar.assert_running();
 }

@@ -961,6 +961,9 @@ async fn a_stale_record_never_deletes_a_volume_that_a_pv_of_another_name_referen
         .await;
     driver.clear_faults();
     wait_bound(&cluster.claims, "data").await;
+    // The sidecar takes its finalizer off a Retain PV once it sees it; killed before that, it
+    // would leave the PV undeletable until it runs again.
+    cluster.wait_pv_finalizer_gone(&volume).await;
     sidecar.kill().await;
 
     // The admin: the claim goes, the retained PV goes, its volume comes back as a static PV.

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Patch, PatchParams};
 
-use support::cluster::{Cluster, claim, create_claim, driver_pvs, pv_name, wait_bound, wait_event};
+use support::cluster::{
+    Cluster, claim, create_claim, driver_pvs, has_pv_finalizer, pv_name, wait_bound, wait_event,
+};
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse_metrics};
 
-const PV_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 const ANN_DELETION_SECRET_NAME: &str = "volume.kubernetes.io/provisioner-deletion-secret-name";
 const ANN_DELETION_SECRET_NAMESPACE: &str =
@@ -27,13 +28,6 @@ const FAST_RETRIES: [&str; 2] = ["--retry-interval-start=200ms", "--retry-interv
 
 fn pv_phase(pv: &PersistentVolume) -> Option<String> {
     pv.status.as_ref().and_then(|s| s.phase.clone())
-}
-
-fn has_pv_finalizer(pv: &PersistentVolume) -> bool {
-    pv.metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|finalizers| finalizers.iter().any(|f| f == PV_FINALIZER))
 }
 
 fn annotation<'a>(pv: &'a PersistentVolume, key: &str) -> Option<&'a str> {
@@ -263,23 +257,7 @@ async fn retain_policy_keeps_the_released_volume() {
         Some("Retain")
     );
     // Upstream drops its finalizer from PVs that are not deleted by the provisioner.
-    support::eventually(
-        "the provisioner finalizer to leave a Retain PV",
-        TIMEOUT,
-        || async {
-            let pv = cluster
-                .volumes
-                .get(&name)
-                .await
-                .map_err(|e| e.to_string())?;
-            if has_pv_finalizer(&pv) {
-                Err(format!("finalizers {:?}", pv.metadata.finalizers))
-            } else {
-                Ok(())
-            }
-        },
-    )
-    .await;
+    cluster.wait_pv_finalizer_gone(&name).await;
 
     cluster.delete_claim("kept").await;
     support::eventually("the PV to be Released", TIMEOUT, || async {

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use csi_provisioner::provision::{ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER};
+use csi_provisioner::provision::{
+    ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER, PV_FINALIZER,
+};
 use k8s_openapi::api::core::v1::{
     Event, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Secret,
     VolumeResourceRequirements,
@@ -132,6 +134,25 @@ impl Cluster {
             .await
             .unwrap_or_else(|e| panic!("reading PV {name}: {e}"))
             .is_some()
+    }
+
+    /// Waits until the sidecar has taken its finalizer off PV `name` (it does so for a PV it
+    /// will not delete, e.g. a Retain one). A test that kills the sidecar and then deletes
+    /// such a PV waits for this first: with the sidecar dead, nobody else removes it.
+    pub async fn wait_pv_finalizer_gone(&self, name: &str) {
+        eventually(
+            &format!("the provisioner's finalizer to leave PV {name}"),
+            TIMEOUT,
+            || async {
+                let pv = self.volumes.get(name).await.map_err(|e| e.to_string())?;
+                if has_pv_finalizer(&pv) {
+                    Err(format!("finalizers {:?}", pv.metadata.finalizers))
+                } else {
+                    Ok(())
+                }
+            },
+        )
+        .await;
     }
 
     pub async fn wait_pv_gone(&self, name: &str) {
@@ -410,6 +431,14 @@ pub fn has_consistency_finalizer(pvc: &PersistentVolumeClaim) -> bool {
         .finalizers
         .as_ref()
         .is_some_and(|f| f.iter().any(|f| f == PROVISIONING_FINALIZER))
+}
+
+/// Whether the PV carries the provisioner's finalizer (upstream's name).
+pub fn has_pv_finalizer(pv: &PersistentVolume) -> bool {
+    pv.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|finalizers| finalizers.iter().any(|f| f == PV_FINALIZER))
 }
 
 /// The name of the PV the sidecar creates for a claim: `pvc-<uid>`.

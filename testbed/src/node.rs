@@ -56,6 +56,7 @@ const CGROUP_ROOT: &str = "csi-testbed-node";
 /// goes on without it.
 const CTR_TIMEOUT: Duration = Duration::from_secs(120);
 const BRIDGE: &str = "csitb0";
+const NEEDS_ROOT: &str = "a node needs root (mounts, cgroups, network namespaces); run as root";
 const POD_SUBNET: &str = "10.88.0.0/16";
 const KUBELET_HEALTHZ_PORT: u16 = 10248;
 const CNI_BIN_DIR: &str = "/usr/lib/cni";
@@ -74,19 +75,35 @@ const LEFTOVER_KILL_ROUNDS: u32 = 40;
 /// Taken before the apiserver starts (it listens on [`SERVICE_IP`]); dropping it removes all
 /// of that again, also after a failure half-way through [`Host::prepare`].
 pub struct Host {
+    binaries: Binaries,
+    runc: PathBuf,
     _lock: File,
 }
 
 impl Host {
-    /// Checks what a node needs, takes the machine's node lock (waiting a bounded time for
-    /// another run's node to end), removes a killed run's leftovers and prepares the host.
+    /// Builds (or finds) the node's binaries and installs the runtime pieces Debian ships
+    /// (`hack/build-node.sh`), then checks what a node needs, takes the machine's node lock
+    /// (waiting a bounded time for another run's node to end), removes a killed run's leftovers
+    /// and prepares the host. Installing comes before checking: on a fresh machine the check
+    /// would otherwise report as missing what the build script installs.
     pub fn prepare() -> Result<Self, Error> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(Error::NodeUnavailable(NEEDS_ROOT.to_owned()));
+        }
+        let binaries = locate_binaries()?;
         check_prerequisites()?;
+        let runc = find_in_path("runc").ok_or_else(|| {
+            Error::NodeUnavailable("runc is not installed (apt-get install runc)".to_owned())
+        })?;
         let lock = take_lock()?;
         // Before `Host` exists: its `Drop` cleans up, which on a real node would do the damage
         // this check is here to prevent.
         refuse_a_foreign_kubelet()?;
-        let host = Host { _lock: lock };
+        let host = Host {
+            binaries,
+            runc,
+            _lock: lock,
+        };
         clean_slate();
         make_cgroup_roots()?;
         for dir in [KUBELET_ROOT, STATE_ROOT, RUN_ROOT] {
@@ -170,12 +187,8 @@ impl Node {
             images,
             admin,
         } = start;
-        let binaries = tokio::task::spawn_blocking(locate_binaries)
-            .await
-            .map_err(|e| Error::NodeUnavailable(format!("locating task failed: {e}")))??;
-        let runc = find_in_path("runc").ok_or_else(|| {
-            Error::NodeUnavailable("runc is not installed (apt-get install runc)".to_owned())
-        })?;
+        let binaries = Binaries::at(host.binaries.dir());
+        let runc = host.runc.clone();
         let cni_dir = Path::new(RUN_ROOT).join("cni");
         let kubelet_dir = Path::new(RUN_ROOT).join("kubelet");
         for dir in [&cni_dir, &kubelet_dir] {
@@ -572,7 +585,7 @@ struct HostFacts {
 /// to do.
 fn missing_piece(host: &HostFacts, installed: impl Fn(&str) -> bool) -> Option<String> {
     if !host.root {
-        return Some("a node needs root (mounts, cgroups, network namespaces); run as root".into());
+        return Some(NEEDS_ROOT.into());
     }
     if !host.cgroups {
         return Some("no cgroup hierarchy with the pids controller under /sys/fs/cgroup".into());

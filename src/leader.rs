@@ -44,6 +44,9 @@ pub const LEADER_ELECTION_REASON: &str = "LeaderElection";
 
 /// How long the "stopped leading" event may hold up the exit.
 const STOPPED_EVENT_TIMEOUT: Duration = Duration::from_secs(2);
+/// What the log says when the "stopped leading" event did not make it in time (tests read it).
+pub const STOPPED_EVENT_NOT_SENT: &str =
+    "the LeaderElection event \"stopped leading\" was not sent in time";
 
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
@@ -484,7 +487,15 @@ impl Elector {
     async fn stop_leading(&mut self) {
         self.set_leading(false);
         self.renewed.send_replace(None);
-        let _ = timeout(STOPPED_EVENT_TIMEOUT, self.leader_event("stopped leading")).await;
+        if timeout(STOPPED_EVENT_TIMEOUT, self.leader_event("stopped leading"))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                timeout = ?STOPPED_EVENT_TIMEOUT,
+                "{STOPPED_EVENT_NOT_SENT}; going on without it"
+            );
+        }
     }
 
     /// client-go's LeaderElection event on the Lease as we last wrote it: "<identity>

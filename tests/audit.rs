@@ -427,13 +427,21 @@ async fn the_audit_finds_and_deletes_what_upstream_leaked_and_ours_did_not() {
                 .ok_or_else(|| format!("volumes {ids:?}, PVs' {held:?}"))
         })
         .await;
-        let page = auditor.wait_metrics().await;
-        let deleted_count = metric_sum(
-            &parse_metrics(&page),
-            "csi_provisioner_unreferenced_volumes_deleted_total",
-            &[],
-        );
-        assert_eq!(deleted_count, leaked.len() as f64, "{who}");
+        // The driver saves its state before it answers, and the sidecar counts a deletion once
+        // the answer is in: the counter may lag the state a moment.
+        auditor.wait_metrics().await;
+        let deleted_count = support::eventually("the deletions to be counted", TIMEOUT, || async {
+            let page = auditor.metrics()?;
+            let deleted_count = metric_sum(
+                &parse_metrics(&page),
+                "csi_provisioner_unreferenced_volumes_deleted_total",
+                &[],
+            );
+            (deleted_count == leaked.len() as f64)
+                .then_some(deleted_count)
+                .ok_or_else(|| format!("{who}: {deleted_count} counted, {} leaked", leaked.len()))
+        })
+        .await;
         let deletes: BTreeSet<String> = driver
             .volume_requests("DeleteVolume")
             .into_iter()

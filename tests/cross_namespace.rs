@@ -10,6 +10,8 @@
 
 use csi_test_support as support;
 
+use std::time::Duration;
+
 use csi_provisioner::api::ReferenceGrant;
 use csi_provisioner::provision::SNAPSHOT_PROTECTION_FINALIZER;
 use csi_testbed::snapshots::{SnapshotBinaries, install_crds};
@@ -17,7 +19,9 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, TypedObjectReference};
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use support::cluster::{Cluster, claim, create_claim, pv_name, wait_bound, wait_event};
+use support::cluster::{
+    Cluster, claim, create_claim, pv_name, wait_bound, wait_event, wait_event_within,
+};
 use support::eventually;
 use support::peers::{Driver, Sidecar, TIMEOUT};
 use support::snapshots::Snapshotter;
@@ -25,6 +29,9 @@ use support::snapshots::Snapshotter;
 const GATE: &str = "--feature-gates=CrossNamespaceVolumeDataSource=true";
 /// Short claim retries, so that the claim waiting for the CRD goes on soon after it appears.
 const RETRY_MAX: &str = "--retry-interval-max=2s";
+/// A grant watch that failed until its CRD came: its capped backoff (30 s) with jitter (up to as
+/// much again), then the claim's next retry.
+const GRANT_WATCH_RECOVERY: Duration = Duration::from_secs(150);
 
 /// A 1Gi claim of `class` made from `source` (a claim, or a VolumeSnapshot with `api_group`)
 /// of `namespace`.
@@ -155,19 +162,22 @@ async fn sources_in_another_namespace_need_the_crd_and_a_grant() {
     wait_bound(&target.claims, "plain").await;
     assert!(creates_of(&driver, &pv_name(&clone)).is_empty());
 
-    // The CRD, no grant: upstream's refusal, still nothing sent.
+    // The CRD, no grant: upstream's refusal, still nothing sent. The grant watch has been
+    // failing since the start, so its next try may be its capped backoff (30 s) plus jitter
+    // away, and the claim's retry comes after that.
     install_reference_grant_crd().await;
     let refused = format!(
         "accessing {}/src of PersistentVolumeClaim dataSource from {}/clone isn't allowed",
         source.ns(),
         target.ns()
     );
-    wait_event(
+    wait_event_within(
         &target.client,
         target.ns(),
         "clone",
         "ProvisioningFailed",
         |message| message == refused,
+        GRANT_WATCH_RECOVERY,
     )
     .await;
     assert!(creates_of(&driver, &pv_name(&clone)).is_empty());

@@ -696,6 +696,16 @@ async fn immediate_plain(side: Side) -> Observed {
         &["--extra-create-metadata", "--default-fstype=ext4"],
     );
     wait_all_bound(&cluster, &claims).await;
+    // Both sidecars take their finalizer off a Retain PV a moment after creating it; the PVs
+    // are compared once that has happened, not while it may be under way.
+    for retained in ["fs-rwo", "block-rwx"] {
+        let volume = cluster
+            .get_claim(retained)
+            .await
+            .and_then(|pvc| pvc.spec?.volume_name)
+            .unwrap_or_else(|| panic!("PVC {retained} is bound to no PV"));
+        cluster.wait_pv_finalizer_gone(&volume).await;
+    }
     sidecar.assert_running();
     drop(sidecar);
     observe(

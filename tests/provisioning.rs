@@ -641,8 +641,9 @@ async fn backoff_bounds_the_attempts_of_a_persistent_error() {
         }
     })
     .await;
-    // A measurement window, not a timing assertion: with 200 ms doubling up to 2 s, about
-    // 5 attempts fall into 6 s; without backoff there would be dozens.
+    // A measurement window: with 200 ms doubling up to 2 s, at most about 5 attempts fall into
+    // 6 s; without backoff there would be dozens. The bound is the one the backoff controls (no
+    // more than that); how many a loaded machine manages is not asserted beyond one retry.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let page = sidecar.metrics().unwrap_or_else(|e| panic!("{e}"));
     let in_window = attempts(&page) - at_start;
@@ -661,7 +662,7 @@ async fn backoff_bounds_the_attempts_of_a_persistent_error() {
         .collect();
     eprintln!("{in_window} CreateVolume attempts in 6 s; gaps between attempts: {gaps:?}");
     assert!(
-        (3.0..=10.0).contains(&in_window),
+        (1.0..=10.0).contains(&in_window),
         "{in_window} attempts in 6 s; gaps {gaps:?}"
     );
     assert_eq!(

@@ -64,6 +64,10 @@ const STEPS: [&str; 3] = [
 /// slower than the sidecar's patience, so upstream keeps each claim in flight, retrying, with
 /// its volume on the backend and no PV.
 const SLOW_BACKEND: &str = "delay CreateVolume=5s\nfault CreateVolume=after:deadline-exceeded\n";
+/// The last claim's CreateVolume must still be running when upstream stops, which comes after a
+/// `kubectl set image` and a new pod: long enough for a loaded machine, short enough for the
+/// volume to be made (and found by ours) within the test's waits.
+const SLOWER_BACKEND: &str = "delay CreateVolume=20s\nfault CreateVolume=after:deadline-exceeded\n";
 
 // ---------------------------------------------------------------------------------------------
 // The deployment, the steps, the pods.
@@ -296,6 +300,7 @@ async fn an_upgrade_from_upstream_with_claims_in_flight_loses_nothing() {
     names.extend(in_flight);
     deployment.perform(STEPS[0]).await;
     deployment.perform(STEPS[1]).await;
+    driver.set_faults(SLOWER_BACKEND);
     cluster.claim("last", class).await;
     names.push("last".to_owned());
     let last = deployment.volume_of("last").await;

@@ -4,6 +4,7 @@
 //! (support::peers).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use csi_provisioner::provision::{
     ANN_PROVISIONING_CONSISTENCY, PROVISIONING_FINALIZER, PV_FINALIZER,
@@ -387,9 +388,22 @@ pub async fn wait_event(
     reason: &str,
     matches: impl Fn(&str) -> bool,
 ) -> Event {
+    wait_event_within(client, namespace, name, reason, matches, TIMEOUT).await
+}
+
+/// [`wait_event`] with a bound of its own, for an event that comes after a backoff the
+/// sidecar does not shorten (a failing watch's, which grows to 30 s and more with jitter).
+pub async fn wait_event_within(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+    matches: impl Fn(&str) -> bool,
+    timeout: Duration,
+) -> Event {
     eventually(
         &format!("a {reason} event on {namespace}/{name}"),
-        TIMEOUT,
+        timeout,
         || async {
             let events = events_of(client, namespace, name).await?;
             events

@@ -88,7 +88,7 @@ pub fn apiserver(a: &ApiServer<'_>) -> Vec<String> {
         "--enable-priority-and-fairness=false".to_owned(),
     ];
     if a.node {
-        let service_ip = crate::node::SERVICE_IP;
+        let service_ip = crate::node_identity::SERVICE_IP;
         args.extend([
             // The first address of the service range, which the kubelet gives pods as
             // KUBERNETES_SERVICE_HOST (port 443); the testbed puts it on loopback, so pods on the

@@ -19,6 +19,7 @@ pub mod chaos;
 mod error;
 mod kubeconfig;
 pub mod node;
+mod node_identity;
 pub mod nodes;
 mod pki;
 mod ports;

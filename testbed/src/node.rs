@@ -23,15 +23,7 @@ use crate::error::{Component, Error};
 use crate::process::{self, Supervisor};
 use crate::readiness::Probe;
 
-/// The Node's name (and the kubelet's `--hostname-override`).
-pub const NODE_NAME: &str = "csi-testbed-node";
-/// The `kubernetes` Service's ClusterIP (first address of `--service-cluster-ip-range`), which
-/// the kubelet gives pods as `KUBERNETES_SERVICE_HOST`. The testbed puts it on loopback and the
-/// apiserver listens on it, port [`APISERVER_PORT`]: pods on the bridge reach it through the
-/// host without a kube-proxy. It is also the node's InternalIP.
-pub const SERVICE_IP: &str = "10.0.0.1";
-/// The `kubernetes` Service's port, which pods are told (`KUBERNETES_SERVICE_PORT`).
-pub const APISERVER_PORT: u16 = 443;
+pub use crate::node_identity::{APISERVER_PORT, NODE_NAME, SERVICE_IP};
 /// The kubelet's root directory: the path deploy/'s node DaemonSet mounts.
 pub const KUBELET_ROOT: &str = "/var/lib/kubelet";
 /// containerd's root (images, snapshots), wiped at every start.

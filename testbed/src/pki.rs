@@ -58,7 +58,7 @@ impl Pki {
         let mut serving = CertificateParams::new(vec![
             "localhost".to_owned(),
             "127.0.0.1".to_owned(),
-            crate::node::SERVICE_IP.to_owned(),
+            crate::node_identity::SERVICE_IP.to_owned(),
             "kubernetes".to_owned(),
             "kubernetes.default".to_owned(),
             "kubernetes.default.svc".to_owned(),
@@ -86,7 +86,7 @@ impl Pki {
         let mut node = CertificateParams::new(Vec::<String>::new())?;
         node.distinguished_name.push(
             DnType::CommonName,
-            format!("system:node:{}", crate::node::NODE_NAME),
+            format!("system:node:{}", crate::node_identity::NODE_NAME),
         );
         node.distinguished_name
             .push(DnType::OrganizationName, "system:nodes");

@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
 """The External Storage e2e results of hack/e2e.sh, our sidecar beside upstream's.
 
-Usage: hack/e2e-report.py REPORT_DIR SIDE [SIDE]   (SIDE: ours, upstream)
+Usage: hack/e2e-report.py REPORT_DIR SIDE [SIDE] [--baseline FILE]   (SIDE: ours, upstream)
+       hack/e2e-report.py --write-baseline FILE REPORT_DIR
 
 Reads REPORT_DIR/SIDE/junit_01.xml (written by e2e.test --report-dir) and prints Markdown:
 pass / skip / fail counts per suite for each side, every spec that did not pass with a side and
 why (the skip reasons grouped), and the comparison. Only the specs of the focused run count:
 those ginkgo left out by --focus/--skip are not "skipped" here.
 
+Upstream's side does not change when our code does: --write-baseline keeps what a run of it
+found (each spec's outcome, the events, Ginkgo's account) in FILE, and --baseline FILE reads the
+side "upstream" from there instead of REPORT_DIR/upstream.
+
 Exits 1 when a spec failed with our sidecar, when a spec passed with upstream's and not with
 ours, or when no spec ran; 0 otherwise.
 """
 
+import json
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -127,19 +133,73 @@ def suite_of(name):
     return SPEC.search(name).group("suite")
 
 
+def read_side(directory):
+    """(specs, event counts, warning counts, Ginkgo's account) of one run's directory."""
+    path = f"{directory}/junit_01.xml"
+    try:
+        specs = outcomes(path)
+    except (OSError, ET.ParseError) as e:
+        print(f"no report at {path}: {e}", file=sys.stderr)
+        specs = {}
+    counts, messages = read_events(f"{directory}/events.tsv")
+    return specs, counts, messages, ginkgo_account(directory)
+
+
+def write_baseline(path, directory):
+    """Keeps one run's outcomes in `path` (JSON, sorted, so that a new baseline's diff shows
+    what changed); fails on a run that did not complete."""
+    specs, counts, messages, (status, ran) = read_side(directory)
+    counted = sum(1 for s, _ in specs.values() if kind(s) != "skip")
+    if not specs or ran != counted:
+        print(f"{directory}: not a complete run (ginkgo ran {ran}, report counts {counted})", file=sys.stderr)
+        return 1
+    baseline = {
+        "ginkgo": {"status": status, "ran": ran},
+        "specs": {name: list(outcome) for name, outcome in sorted(specs.items())},
+        "events": sorted([*key, n] for key, n in counts.items()),
+        "warnings": sorted([*key, n] for key, n in messages.items()),
+    }
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump(baseline, out, indent=1, ensure_ascii=False)
+        out.write("\n")
+    print(f"{path}: {len(specs)} specs, {ran} ran")
+    return 0
+
+
+def read_baseline(path):
+    """What write_baseline kept, in read_side's shape."""
+    with open(path, encoding="utf-8") as f:
+        baseline = json.load(f)
+    specs = {name: tuple(outcome) for name, outcome in baseline["specs"].items()}
+    counts = Counter({tuple(row[:-1]): row[-1] for row in baseline["events"]})
+    messages = Counter({tuple(row[:-1]): row[-1] for row in baseline["warnings"]})
+    account = (baseline["ginkgo"]["status"], baseline["ginkgo"]["ran"])
+    return specs, counts, messages, account
+
+
 def main():
-    if len(sys.argv) < 3:
+    args = sys.argv[1:]
+    if len(args) == 3 and args[0] == "--write-baseline":
+        return write_baseline(args[1], args[2])
+    baseline = None
+    if "--baseline" in args:
+        at = args.index("--baseline")
+        if at + 1 >= len(args):
+            print(__doc__, file=sys.stderr)
+            return 2
+        baseline = args[at + 1]
+        del args[at : at + 2]
+    if len(args) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    report_dir, sides = sys.argv[1], sys.argv[2:]
-    results = {}
+    report_dir, sides = args[0], args[1:]
+    read = {}
     for side in sides:
-        path = f"{report_dir}/{side}/junit_01.xml"
-        try:
-            results[side] = outcomes(path)
-        except (OSError, ET.ParseError) as e:
-            print(f"{side}: no report at {path}: {e}", file=sys.stderr)
-            results[side] = {}
+        if side == "upstream" and baseline is not None:
+            read[side] = read_baseline(baseline)
+        else:
+            read[side] = read_side(f"{report_dir}/{side}")
+    results = {side: specs for side, (specs, _, _, _) in read.items()}
 
     suites = sorted({suite_of(n) for specs in results.values() for n in specs})
     counts = {side: defaultdict(Counter) for side in sides}
@@ -148,6 +208,8 @@ def main():
             counts[side][suite_of(name)][kind(status)] += 1
             counts[side]["**total**"][kind(status)] += 1
 
+    if baseline is not None and "upstream" in sides:
+        print(f"Upstream's side is the baseline {baseline}, kept from a run of it (hack/e2e.sh --write-baseline).\n")
     header = "| suite | " + " | ".join(f"{s} pass | {s} skip | {s} fail" for s in sides) + " |"
     print(header)
     print("|" + "---|" * (1 + 3 * len(sides)))
@@ -168,9 +230,8 @@ def main():
         for message, n in sorted(reasons.items(), key=lambda item: (-item[1], item[0])):
             print(f"- {n} x {message}")
 
-    read = {side: read_events(f"{report_dir}/{side}/events.tsv") for side in sides}
-    events = {side: counts for side, (counts, _) in read.items()}
-    warnings = {side: messages for side, (_, messages) in read.items()}
+    events = {side: counts for side, (_, counts, _, _) in read.items()}
+    warnings = {side: messages for side, (_, _, messages, _) in read.items()}
     keys = sorted({k for counts in events.values() for k in counts})
     print("\n### Events about the specs' claims and volumes, by who reported them\n")
     print("Every emission, repeats included: counts differ with timing (a retry is one more).")
@@ -193,7 +254,7 @@ def main():
     # Ginkgo's own account: its exit status and "Ran N of M Specs" must agree with the specs
     # counted here (a run cut short reports the specs it never ran as skipped).
     for side in sides:
-        status, ran = ginkgo_account(f"{report_dir}/{side}")
+        status, ran = read[side][3]
         counted = sum(1 for s, _ in results[side].values() if kind(s) != "skip")
         if ran != counted:
             print(f"\n{side}: ginkgo ran {ran} specs, the report counts {counted}", file=sys.stderr)

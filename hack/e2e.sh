@@ -5,12 +5,16 @@
 # sidecar and once with upstream external-provisioner v6.3.0's in its place, on the same cluster;
 # then the two results side by side (hack/e2e-report.py) and the verdict.
 #
-#   hack/e2e.sh            the subset CI runs: the provisioning, volumes, volumeMode,
+#   hack/e2e.sh            the subset CI runs (the provisioning, volumes, volumeMode,
 #                          snapshottable and multiVolume suites, without [Serial] and
-#                          [Disruptive] specs
-#   hack/e2e.sh --full     every suite the test-driver file enables (without [Disruptive]:
-#                          those restart the kubelet over SSH)
+#                          [Disruptive] specs) with our sidecar, compared with upstream's
+#                          outcomes of the same subset kept in hack/e2e/upstream-baseline.json
+#   --with-upstream        upstream's sidecar runs too, after ours, on the same cluster
+#   --full                 every suite the test-driver file enables (without [Disruptive]:
+#                          those restart the kubelet over SSH), both sidecars
 #   --only ours|upstream   one sidecar only (no comparison)
+#   --write-baseline       with --only upstream: keep its outcomes as the baseline (run it
+#                          when the upstream or Kubernetes version moves, and commit the file)
 #
 # Fails when a spec fails with our sidecar, or when no spec ran. The reports (JUnit XML, the
 # table) go to $E2E_REPORT_DIR (default target/e2e). Needs root (a real node: containerd and a
@@ -21,18 +25,29 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 repo=$PWD
 
 full=false
-sides=(ours upstream)
+sides=(ours)
+compare_baseline=true
+write_baseline=false
+baseline=hack/e2e/upstream-baseline.json
+usage="usage: hack/e2e.sh [--full | --with-upstream] [--only ours|upstream [--write-baseline]]"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --full) full=true ;;
+    --full) full=true; sides=(ours upstream); compare_baseline=false ;;
+    --with-upstream) sides=(ours upstream); compare_baseline=false ;;
     --only)
       case "${2:-}" in ours | upstream) sides=("$2") ;; *) echo "--only takes ours or upstream" >&2; exit 2 ;; esac
+      compare_baseline=false
       shift
       ;;
-    *) echo "usage: hack/e2e.sh [--full] [--only ours|upstream]" >&2; exit 2 ;;
+    --write-baseline) write_baseline=true ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
   shift
 done
+if $write_baseline && { $full || [ "${sides[*]}" != upstream ]; }; then
+  echo "--write-baseline goes with --only upstream, on the CI subset (no --full)" >&2
+  exit 2
+fi
 
 driver=reference.csi.example.com
 procs=${E2E_PROCS:-4}
@@ -192,5 +207,13 @@ for side in "${sides[@]}"; do
   esac
 done
 
+if $write_baseline; then
+  say "keeping upstream's outcomes as the baseline: $baseline"
+  python3 hack/e2e-report.py --write-baseline "$baseline" "$report_dir/upstream"
+fi
 say "results (pass / skip / fail per suite)"
-python3 hack/e2e-report.py "$report_dir" "${sides[@]}" | tee "$report_dir/report.md"
+if $compare_baseline; then
+  python3 hack/e2e-report.py "$report_dir" ours upstream --baseline "$baseline" | tee "$report_dir/report.md"
+else
+  python3 hack/e2e-report.py "$report_dir" "${sides[@]}" | tee "$report_dir/report.md"
+fi

@@ -99,13 +99,14 @@ const NOT_EXERCISED: [(&str, &str, &str, &str); 14] = [
 const SNAPSHOTS: &str = "snapshot.storage.k8s.io";
 
 /// Why the snapshot grants are not sent here.
-const NO_SNAPSHOT_CRDS: &str = "restores (controller/sources.rs) and the snapshot orphan sweeper \
-     (controller/snapshot_sweeper.rs) need the snapshot.storage.k8s.io/v1 CRDs, which this test \
-     does not install: the sweeper finds the API not served and does not run";
+const NO_SNAPSHOT_CRDS: &str = "restores (controller/provisioning/sources.rs) and the snapshot \
+     orphan sweeper (controller/source_protection/snapshot_sweeper.rs) need the \
+     snapshot.storage.k8s.io/v1 CRDs, which this test does not install: the sweeper finds the \
+     API not served and does not run";
 
 /// Why the watched kinds' `list` is not sent here.
-const LISTED_ONLY: &str = "controller/cache.rs lists only where the API server does not stream \
-     initial lists; this one does (tests/initial_list.rs runs one that does not)";
+const LISTED_ONLY: &str = "controller/runtime/cache.rs lists only where the API server does not \
+     stream initial lists; this one does (tests/initial_list.rs runs one that does not)";
 
 /// Removes `verb` on `resource` from every rule (the negative test's broken RBAC); a rule left
 /// without verbs goes (the API server refuses one).
@@ -541,8 +542,8 @@ const NOT_EXERCISED_IN_NODE_MODE: [(&str, &str, &str, &str); 27] = [
         "storage.k8s.io",
         "csistoragecapacities",
         "get",
-        "controller/capacity.rs reads an object it created only while the watch has not \
-         reported it at the next sync (a lagging watch)",
+        "controller/capacity/capacity_publisher.rs reads an object it created only while the \
+         watch has not reported it at the next sync (a lagging watch)",
     ),
     ("coordination.k8s.io", "leases", "get", NO_LEADER_ELECTION),
     ("coordination.k8s.io", "leases", "watch", NO_LEADER_ELECTION),

@@ -110,7 +110,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "capacity-poll-interval",
         &[
-            "src/controller/capacity_publisher/tests.rs::capacity_poll_interval_spaces_the_queries",
+            "src/controller/capacity/capacity_publisher/tests.rs::capacity_poll_interval_spaces_the_queries",
             "tests/capacity.rs::without_topology_one_object_per_class_stays_across_polls",
         ],
     ),
@@ -121,7 +121,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "capacity-threads",
         &[
-            "src/controller/capacity_publisher/tests.rs::capacity_threads_is_how_many_get_capacity_calls_run_at_once",
+            "src/controller/capacity/capacity_publisher/tests.rs::capacity_threads_is_how_many_get_capacity_calls_run_at_once",
         ],
     ),
     (
@@ -136,7 +136,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
         "node-deployment-base-delay",
         &[
             "provision/src/node/tests.rs::ownership_delay_has_upstreams_numbers",
-            "src/controller/ownership.rs::jitter_stays_in_its_range",
+            "src/controller/provisioning/ownership.rs::jitter_stays_in_its_range",
             "tests/node_deployment.rs::immediate_claims_get_one_node_each_and_fill_the_nodes_with_room_exactly",
         ],
     ),
@@ -144,7 +144,7 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
         "node-deployment-max-delay",
         &[
             "provision/src/node/tests.rs::ownership_delay_has_upstreams_numbers",
-            "src/controller/ownership.rs::a_race_waits_then_each_lost_try_waits_longer_and_forget_resets_it",
+            "src/controller/provisioning/ownership.rs::a_race_waits_then_each_lost_try_waits_longer_and_forget_resets_it",
         ],
     ),
     (
@@ -191,28 +191,28 @@ pub(super) const SAME_EVIDENCE: &[(&str, &[&str])] = &[
     (
         "retry-interval-start",
         &[
-            "src/controller/backoff.rs::backoff_doubles_from_start_and_stops_at_max",
+            "src/controller/runtime/backoff.rs::backoff_doubles_from_start_and_stops_at_max",
             "tests/provisioning.rs::backoff_bounds_the_attempts_of_a_persistent_error",
         ],
     ),
     (
         "retry-interval-max",
         &[
-            "src/controller/backoff.rs::backoff_doubles_from_start_and_stops_at_max",
+            "src/controller/runtime/backoff.rs::backoff_doubles_from_start_and_stops_at_max",
             "tests/provisioning.rs::infeasible_driver_error_delays_the_retry",
         ],
     ),
     (
         "cloning-protection-threads",
         &[
-            "src/controller/clone_protection/tests.rs::the_finalizer_comes_off_once_nothing_reads_the_source",
+            "src/controller/source_protection/clone_protection/tests.rs::the_finalizer_comes_off_once_nothing_reads_the_source",
         ],
     ),
     (
         "snapshot-orphan-sweep-interval",
         &[
-            "src/controller/snapshot_sweeper/tests.rs::sweeps_come_one_interval_apart",
-            "src/controller/snapshot_sweeper/tests.rs::a_snapshot_a_pending_claim_restores_is_kept_and_an_orphan_released",
+            "src/controller/source_protection/snapshot_sweeper/tests.rs::sweeps_come_one_interval_apart",
+            "src/controller/source_protection/snapshot_sweeper/tests.rs::a_snapshot_a_pending_claim_restores_is_kept_and_an_orphan_released",
             "tests/data_sources.rs::a_restore_whose_claim_is_deleted_mid_flight_leaks_nothing_and_frees_the_snapshot",
         ],
     ),

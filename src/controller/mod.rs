@@ -7,33 +7,27 @@
 //! clones or restores, the two that take the data sources' protection finalizers off again
 //! (`clone_protection`, `snapshot_sweeper`). The controllers never run two reconciles of the
 //! same object at once; the driver calls are bounded by [`limits::CallLimits`].
+//!
+//! One folder per job, top down, each importing only from the folders after it:
+//! `provisioning` (claims, node mode's ownership race, data sources, the orphan reaper, the
+//! drain), `deletion` (volumes), `source_protection` (the clone and snapshot finalizers off
+//! again), `volume_audit`, `shared` (the `Context` and the actions taken through it),
+//! `capacity`, `cluster_views` (topology and ReferenceGrant caches) and `runtime` (what every
+//! controller runs on). `testing` (fixtures, simulation) is compiled only for tests.
 
-mod actions;
-mod audit;
-pub mod backoff;
-pub mod cache;
-mod capacity_publisher;
-mod claims;
-mod clone_protection;
-mod context;
-mod drain;
-pub mod events;
-mod finalizers;
+mod capacity;
+mod cluster_views;
+mod deletion;
+mod provisioning;
+mod runtime;
+mod shared;
+mod source_protection;
 #[cfg(test)]
-mod fixtures;
-mod grants;
-pub mod limits;
-mod measured;
-mod orphans;
-mod ownership;
-mod queue;
-mod runner;
-#[cfg(test)]
-mod sim;
-mod snapshot_sweeper;
-mod sources;
-mod topology_cache;
-mod volumes;
+mod testing;
+mod volume_audit;
+
+// The public paths of the modules that were directly under `controller` before it had folders.
+pub use runtime::{backoff, cache, events, limits};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -47,18 +41,21 @@ use crate::journal::{Journal, JournalError};
 use crate::kube_client::ApiClients;
 use crate::metrics::Metrics;
 use crate::provision::SingleNode;
-use audit::Auditor;
-pub use capacity_publisher::{CapacitySettings, SegmentSource};
-use claims::ClaimController;
-use clone_protection::CloneProtectionController;
-use context::{Context, FencedDriver, Stores};
-pub use context::{NodeDeployment, Settings, TopologyFlags};
-use events::EventRecorder;
-use orphans::Reaper;
-use runner::drive;
-use snapshot_sweeper::SnapshotSweeper;
+use capacity::capacity_publisher;
+pub use capacity::capacity_publisher::{CapacitySettings, SegmentSource};
+use cluster_views::{grants, topology_cache};
+use deletion::volumes::VolumeController;
+use provisioning::claims::ClaimController;
+use provisioning::drain;
+use provisioning::orphans::Reaper;
+use runtime::events::EventRecorder;
+use runtime::runner::drive;
+use shared::context::{Context, FencedDriver, Stores};
+pub use shared::context::{NodeDeployment, Settings, TopologyFlags};
+use source_protection::clone_protection::CloneProtectionController;
+use source_protection::snapshot_sweeper::SnapshotSweeper;
 use topology_cache::TopologyView;
-use volumes::VolumeController;
+use volume_audit::audit::Auditor;
 
 /// How [`run`] ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

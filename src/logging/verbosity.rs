@@ -15,10 +15,11 @@
 //! (docs/benchmarks.md, "CPU per provision").
 //!
 //! `--vmodule=pattern=N,...` raises the level of the lines written from the source files whose
-//! name without `.rs` (`claims` for src/controller/claims.rs, `mod` for every mod.rs) matches a
-//! glob pattern (`*`, `?`, `[a-z]`, `[^a]`, `\` escape), as klog does with Go file names: for
-//! those lines the level is the larger of `-v` and N, and the first matching pattern wins. A
-//! module path (`csi_provisioner::controller`) does not match: the pattern is a file name.
+//! name without `.rs` (`claims` for src/controller/provisioning/claims.rs, `mod` for every
+//! mod.rs) matches a glob pattern (`*`, `?`, `[a-z]`, `[^a]`, `\` escape), as klog does with Go
+//! file names: for those lines the level is the larger of `-v` and N, and the first matching
+//! pattern wins. A module path (`csi_provisioner::controller`) does not match: the pattern is a
+//! file name.
 
 use tracing::Metadata;
 use tracing::level_filters::LevelFilter;

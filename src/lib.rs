@@ -25,3 +25,13 @@ pub mod memory;
 pub mod metrics;
 pub mod profiling;
 pub mod shutdown;
+
+/// The work tree under test, for unit tests that read its files (deploy/, src/). `cargo test`
+/// names it at run time; the path compiled in goes stale when the work tree moves, since cargo
+/// does not rebuild for that alone.
+#[cfg(test)]
+fn work_tree() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
+        .into()
+}

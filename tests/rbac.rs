@@ -31,9 +31,10 @@ use support::manifests::{
 };
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, describe};
 
-const DEPLOY_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
-/// The per-node overlay (a DaemonSet with --node-deployment and --enable-capacity).
-const NODE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/node");
+/// deploy/ of the work tree under test (found at run time: `csi_testbed::workspace::root`).
+fn deploy_dir() -> PathBuf {
+    csi_testbed::workspace::root().join("deploy")
+}
 const SERVICE_ACCOUNT: &str = "csi-provisioner";
 /// Files of deploy/ holding RBAC rules; each rule must say why it exists.
 const RULE_FILES: [&str; 5] = [
@@ -215,12 +216,12 @@ async fn deployed(
     broken: impl Fn(Vec<Value>) -> Vec<Value>,
     dir: &Path,
 ) -> (Client, support::TestNamespace, Vec<Value>, PathBuf) {
-    deployed_from(DEPLOY_DIR, prefix, broken, dir).await
+    deployed_from(&deploy_dir(), prefix, broken, dir).await
 }
 
 /// [`deployed`] from the kustomization in `kustomization` (deploy/ or an overlay).
 async fn deployed_from(
-    kustomization: &str,
+    kustomization: &Path,
     prefix: &str,
     broken: impl Fn(Vec<Value>) -> Vec<Value>,
     dir: &Path,
@@ -638,8 +639,9 @@ const IN_THE_BASE_TEST: &str = "the same code path as in the central mode, which
 #[tokio::test]
 async fn the_node_overlay_rbac_is_enough_and_every_rule_is_used() {
     let dir = test_dir();
+    // The per-node overlay (a DaemonSet with --node-deployment and --enable-capacity).
     let (client, ns, objects, kubeconfig) =
-        deployed_from(NODE_DIR, "rbac-node", |o| o, dir.path()).await;
+        deployed_from(&deploy_dir().join("node"), "rbac-node", |o| o, dir.path()).await;
     let ns = ns.name();
     let node_key = format!("{ns}.example/node");
     let driver = Driver::start(&["--topology", &format!("{node_key}=z1"), "--capacity=10Gi"]).await;
@@ -1035,8 +1037,7 @@ fn test_dir() -> tempfile::TempDir {
 #[test]
 fn every_rule_says_why() {
     for file in RULE_FILES {
-        let text =
-            std::fs::read_to_string(Path::new(DEPLOY_DIR).join(file)).expect("reading deploy/");
+        let text = std::fs::read_to_string(deploy_dir().join(file)).expect("reading deploy/");
         let lines: Vec<&str> = text.lines().collect();
         for (at, line) in lines.iter().enumerate() {
             if line.trim_start().starts_with("- apiGroups:") {

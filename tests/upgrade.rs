@@ -39,7 +39,10 @@ use support::manifests::{
 };
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, describe};
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// The work tree under test (found at run time: `csi_testbed::workspace::root`).
+fn root() -> PathBuf {
+    csi_testbed::workspace::root()
+}
 /// The reference driver's Deployment with upstream's image and args.
 const UPSTREAM_DEPLOYMENT: &str = "tests/fixtures/upstream-v6.3.0/deployment.yaml";
 /// Upstream's RBAC example, inside upstream's source tree.
@@ -80,7 +83,7 @@ fn upstream_source() -> PathBuf {
 /// Upstream's RBAC example and the Deployment, in namespace `ns`, as an operator has them.
 async fn deploy_upstream(client: &Client, ns: &str) {
     let mut objects = read(&upstream_source().join(UPSTREAM_RBAC));
-    objects.extend(read(&Path::new(ROOT).join(UPSTREAM_DEPLOYMENT)));
+    objects.extend(read(&root().join(UPSTREAM_DEPLOYMENT)));
     apply_for_real(client, &adapt(&objects, ns)).await;
 }
 
@@ -99,7 +102,7 @@ async fn perform(step: &str, client: &Client, ns: &str) {
     let words: Vec<&str> = step.split_whitespace().collect();
     match words.as_slice() {
         ["kubectl", "apply", "-f", file] => {
-            apply_for_real(client, &adapt(&read(&Path::new(ROOT).join(file)), ns)).await;
+            apply_for_real(client, &adapt(&read(&root().join(file)), ns)).await;
         }
         ["kubectl", "-n", "default", rest @ ..] => {
             let kubeconfig = support::control_plane().kubeconfig_path();
@@ -487,22 +490,22 @@ fn the_upgrade_rbac_is_what_upstreams_example_lacks() {
         permission("", "configmaps", "patch"),
     ]
     .into();
-    let ours = granted(&render(&format!("{ROOT}/deploy/base")));
+    let ours = granted(&render(&root().join("deploy/base")));
     let upstream = granted(&read(&upstream_source().join(UPSTREAM_RBAC)));
     let lacking: BTreeSet<Permission> = ours
         .difference(&upstream)
         .filter(|p| !commented_out_upstream.contains(*p))
         .cloned()
         .collect();
-    let extra = granted(&read(&Path::new(ROOT).join("deploy/upgrade/rbac.yaml")));
+    let extra = granted(&read(&root().join("deploy/upgrade/rbac.yaml")));
     assert_eq!(extra, lacking);
 }
 
 /// The steps docs/deploy.md gives are [`STEPS`], in order, and nothing else.
 #[test]
 fn the_documented_steps_are_the_tests() {
-    let doc = std::fs::read_to_string(Path::new(ROOT).join("docs/deploy.md"))
-        .expect("reading docs/deploy.md");
+    let doc =
+        std::fs::read_to_string(root().join("docs/deploy.md")).expect("reading docs/deploy.md");
     let section = doc
         .split("### Upgrade from upstream")
         .nth(1)

@@ -435,7 +435,7 @@ fn every_same_row_names_existing_tests() {
 /// Whether `path::function` is a test function (not ignored) under the repository root.
 fn test_exists(name: &str) -> Result<(), String> {
     let (path, function) = name.rsplit_once("::").ok_or("not path::function")?;
-    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    let file = crate::work_tree().join(path);
     let source = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
     let lines: Vec<_> = source.lines().map(str::trim).collect();
     let signature = |l: &&str| {

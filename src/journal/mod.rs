@@ -544,7 +544,9 @@ mod tests {
     use super::*;
     use kube::CustomResourceExt;
 
-    const SHIPPED_CRD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/base/crd.yaml");
+    fn shipped_crd() -> std::path::PathBuf {
+        crate::work_tree().join("deploy/base/crd.yaml")
+    }
 
     fn api_error(code: u16, message: &str, reason: &str) -> kube::Error {
         kube::Error::Api(
@@ -607,9 +609,9 @@ mod tests {
         let generated =
             format!("# Generated from src/journal/record.rs; do not edit by hand.\n{yaml}");
         if std::env::var_os("UPDATE_CRD").is_some() {
-            std::fs::write(SHIPPED_CRD, &generated).expect("deploy/base/crd.yaml is writable");
+            std::fs::write(shipped_crd(), &generated).expect("deploy/base/crd.yaml is writable");
         }
-        let shipped = std::fs::read_to_string(SHIPPED_CRD).unwrap_or_default();
+        let shipped = std::fs::read_to_string(shipped_crd()).unwrap_or_default();
         assert!(
             shipped == generated,
             "deploy/base/crd.yaml is stale: run UPDATE_CRD=1 cargo test --lib journal"

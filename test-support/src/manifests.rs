@@ -38,18 +38,20 @@ pub fn kubectl() -> PathBuf {
 }
 
 /// Every object `kubectl kustomize` renders of `dir` (deploy/ or an overlay in it).
-pub fn render(dir: &str) -> Vec<Value> {
+pub fn render(dir: &Path) -> Vec<Value> {
     let output = Command::new(kubectl())
-        .args(["kustomize", dir])
+        .arg("kustomize")
+        .arg(dir)
         .output()
         .expect("running kubectl kustomize");
     assert!(
         output.status.success(),
-        "kubectl kustomize {dir} failed: {}",
+        "kubectl kustomize {} failed: {}",
+        dir.display(),
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).expect("kustomize prints UTF-8");
-    parse(&text, dir)
+    parse(&text, &dir.display().to_string())
 }
 
 /// Every object of the YAML file at `path` (a manifest applied as it is, `kubectl apply -f`).

@@ -43,10 +43,23 @@ pub enum ScriptError {
     Failed { script: String, status: String },
 }
 
-/// The workspace root: the parent of this crate's directory.
+/// The workspace root, found at run time: the nearest directory holding a `[workspace]`
+/// manifest above the package cargo runs us for (`CARGO_MANIFEST_DIR`, which `cargo test` and
+/// `cargo run` set), else above this crate's directory at compile time. Run time first because
+/// cargo does not rebuild when only the work tree's path changed: a clean clone that reuses a
+/// shared target directory would otherwise build and read the files of the clone that compiled
+/// first.
 pub fn root() -> PathBuf {
-    let testbed = Path::new(env!("CARGO_MANIFEST_DIR"));
-    testbed.parent().unwrap_or(testbed).to_owned()
+    let start = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    let found = start.ancestors().find(|dir| is_workspace_root(dir));
+    found.unwrap_or(&start).to_owned()
+}
+
+fn is_workspace_root(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("Cargo.toml"))
+        .is_ok_and(|manifest| manifest.lines().any(|line| line.trim() == "[workspace]"))
 }
 
 /// `cargo` (the one running us, if any, else the one on PATH) in the workspace root, without the

@@ -42,6 +42,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
+use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use nix::sys::signal::Signal;
 
@@ -773,23 +774,56 @@ async fn delete_shards(stage: &Stage<'_>) -> (usize, usize, bool) {
         "[chaos] deleted every journal shard: {} holding {operations} operations",
         held.len()
     );
-    // The leader writes again what it holds at once; no disruption before it has. If it does
-    // not, the final checks say what was lost (with the logs).
+    // The leader writes again what it holds at once, each shard whole; no disruption before it
+    // has: until then its memory holds the only copy. A shard is back once it exists again, or
+    // needs no copy once a PV holds every volume it held (the leader then holds none of its
+    // records, and writes no empty shard). If it is not back within the bound, the final checks
+    // say what was lost (with the logs).
+    let deleted: Vec<(String, Vec<String>)> = held
+        .iter()
+        .map(|shard| {
+            let volumes = shard.spec.operations.iter();
+            let volumes = volumes.map(|record| record.volume_name.clone()).collect();
+            (shard.name_any(), volumes)
+        })
+        .collect();
     let since = Instant::now();
-    let mut rebuilt = operations == 0;
-    while !rebuilt && since.elapsed() < REBUILD_BOUND {
-        let back = shards.list(&ListParams::default()).await.map(|l| l.items);
-        rebuilt = back.is_ok_and(|back| !back.is_empty());
-        if rebuilt {
-            println!(
-                "[chaos] the leader wrote the journal again after {:?}",
-                since.elapsed()
-            );
-        } else {
-            tokio::time::sleep(POLL).await;
-        }
+    let mut missing = shards_not_back(stage, &deleted).await;
+    while !missing.is_empty() && since.elapsed() < REBUILD_BOUND {
+        tokio::time::sleep(POLL).await;
+        missing = shards_not_back(stage, &deleted).await;
+    }
+    let rebuilt = missing.is_empty();
+    if rebuilt {
+        println!(
+            "[chaos] the leader wrote the journal again after {:?}",
+            since.elapsed()
+        );
+    } else {
+        println!("[chaos] shards not written again within {REBUILD_BOUND:?}: {missing:?}");
     }
     (held.len(), operations, rebuilt)
+}
+
+/// The deleted shards (name, the volumes of its records) that are not back yet and still
+/// hold a volume no PV holds. A read that fails counts every shard as missing.
+async fn shards_not_back(stage: &Stage<'_>, deleted: &[(String, Vec<String>)]) -> Vec<String> {
+    let shards = Api::<ProvisioningJournal>::namespaced(stage.client.clone(), stage.ns);
+    let (Ok(back), Ok(pvs)) = (
+        shards.list(&ListParams::default()).await,
+        driver_pvs(stage.client, stage.driver).await,
+    ) else {
+        return deleted.iter().map(|(name, _)| name.clone()).collect();
+    };
+    let back: BTreeSet<String> = back.items.iter().map(ResourceExt::name_any).collect();
+    let with_pv: BTreeSet<String> = pvs.iter().map(ResourceExt::name_any).collect();
+    deleted
+        .iter()
+        .filter(|(name, volumes)| {
+            !back.contains(name) && volumes.iter().any(|volume| !with_pv.contains(volume))
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// The state of everything the test created, from one set of reads.

@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # The project's test command (README "Tests"; .ci/run calls exactly this).
-# Builds or reuses everything the tests need, then runs, in order:
-#   formatting and lint gates, the control-plane build, the supply-chain checks (hack/cargo-deny.sh:
-#   cargo-deny's advisories, bans, licenses and sources against deny.toml; an advisories check
-#   without an advisory database on the machine is counted as skipped, not passed), every unit and
-#   integration test
-#   (the integration tests start a real etcd + kube-apiserver + kube-controller-manager; the
-#   in-cluster tests also a real node, containerd and a kubelet, built by hack/build-node.sh,
-#   running the images hack/build-images.sh builds from the Dockerfile with buildah),
-#   csi-sanity against the reference driver (plain, then with 50 ms injected per call), the
-#   demo (hack/demo.sh, then with --node; each stops at the first step that does not happen),
-#   Kubernetes' External Storage e2e suite with our sidecar, compared with upstream's outcomes
-#   kept in hack/e2e/upstream-baseline.json (hack/e2e.sh: the CI subset; fails on any spec that
-#   fails with ours or passes with upstream's and not with ours), and the image build (the static
-#   release binaries the Dockerfile builds and the sidecar's SBOM, hadolint, the images, and
-#   hack/check-sidecar-image.py: the sidecar image holds no reference driver and an SBOM that
-#   lists the crates of its binary; docs/supply-chain.md).
+# Builds or reuses everything the tests need: formatting and lint gates, the control-plane build
+# and the debug build of every test. Then two lanes side by side:
+#   the node lane: the images (hack/build-images.sh: the static release binaries the Dockerfile
+#   builds, in their own target directory, then buildah), the in-cluster tests (a real node,
+#   containerd and a kubelet, built by hack/build-node.sh, running those images), the demo on a
+#   real node (hack/demo.sh --node) and Kubernetes' External Storage e2e suite with our sidecar,
+#   compared with upstream's outcomes kept in hack/e2e/upstream-baseline.json (hack/e2e.sh: the
+#   CI subset; fails on any spec that fails with ours or passes with upstream's and not with ours);
+#   the control-plane lane: the supply-chain checks (hack/cargo-deny.sh: cargo-deny's
+#   advisories, bans, licenses and sources against deny.toml; an advisories check without an
+#   advisory database on the machine is counted as skipped, not passed), every other unit,
+#   integration and doc test (the integration tests start a real etcd + kube-apiserver +
+#   kube-controller-manager), csi-sanity against the reference driver (plain, then with 50 ms
+#   injected per call) and the demo with host processes (hack/demo.sh; each demo stops at the
+#   first step that does not happen).
+# Last, the image checks (the static binaries and the sidecar's SBOM, hadolint, the images, and
+# hack/check-sidecar-image.py: the sidecar image holds no reference driver and an SBOM that
+# lists the crates of its binary; docs/supply-chain.md).
 # Ends with one summary line "N passed, N failed" (", N skipped" follows when a check could not
 # run: the advisories check without a database).
 set -euo pipefail
@@ -45,6 +47,13 @@ if [ -z "${CARGO_TARGET_DIR:-}" ]; then
   fi
 fi
 echo "cargo target directory: $CARGO_TARGET_DIR"
+# The static release build's own (hack/build-static.sh), beside it, under the same cap.
+export CSI_PROVISIONER_STATIC_TARGET_DIR=${CSI_PROVISIONER_STATIC_TARGET_DIR:-$CARGO_TARGET_DIR-static}
+if [ -d "$CSI_PROVISIONER_STATIC_TARGET_DIR" ] &&
+  [ "$(du -s --block-size=1G "$CSI_PROVISIONER_STATIC_TARGET_DIR" | cut -f1)" -gt "${CSI_PROVISIONER_TARGET_CAP_GB:-40}" ]; then
+  echo "$CSI_PROVISIONER_STATIC_TARGET_DIR is past the cap: wiping it"
+  rm -rf "$CSI_PROVISIONER_STATIC_TARGET_DIR"
+fi
 
 stage "format and lint"
 cargo fmt --all -- --check
@@ -56,45 +65,102 @@ export CSI_TESTBED_BIN_DIR="$bin_dir"
 
 # A failing stage does not stop the later ones: the summary counts them all.
 set +e
-stage "supply chain: cargo-deny (hack/cargo-deny.sh)"
-bash hack/cargo-deny.sh 2>&1 | tee "$log_dir/cargo-deny.log"
-deny_status=${PIPESTATUS[0]}
+stage "build the tests (cargo test --no-run)"
+cargo test --workspace --no-run 2>&1 | tee "$log_dir/cargo-build.log"
+build_status=${PIPESTATUS[0]}
 
-stage "unit and integration tests"
+# Two lanes from here on, side by side, sharing nothing but the machine: the node lane (the
+# images, the in-cluster tests, the node demo and the e2e suite: one real node at a time, each
+# mostly waiting on the kubelet and the containers) and the control-plane lane (the supply chain,
+# every other test binary, csi-sanity and the host-process demo). The node lane's release build
+# has its own target directory (hack/build-static.sh), so the tests' own builds never wait for
+# it. Each lane writes its log; the node lane's is printed when it is done.
 # Four tests at a time in each binary (libtest's default is one per core, two here): the
 # integration tests of one binary share its control plane and mostly wait on it and on their
 # sidecars, so the shared binaries (tests/cluster, tests/scheduler) finish in about half the
 # time, while each test's waits stay far from their bounds. The unit tests do not mind.
 test_threads=${CSI_PROVISIONER_TEST_THREADS:-4}
-cargo test --workspace --no-fail-fast -- --test-threads="$test_threads" 2>&1 | tee "$log_dir/cargo-test.log"
-cargo_status=${PIPESTATUS[0]}
+# The test targets that need the node; every other one runs in the control-plane lane.
+node_tests=(in_cluster)
 
-stage "csi-sanity against the reference driver"
+run_demo() { # run_demo [--node]: one demo; its log's tail if it failed
+  bash hack/demo.sh "$@" >"$log_dir/demo${1:-}.log" 2>&1
+  local status=$?
+  if [ "$status" -eq 0 ]; then
+    echo "demo ${1:-(host processes)}: every step happened"
+  else
+    tail -n 40 "$log_dir/demo${1:-}.log"
+    echo "demo ${1:-(host processes)}: failed (exit $status)"
+  fi
+  return "$status"
+}
+
+node_lane() {
+  stage "node lane: the images (hack/build-images.sh: the static release build, then buildah)"
+  bash hack/build-images.sh >"$log_dir/images-build.log" 2>&1 ||
+    { tail -n 40 "$log_dir/images-build.log"; echo "the image build failed; the image stage says more"; }
+  stage "node lane: the in-cluster tests (tests/${node_tests[*]}.rs)"
+  local targets=() target
+  for target in "${node_tests[@]}"; do targets+=(--test "$target"); done
+  cargo test --workspace --no-fail-fast "${targets[@]}" -- --test-threads="$test_threads" \
+    >"$log_dir/cargo-test-node.log" 2>&1
+  echo $? >"$log_dir/node-tests.status"
+  cat "$log_dir/cargo-test-node.log"
+  stage "node lane: the demo on a real node (hack/demo.sh --node)"
+  run_demo --node
+  echo $? >"$log_dir/node-demo.status"
+  stage "node lane: Kubernetes' External Storage e2e suite, ours against upstream's baseline (hack/e2e.sh)"
+  bash hack/e2e.sh >"$log_dir/e2e.log" 2>&1
+  local status=$?
+  # Ginkgo's summary of each run, then the side-by-side report (hack/e2e-report.py).
+  sed -n '/^\(ours\|upstream\): ginkgo exited\|^Ran [0-9]* of\|^\(PASS\|FAIL\)/p; /results (pass/,$p' "$log_dir/e2e.log"
+  [ "$status" -eq 0 ] || tail -n 60 "$log_dir/e2e.log"
+  echo "e2e: hack/e2e.sh exited $status"
+  echo "$status" >"$log_dir/e2e.status"
+  stage "node lane: done"
+}
+node_lane >"$log_dir/node-lane.log" 2>&1 &
+node_lane_pid=$!
+
+stage "control-plane lane: supply chain: cargo-deny (hack/cargo-deny.sh)"
+bash hack/cargo-deny.sh 2>&1 | tee "$log_dir/cargo-deny.log"
+deny_status=${PIPESTATUS[0]}
+
+stage "control-plane lane: unit, integration and doc tests (all but tests/${node_tests[*]}.rs)"
+# Every test target of the workspace but the node lane's, from cargo's own list, so that a new
+# one runs without being named here.
+mapfile -t other_tests < <(cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+skip = set(sys.argv[1:])
+for package in json.load(sys.stdin)["packages"]:
+    for target in package["targets"]:
+        if "test" in target["kind"] and target["name"] not in skip:
+            print("--test=" + target["name"])
+' "${node_tests[@]}")
+cargo test --workspace --no-fail-fast --lib --bins "${other_tests[@]}" -- --test-threads="$test_threads" \
+  2>&1 | tee "$log_dir/cargo-test.log"
+cargo_status=${PIPESTATUS[0]}
+cargo test --workspace --no-fail-fast --doc 2>&1 | tee -a "$log_dir/cargo-test.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || cargo_status=1
+[ "$build_status" -eq 0 ] || cargo_status=$build_status
+
+stage "control-plane lane: csi-sanity against the reference driver"
 bash hack/csi-sanity.sh 2>&1 | tee "$log_dir/csi-sanity.log"
 sanity_status=${PIPESTATUS[0]}
 
-stage "the demo (hack/demo.sh, then hack/demo.sh --node on a real node)"
-demo_status=0
-for demo_args in "" --node; do
-  # shellcheck disable=SC2086 # an empty argument list, or one flag
-  bash hack/demo.sh $demo_args >"$log_dir/demo.log" 2>&1
-  status=$?
-  if [ "$status" -eq 0 ]; then
-    echo "demo ${demo_args:-(host processes)}: every step happened"
-  else
-    tail -n 40 "$log_dir/demo.log"
-    echo "demo ${demo_args:-(host processes)}: failed (exit $status)"
-    demo_status=$status
-  fi
-done
+stage "control-plane lane: the demo with host processes (hack/demo.sh)"
+run_demo
+demo_status=$?
 
-stage "Kubernetes' External Storage e2e suite, ours against upstream's baseline (hack/e2e.sh)"
-bash hack/e2e.sh >"$log_dir/e2e.log" 2>&1
-e2e_status=$?
-# Ginkgo's summary of each run, then the side-by-side report (hack/e2e-report.py).
-sed -n '/^\(ours\|upstream\): ginkgo exited\|^Ran [0-9]* of\|^\(PASS\|FAIL\)/p; /results (pass/,$p' "$log_dir/e2e.log"
-[ "$e2e_status" -eq 0 ] || tail -n 60 "$log_dir/e2e.log"
-echo "e2e: hack/e2e.sh exited $e2e_status"
+stage "control-plane lane: done; waiting for the node lane"
+wait "$node_lane_pid"
+cat "$log_dir/node-lane.log"
+node_tests_status=$(cat "$log_dir/node-tests.status" 2>/dev/null || echo 1)
+[ "$node_tests_status" -eq 0 ] || cargo_status=$node_tests_status
+cat "$log_dir/cargo-test-node.log" >>"$log_dir/cargo-test.log" 2>/dev/null
+node_demo_status=$(cat "$log_dir/node-demo.status" 2>/dev/null || echo 1)
+[ "$node_demo_status" -eq 0 ] || demo_status=$node_demo_status
+e2e_status=$(cat "$log_dir/e2e.status" 2>/dev/null || echo 1)
 set -e
 
 stage "the image build: hack/build-static.sh (what the Dockerfile runs: the binaries, the sidecar's SBOM), hadolint, the images, hack/check-sidecar-image.py"

@@ -18,7 +18,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use support::cluster::Cluster;
+use support::cluster::{Cluster, wait_bound};
+use support::peers::{Driver, Sidecar};
 
 /// GETs `path` accepting `accept`; the HTTP status, content type and body.
 async fn get_accepting(client: &Client, path: &str, accept: &str) -> (u16, String, Vec<u8>) {
@@ -443,4 +444,138 @@ async fn a_refused_watch_is_read_as_the_api_servers_status() {
         status.message.contains("unable to parse requirement"),
         "{status:?}"
     );
+}
+
+/// A claim as a client that writes protobuf sends it: an annotation's value may be any bytes,
+/// which the API server stores as they are (a Go string).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawClaim {
+    #[prost(message, optional, tag = "1")]
+    metadata: Option<RawClaimMeta>,
+    #[prost(message, optional, tag = "2")]
+    spec: Option<RawClaimSpec>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawClaimMeta {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(btree_map = "string, bytes", tag = "12")]
+    annotations: BTreeMap<String, Vec<u8>>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawClaimSpec {
+    #[prost(string, repeated, tag = "1")]
+    access_modes: Vec<String>,
+    #[prost(message, optional, tag = "2")]
+    resources: Option<RawResources>,
+    #[prost(string, optional, tag = "5")]
+    storage_class_name: Option<String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawResources {
+    #[prost(btree_map = "string, message", tag = "2")]
+    requests: BTreeMap<String, RawQuantity>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawQuantity {
+    #[prost(string, tag = "1")]
+    string: String,
+}
+
+/// POSTs claim `name` of `class` in protobuf, with the annotation `note` holding `note`.
+async fn create_raw_claim(client: &Client, ns: &str, name: &str, class: &str, note: &[u8]) {
+    let claim = RawClaim {
+        metadata: Some(RawClaimMeta {
+            name: name.to_owned(),
+            annotations: BTreeMap::from([("note".to_owned(), note.to_vec())]),
+        }),
+        spec: Some(RawClaimSpec {
+            access_modes: vec!["ReadWriteOnce".to_owned()],
+            resources: Some(RawResources {
+                requests: BTreeMap::from([(
+                    "storage".to_owned(),
+                    RawQuantity {
+                        string: "1Gi".to_owned(),
+                    },
+                )]),
+            }),
+            storage_class_name: Some(class.to_owned()),
+        }),
+    };
+    let request = http::Request::post(format!("/api/v1/namespaces/{ns}/persistentvolumeclaims"))
+        .header(http::header::CONTENT_TYPE, protobuf::CONTENT_TYPE)
+        .body(protobuf::seal_envelope(
+            "v1",
+            "PersistentVolumeClaim",
+            &claim,
+        ))
+        .unwrap();
+    protobuf::write_unread(client, request)
+        .await
+        .unwrap_or_else(|e| panic!("creating claim {name} in protobuf: {e}"));
+}
+
+/// A claim whose annotation is not UTF-8 (stored by a client writing protobuf) is read as the
+/// API server's JSON shows it, U+FFFD for each invalid byte, in a GET, a list (the path of an
+/// API server without WatchList) and a streamed list, and hides no other claim; the sidecar
+/// provisions it and the claims created after it. The code before this test failed the whole
+/// list, so nothing was provisioned.
+#[tokio::test]
+async fn a_claim_with_a_string_that_is_not_utf8_is_read_as_json_shows_it_and_stops_nothing() {
+    let cluster = Cluster::new("protobuf-utf8").await;
+    let ns = cluster.ns().to_owned();
+    let client = cluster.client.clone();
+    let driver = Driver::start(&[]).await;
+    let class = cluster.class("odd", &driver, "Delete", &[]).await;
+    create_raw_claim(&client, &ns, "odd", &class, b"caf\xe9 \xe2\x82 ok").await;
+    let shown = "caf\u{FFFD} \u{FFFD}\u{FFFD} ok";
+
+    let cached_claims = Api::<CachedClaim>::namespaced(client.clone(), &ns);
+    let (json, pb) = both_ways(&client, &cached_claims, "odd").await;
+    assert_eq!(json.metadata, pb.metadata, "identity");
+    let (json, pb) = (json.to_claim().unwrap(), pb.to_claim().unwrap());
+    assert_eq!(json, pb, "JSON and protobuf read the claim differently");
+    assert_eq!(pb.metadata.annotations.unwrap()["note"], shown);
+
+    cluster.claim("plain", &class).await;
+    for config in [
+        watcher::Config::default().any_semantic().streaming_lists(),
+        watcher::Config::default().any_semantic(),
+    ] {
+        let streamed = config.initial_list_strategy == watcher::InitialListStrategy::StreamingList;
+        let mut events = protobuf_watch::watcher::<CachedClaim>(client.clone(), config).boxed();
+        let mut initial = BTreeMap::new();
+        loop {
+            match next_in(&mut events, &ns, None).await {
+                Event::Init => {}
+                Event::InitApply(claim) => {
+                    let claim = claim.to_claim().unwrap();
+                    let note = claim
+                        .metadata
+                        .annotations
+                        .unwrap_or_default()
+                        .remove("note");
+                    initial.insert(claim.metadata.name.unwrap(), note);
+                }
+                Event::InitDone => break,
+                other => panic!("streamed={streamed}: unexpected {other:?} before InitDone"),
+            }
+        }
+        let expected = BTreeMap::from([
+            ("odd".to_owned(), Some(shown.to_owned())),
+            ("plain".to_owned(), None),
+        ]);
+        assert_eq!(initial, expected, "streamed={streamed}");
+    }
+
+    let mut sidecar = Sidecar::start(&driver, &[]);
+    cluster.claim("after", &class).await;
+    for name in ["odd", "plain", "after"] {
+        wait_bound(&cluster.claims, name).await;
+    }
+    sidecar.assert_running();
 }

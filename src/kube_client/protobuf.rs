@@ -21,6 +21,9 @@ use kube::Client;
 use kube::client::Body;
 use kube::core::Status;
 use prost::Message;
+use tracing::warn;
+
+mod utf8;
 
 /// What the sidecar asks for where protobuf is served: protobuf, else JSON (an API server
 /// answers an error it builds itself, e.g. from an aggregator or a proxy, in JSON).
@@ -131,25 +134,72 @@ pub struct ListPage<K> {
     pub items: Vec<K>,
 }
 
+/// Decodes a list answer. An item that cannot be decoded is left out with a warning naming it:
+/// it must not hide the others (the list is the whole view of the kind).
 pub fn decode_list<K: FromProtobuf>(bytes: &[u8]) -> Result<ListPage<K>, ProtobufError> {
     let (_, raw) = open_envelope(bytes)?;
     let list: List = decode("list", &raw)?;
     let metadata = list.metadata.unwrap_or_default();
+    let mut items = Vec::with_capacity(list.items.len());
+    for item in &list.items {
+        match decode_kind(item) {
+            Ok(object) => items.push(object),
+            Err(error) => warn!(
+                object = item_name(item),
+                %error,
+                "a listed object cannot be decoded; left out of the list"
+            ),
+        }
+    }
     Ok(ListPage {
         resource_version: metadata.resource_version,
         continue_token: metadata.continue_,
-        items: list
-            .items
-            .iter()
-            .map(|item| K::from_protobuf(item))
-            .collect::<Result<_, _>>()?,
+        items,
     })
 }
 
 /// Decodes one object answer (a GET).
 pub fn decode_object<K: FromProtobuf>(bytes: &[u8]) -> Result<K, ProtobufError> {
     let (_, raw) = open_envelope(bytes)?;
-    K::from_protobuf(&raw)
+    decode_kind(&raw)
+}
+
+/// Decodes an object's message as the API server's JSON shows it: a string that is not UTF-8
+/// reads with U+FFFD for each invalid byte ([`utf8`]) rather than failing the object.
+fn decode_kind<K: FromProtobuf>(message: &[u8]) -> Result<K, ProtobufError> {
+    K::from_protobuf(message).or_else(|error| match utf8::repair(message) {
+        Some(repaired) if repaired != message => K::from_protobuf(&repaired).map_err(|_| error),
+        _ => Err(error),
+    })
+}
+
+/// Just the name of an object's message, for a warning about it (prost skips, without reading
+/// them, the fields a message does not declare).
+#[derive(Clone, PartialEq, Message)]
+struct ItemName {
+    #[prost(message, optional, tag = "1")]
+    metadata: Option<ItemMeta>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct ItemMeta {
+    #[prost(bytes = "vec", tag = "1")]
+    name: Vec<u8>,
+    #[prost(bytes = "vec", tag = "3")]
+    namespace: Vec<u8>,
+}
+
+/// `namespace/name` (or `name`) of an object's message, as far as it can be read.
+fn item_name(message: &[u8]) -> String {
+    let meta = ItemName::decode(message)
+        .ok()
+        .and_then(|named| named.metadata)
+        .unwrap_or_default();
+    let name = String::from_utf8_lossy(&meta.name);
+    match String::from_utf8_lossy(&meta.namespace) {
+        namespace if namespace.is_empty() => name.into_owned(),
+        namespace => format!("{namespace}/{name}"),
+    }
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -205,9 +255,9 @@ pub fn decode_watch_event<K: FromProtobuf>(frame: &[u8]) -> Result<WatchEvent<K>
         Err(error) => return Err(error),
     };
     Ok(match event.type_.as_str() {
-        "ADDED" => WatchEvent::Added(K::from_protobuf(&message)?),
-        "MODIFIED" => WatchEvent::Modified(K::from_protobuf(&message)?),
-        "DELETED" => WatchEvent::Deleted(K::from_protobuf(&message)?),
+        "ADDED" => WatchEvent::Added(decode_kind(&message)?),
+        "MODIFIED" => WatchEvent::Modified(decode_kind(&message)?),
+        "DELETED" => WatchEvent::Deleted(decode_kind(&message)?),
         "BOOKMARK" => {
             let metadata = decode::<BookmarkObject>("bookmark", &message)?
                 .metadata

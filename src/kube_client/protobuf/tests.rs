@@ -175,3 +175,79 @@ fn times_keep_whole_seconds_as_json_does() {
     assert_eq!(time.0.subsec_nanosecond(), 0);
     assert_eq!(WireTime::from_time(&time).seconds, 1_700_000_000);
 }
+
+/// An object whose annotation values are any bytes, as a client writing protobuf can store.
+#[derive(Clone, PartialEq, Message)]
+struct RawObject {
+    #[prost(message, optional, tag = "1")]
+    metadata: Option<RawMeta>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct RawMeta {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(string, tag = "3")]
+    namespace: String,
+    #[prost(btree_map = "string, bytes", tag = "12")]
+    annotations: BTreeMap<String, Vec<u8>>,
+}
+
+fn raw_object(name: &str, value: &[u8]) -> RawObject {
+    RawObject {
+        metadata: Some(RawMeta {
+            name: name.to_owned(),
+            namespace: "ns".to_owned(),
+            annotations: BTreeMap::from([("note".to_owned(), value.to_vec())]),
+        }),
+    }
+}
+
+/// A kind for the tests that keeps the annotations.
+#[derive(Debug, PartialEq)]
+struct Annotated(String, BTreeMap<String, String>);
+
+impl FromProtobuf for Annotated {
+    fn from_protobuf(message: &[u8]) -> Result<Self, ProtobufError> {
+        let meta = decode::<BookmarkObject>("object", message)?
+            .metadata
+            .unwrap_or_default();
+        Ok(Annotated(meta.name.unwrap_or_default(), meta.annotations))
+    }
+}
+
+#[test]
+fn a_string_that_is_not_utf8_reads_as_the_json_of_the_api_server_and_hides_nothing() {
+    let list = List {
+        metadata: Some(ListMeta {
+            resource_version: "7".to_owned(),
+            continue_: String::new(),
+        }),
+        items: vec![
+            raw_object("before", b"plain").encode_to_vec(),
+            raw_object("odd", b"caf\xe9 \xff").encode_to_vec(),
+            // Not a message at all: left out, the others kept.
+            vec![0x0a, 0x7f, b'x'],
+            raw_object("after", b"plain").encode_to_vec(),
+        ],
+    };
+    let page: ListPage<Annotated> = decode_list(&seal_envelope("v1", "ThingList", &list)).unwrap();
+    let names: Vec<_> = page.items.iter().map(|item| item.0.as_str()).collect();
+    assert_eq!(names, ["before", "odd", "after"]);
+    assert_eq!(page.items[1].1["note"], "caf\u{FFFD} \u{FFFD}");
+
+    let modified =
+        decode_watch_event::<Annotated>(&frame_of("MODIFIED", &raw_object("odd", b"\xe2\x82")))
+            .unwrap();
+    assert!(matches!(
+        modified,
+        WatchEvent::Modified(Annotated(name, notes)) if name == "odd" && notes["note"] == "\u{FFFD}\u{FFFD}"
+    ));
+    let single =
+        decode_object::<Annotated>(&seal_envelope("v1", "Thing", &raw_object("odd", b"\x80")));
+    assert_eq!(single.unwrap().1["note"], "\u{FFFD}");
+    assert_eq!(
+        item_name(&raw_object("odd", b"\x80").encode_to_vec()),
+        "ns/odd"
+    );
+}

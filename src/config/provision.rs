@@ -83,11 +83,12 @@ impl ProvisionArgs {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if !(-1..=32).contains(&self.volume_name_uuid_length) {
+        // 0 keeps no digit of the UID: every claim would get the volume name `<prefix>-`.
+        if !(-1..=32).contains(&self.volume_name_uuid_length) || self.volume_name_uuid_length == 0 {
             return Err(ConfigError::OutOfRange {
                 flag: "volume-name-uuid-length",
                 value: self.volume_name_uuid_length.to_string(),
-                expected: "between -1 and 32",
+                expected: "-1 (the whole UID) or between 1 and 32",
             });
         }
         if self.volume_name_prefix.is_empty() {

@@ -615,6 +615,10 @@ fn validation_errors_name_the_flag() {
             &["--volume-name-uuid-length=-2"],
             "--volume-name-uuid-length",
         ),
+        (
+            &["--volume-name-uuid-length=0"],
+            "--volume-name-uuid-length",
+        ),
         (&["--volume-name-prefix="], "--volume-name-prefix"),
         (&["--worker-threads=0"], "--worker-threads"),
         (
@@ -670,9 +674,9 @@ fn validation_errors_name_the_flag() {
         ok(&["--http-endpoint=:8080", "--metrics-address=:8081"]).validate(),
         Err(ConfigError::EndpointConflict)
     );
-    // Bounds are inclusive.
+    // Bounds are inclusive; 0 (no digit of the UID) is not among them.
     assert_eq!(ok(&["--volume-name-uuid-length=32"]).validate(), Ok(()));
-    assert_eq!(ok(&["--volume-name-uuid-length=0"]).validate(), Ok(()));
+    assert_eq!(ok(&["--volume-name-uuid-length=1"]).validate(), Ok(()));
     // Leader-election timing is only checked when leader election is on.
     assert_eq!(
         ok(&["--leader-election-lease-duration=1s"]).validate(),

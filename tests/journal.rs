@@ -953,6 +953,60 @@ async fn a_class_recreated_mid_flight_does_not_change_the_recorded_request() {
     assert_eq!(driver.volume_count(), 1);
 }
 
+/// A class re-created naming a Secret that does not exist while a claim's operation is
+/// recorded and its volume exists: the retries send the recorded request with the recorded
+/// secret, and the claim is Bound. The code before read the class's Secret first: every attempt
+/// failed on it, no CreateVolume was sent again, and the claim stayed Pending for ever.
+#[tokio::test]
+async fn a_class_recreated_with_a_missing_secret_does_not_block_the_recorded_request() {
+    let cluster = Cluster::new("journal-class-secret").await;
+    let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
+    let _sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], false));
+    let ns = cluster.ns().to_owned();
+    let secret = |name: &'static str| {
+        [
+            ("csi.storage.k8s.io/provisioner-secret-name", name),
+            (
+                "csi.storage.k8s.io/provisioner-secret-namespace",
+                ns.as_str(),
+            ),
+        ]
+    };
+    cluster
+        .create_secret("creds", &[("password", "not-logged")])
+        .await;
+    let class = cluster
+        .class("journal", &driver, "Delete", &secret("creds"))
+        .await;
+    let created = cluster.claim("data", &class).await;
+    let volume = pv_name(&created);
+    driver.wait_holds(&volume).await;
+
+    let classes: Api<StorageClass> = Api::all(cluster.client.clone());
+    classes
+        .delete(&class, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting class {class}: {e}"));
+    support::eventually("the class to be gone", TIMEOUT, || async {
+        match classes.get_opt(&class).await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    cluster
+        .class("journal", &driver, "Delete", &secret("missing"))
+        .await;
+    // The retries under the re-created class still reach the driver.
+    let seen = driver.calls("CreateVolume").len();
+    wait_create_answered(&driver, None, seen + 2).await;
+    driver.clear_faults();
+
+    let bound = wait_bound(&cluster.claims, "data").await;
+    assert_eq!(pv_name(&bound), volume);
+    assert_eq!(driver.volume_count(), 1);
+}
+
 // ------------------------------------------------------------------------------ stale records, exits
 
 /// With reclaim policy Retain an admin may delete the PV and reuse its volume in a static PV of

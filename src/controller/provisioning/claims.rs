@@ -697,7 +697,15 @@ async fn prepare<'a>(
         set_claim_finalizer(&ctx.client, pvc, true).await?;
     }
 
-    let secrets = read_secret(&ctx.client, plan.secrets.provisioner.as_ref()).await?;
+    // A claim whose operation is recorded sends the recorded request with the recorded
+    // secret (below); the class's Secret now (gone, or another since the class was re-created)
+    // must not keep it from finishing, as no other read of the class's inputs does.
+    let recorded_before = ctx.journal.registry().contains(&plan.volume_name);
+    let secrets = if recorded_before {
+        HashMap::new()
+    } else {
+        read_secret(&ctx.client, plan.secrets.provisioner.as_ref()).await?
+    };
     let mutable = attributes_class_parameters(ctx, plan).await?;
     let namespace_parameters = namespace_parameters(ctx, pvc, plan).await?;
     plan.parameters.extend(namespace_parameters);
@@ -722,7 +730,7 @@ async fn prepare<'a>(
     }
     // A retry sends what was recorded first, with that record's secret: the driver may hold a
     // volume made from it, and a changed request would only be answered ALREADY_EXISTS.
-    let secrets = if recorded.provisioner_secret == plan.secrets.provisioner {
+    let secrets = if !recorded_before && recorded.provisioner_secret == plan.secrets.provisioner {
         secrets
     } else {
         read_secret(&ctx.client, recorded.provisioner_secret.as_ref()).await?

@@ -137,7 +137,7 @@ async fn a_claim_whose_volume_name_is_another_claims_operation_sends_nothing() {
         attributes_class: None,
         known_volume_id: None,
     };
-    let scenario = cluster().journaled(theirs).start([secret_read()]).await;
+    let scenario = cluster().journaled(theirs).start([]).await;
     assert_eq!(
         reconcile(&scenario, claim().build()).await,
         Next::RetryIn(RETRY_START)
@@ -301,5 +301,31 @@ async fn a_journal_write_conflict_rereads_the_shard_before_create_claim_volume()
         ])
         .await;
     assert_eq!(reconcile(&scenario, claim().build()).await, Next::Wait);
+    assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
+}
+
+/// A class re-created naming a Secret that does not exist must not block a claim whose
+/// operation is recorded: the retry sends the recorded request with the recorded secret and
+/// reads nothing the class names now (the code before read the class's Secret first, and every
+/// attempt failed on it although the recorded request would succeed).
+#[tokio::test(start_paused = true)]
+async fn a_recorded_operation_is_replayed_with_its_secret_whatever_the_class_names_now() {
+    let recreated = ClassBuilder::new()
+        .parameter("type", "gold")
+        .parameter("csi.storage.k8s.io/provisioner-secret-name", "missing")
+        .parameter("csi.storage.k8s.io/provisioner-secret-namespace", "apps")
+        .build();
+    let scenario = Cluster::new()
+        .class(recreated)
+        .journaled(recorded_operation())
+        .start([
+            secret_read(),
+            create_volume(expected_create(), created("vol-1", GIB)),
+            pv_created(),
+            record_removed(),
+        ])
+        .await;
+    assert_eq!(reconcile(&scenario, claim().build()).await, Next::Wait);
+    assert!(!in_flight(&scenario));
     assert_eq!(scenario.finish().await, [provisioning(), succeeded()]);
 }

@@ -66,14 +66,20 @@ fn is_workspace_root(dir: &Path) -> bool {
 /// variables cargo set for us.
 pub fn cargo() -> Command {
     let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    without_cargo_run_vars(&mut command);
+    command.current_dir(root());
+    command
+}
+
+/// Leaves out of `command`'s environment the variables cargo set for the program running us,
+/// so that a build it runs (directly or in a script) sees what a build from a shell sees.
+fn without_cargo_run_vars(command: &mut Command) {
     for (key, _) in std::env::vars_os() {
         let key_str = key.to_string_lossy();
         if key_str.starts_with("CARGO_PKG_") || CARGO_RUN_VARS.contains(&key_str.as_ref()) {
             command.env_remove(&key);
         }
     }
-    command.current_dir(root());
-    command
 }
 
 /// Builds `binaries` of the workspace (any of its packages) and returns their paths in the same
@@ -176,7 +182,12 @@ pub fn images_in(dir: &Path) -> Result<Vec<PathBuf>, ScriptError> {
 /// are cached).
 pub fn run_build_script(name: &str) -> Result<PathBuf, ScriptError> {
     let script = root().join("hack").join(name);
-    let output = Command::new("bash")
+    // The scripts build with cargo (hack/build-images.sh a release build): from a test, the
+    // variables cargo set for it would make that build compile again what the same script run
+    // from a shell compiled (ring and everything above it, minutes in release).
+    let mut command = Command::new("bash");
+    without_cargo_run_vars(&mut command);
+    let output = command
         .arg(&script)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())

@@ -30,8 +30,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "building the sidecar, the reference driver and the testbed (cargo build)"
-cargo build
+# With CSI_DEMO_BUILD_LIKE_TESTS=1 (hack/test.sh sets it) the build has the features of the
+# test build (`--workspace --all-targets` unifies the dev-dependencies' features, as `cargo
+# test` does), so the binaries the test build made are used as they are, not compiled again.
+build=(build)
+[ "${CSI_DEMO_BUILD_LIKE_TESTS:-}" != 1 ] || build+=(--workspace --all-targets)
+say "building the sidecar, the reference driver and the testbed (cargo ${build[*]})"
+cargo "${build[@]}"
 built=${CARGO_TARGET_DIR:-target}/debug  # where cargo build put them
 bin_dir=$(bash hack/build-control-plane.sh | tail -n 1)
 kubectl="$bin_dir/kubectl"

@@ -83,6 +83,8 @@ test_threads=${CSI_PROVISIONER_TEST_THREADS:-4}
 # The test targets that need the node; every other one runs in the control-plane lane.
 node_tests=(in_cluster)
 
+# The demos build with the test build's features: nothing is compiled twice (hack/demo.sh).
+export CSI_DEMO_BUILD_LIKE_TESTS=1
 run_demo() { # run_demo [--node]: one demo; its log's tail if it failed
   bash hack/demo.sh "$@" >"$log_dir/demo${1:-}.log" 2>&1
   local status=$?

@@ -852,6 +852,30 @@ async fn a_record_whose_removal_was_lost_is_dropped_once_its_pv_exists() {
 
 // ------------------------------------------------------------------------------ answers that prove nothing
 
+/// Deletes StorageClass `class` (made by `cluster.class("journal", …)`), waits until it is gone,
+/// and creates it again with `parameters`.
+async fn recreate_class(
+    cluster: &Cluster,
+    driver: &Driver,
+    class: &str,
+    parameters: &[(&str, &str)],
+) {
+    let classes: Api<StorageClass> = Api::all(cluster.client.clone());
+    classes
+        .delete(class, &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("deleting class {class}: {e}"));
+    support::eventually("the class to be gone", TIMEOUT, || async {
+        match classes.get_opt(class).await {
+            Ok(None) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let again = cluster.class("journal", driver, "Delete", parameters).await;
+    assert_eq!(again, class, "the class is created again under its name");
+}
+
 /// Waits until the driver has answered CreateVolume at least `count` times (with `code`, if
 /// given).
 async fn wait_create_answered(driver: &Driver, code: Option<&str>, count: usize) {
@@ -923,21 +947,7 @@ async fn a_class_recreated_mid_flight_does_not_change_the_recorded_request() {
     let volume = pv_name(&created);
     driver.wait_holds(&volume).await;
 
-    let classes: Api<StorageClass> = Api::all(cluster.client.clone());
-    classes
-        .delete(&class, &DeleteParams::default())
-        .await
-        .unwrap_or_else(|e| panic!("deleting class {class}: {e}"));
-    support::eventually("the class to be gone", TIMEOUT, || async {
-        match classes.get_opt(&class).await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
-    cluster
-        .class("journal", &driver, "Delete", &[("tier", "gold")])
-        .await;
+    recreate_class(&cluster, &driver, &class, &[("tier", "gold")]).await;
     // Let the sidecar retry under the new class a few times before the driver answers again.
     let seen = driver.calls("CreateVolume").len();
     wait_create_answered(&driver, None, seen + 3).await;
@@ -982,21 +992,7 @@ async fn a_class_recreated_with_a_missing_secret_does_not_block_the_recorded_req
     let volume = pv_name(&created);
     driver.wait_holds(&volume).await;
 
-    let classes: Api<StorageClass> = Api::all(cluster.client.clone());
-    classes
-        .delete(&class, &DeleteParams::default())
-        .await
-        .unwrap_or_else(|e| panic!("deleting class {class}: {e}"));
-    support::eventually("the class to be gone", TIMEOUT, || async {
-        match classes.get_opt(&class).await {
-            Ok(None) => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
-    cluster
-        .class("journal", &driver, "Delete", &secret("missing"))
-        .await;
+    recreate_class(&cluster, &driver, &class, &secret("missing")).await;
     // The retries under the re-created class still reach the driver.
     let seen = driver.calls("CreateVolume").len();
     wait_create_answered(&driver, None, seen + 2).await;

@@ -24,7 +24,9 @@ use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use nix::sys::signal::Signal;
 use prost::Message;
 
@@ -454,6 +456,76 @@ async fn a_deleted_claim_with_the_finalizer_stays_until_its_orphan_is_deleted() 
     driver.clear_faults();
     cluster.wait_claim_gone("data").await;
     wait_orphan_deleted(&cluster, &driver, &mut sidecar, &volume).await;
+    sidecar.assert_running();
+}
+
+/// An orphan whose class is slow holds back only itself: while the reaper waits for a slot of
+/// that class's rate (one call in 500 s) to replay the orphan's CreateVolume, it deletes
+/// another class's orphan. The code before waited for every reap a scan had started before it
+/// scanned again, so the second orphan waited the 500 s, and so would the audit's deletions
+/// and `--drain`.
+#[tokio::test]
+async fn an_orphan_of_a_slow_class_holds_back_only_itself() {
+    const RATE_ANNOTATION: &str = "provisioner.csi-rs.dev/calls-per-second";
+    const QUEUED_METRIC: &str = "csi_provisioner_storage_class_queued_calls";
+    let cluster = Cluster::new("journal-slow-class").await;
+    let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
+    let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
+    let slow = cluster.class("slow", &driver, "Delete", &[]).await;
+    let fast = cluster.class("fast", &driver, "Delete", &[]).await;
+    let slow_volume = pv_name(&cluster.claim("slow-data", &slow).await);
+    driver.wait_holds(&slow_volume).await;
+    cluster.delete_claim("slow-data").await;
+    cluster
+        .wait_operation(&driver, &slow_volume, "orphaned", |op| {
+            op.phase == Phase::Orphaned
+        })
+        .await;
+    // From now on the class allows one call in 500 s: a replay of the orphan waits for it.
+    let rate = serde_json::json!({"metadata": {"annotations": {RATE_ANNOTATION: "0.002"}}});
+    Api::<StorageClass>::all(cluster.client.clone())
+        .patch(&slow, &PatchParams::default(), &Patch::Merge(&rate))
+        .await
+        .unwrap_or_else(|e| panic!("annotating StorageClass {slow}: {e}"));
+    support::eventually(
+        "the slow orphan's replay to wait for its slot",
+        TIMEOUT,
+        || async {
+            let page = sidecar.metrics()?;
+            let queued = metric_sum(
+                &parse_metrics(&page),
+                QUEUED_METRIC,
+                &[("storage_class", slow.as_str())],
+            );
+            if queued >= 1.0 {
+                Ok(())
+            } else {
+                Err(format!("{queued} calls of {slow} queued"))
+            }
+        },
+    )
+    .await;
+
+    let fast_volume = pv_name(&cluster.claim("fast-data", &fast).await);
+    driver.wait_holds(&fast_volume).await;
+    cluster.delete_claim("fast-data").await;
+    driver.clear_faults();
+    support::eventually("the fast orphan to be deleted", TIMEOUT, || async {
+        let left = driver.volumes();
+        if left.iter().any(|volume| volume.name == fast_volume) {
+            Err(format!("still on the driver: {left:?}"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
+    assert!(
+        driver
+            .volumes()
+            .iter()
+            .any(|volume| volume.name == slow_volume),
+        "the slow orphan waits for its slot"
+    );
     sidecar.assert_running();
 }
 

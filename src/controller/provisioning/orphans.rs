@@ -8,7 +8,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt, stream};
+use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::ResourceExt;
 use kube::api::Api;
@@ -82,6 +83,9 @@ const DRAIN_BLOCKED: &str = "DrainBlocked";
 
 /// How often the reaper looks for orphans when nothing is waiting on a backoff.
 const SCAN_INTERVAL: Duration = Duration::from_secs(2);
+/// How soon after a scan that left due orphans for want of room a finished reap starts the
+/// next (each scan lists every operation in flight: not once per reap).
+const RESCAN_FOR_ROOM: Duration = Duration::from_millis(100);
 
 /// The reaper: finishes the operations in flight whose claim is gone, up to
 /// `--worker-threads` at once, each failing one retried with its own backoff.
@@ -99,20 +103,26 @@ impl Reaper {
     /// Runs until `drained` resolves. Once it has, no new reap starts; those already running
     /// finish (cancelling one would be safe, as every step is idempotent, but finishing it
     /// saves the next start a replay).
+    ///
+    /// Reaps run side by side, up to `--worker-threads`, and a scan never waits for those under
+    /// way: it starts the due orphans that are not being reaped yet. An orphan whose class
+    /// allows few calls a second (its DeleteVolume waits for a slot of the class's rate) holds
+    /// back only itself, not the other classes' orphans, the audit's deletions or `--drain`.
     pub(in crate::controller) async fn run<D>(self, drained: impl Fn() -> D)
     where
         D: Future<Output = ()>,
     {
-        let ctx = self.ctx;
-        let concurrency = ctx.settings.worker_threads;
+        let ctx = &self.ctx;
+        let concurrency = ctx.settings.worker_threads.max(1);
         let stop = drained().shared();
-        let mut retries: Backoff<String> = Backoff::new(
-            ctx.settings.retry_interval_start,
-            ctx.settings.retry_interval_max,
-        );
-        let mut not_before: HashMap<String, Instant> = HashMap::new();
-        // Orphans whose last reap failed for want of their secret (the gauge counts them).
-        let mut waiting_for_secret: HashSet<String> = HashSet::new();
+        let mut outcomes = Outcomes {
+            retries: Backoff::new(
+                ctx.settings.retry_interval_start,
+                ctx.settings.retry_interval_max,
+            ),
+            not_before: HashMap::new(),
+            waiting_for_secret: HashSet::new(),
+        };
         // Whether a PV holds an orphan's volume is read from the PV store: before it has
         // listed, a PV's absence from it says nothing (docs/journal.md, "Decisions on a store
         // still filling").
@@ -120,61 +130,104 @@ impl Reaper {
             () = stop.clone() => return,
             listed = ctx.volumes_listed.clone() => if !listed { return },
         }
+        let mut reaping = FuturesUnordered::new();
+        let mut under_way: HashSet<String> = HashSet::new();
+        let mut last_scan = Instant::now();
+        let mut next_scan = last_scan + SCAN_INTERVAL;
+        // The last scan had more due orphans than room: a finished reap makes room for them.
+        let mut more_due = false;
         loop {
             tokio::select! {
-                () = stop.clone() => {
-                    ctx.metrics.set_orphans_waiting_for_secret(0);
-                    return;
+                () = stop.clone() => break,
+                Some((operation, outcome)) = reaping.next() => {
+                    let operation: Operation = operation;
+                    under_way.remove(&operation.volume_name);
+                    outcomes.record(ctx, operation, outcome);
+                    if more_due {
+                        next_scan = next_scan.min(last_scan + RESCAN_FOR_ROOM);
+                    }
+                    continue;
                 }
-                () = tokio::time::sleep(SCAN_INTERVAL) => {}
+                () = tokio::time::sleep_until(next_scan) => {}
             }
             let now = Instant::now();
+            last_scan = now;
+            next_scan = now + SCAN_INTERVAL;
+            let room = concurrency.saturating_sub(reaping.len());
             let due: Vec<Operation> = ctx
                 .journal
                 .registry()
                 .idle()
                 .into_iter()
                 .filter(|operation| {
-                    not_before
-                        .get(&operation.volume_name)
-                        .is_none_or(|due| *due <= now)
+                    !under_way.contains(&operation.volume_name)
+                        && outcomes
+                            .not_before
+                            .get(&operation.volume_name)
+                            .is_none_or(|due| *due <= now)
                 })
+                .take(room + 1)
                 .collect();
-            let ctx = &ctx;
-            let mut outcomes = stream::iter(due)
-                .take_until(stop.clone())
-                .map(|operation| async move {
-                    // The claim reconcile may have taken the operation since the list: then it
-                    // is not idle, and the reaper leaves it (the mark is held to the end).
+            more_due = due.len() > room;
+            for operation in due.into_iter().take(room) {
+                under_way.insert(operation.volume_name.clone());
+                // The claim reconcile may take the operation before this reap marks it busy:
+                // then it is not idle any more, and the reaper leaves it.
+                reaping.push(async move {
                     let outcome = reap_idle(ctx, &operation).await;
                     (operation, outcome)
-                })
-                .buffer_unordered(concurrency.max(1));
-            while let Some((operation, outcome)) = outcomes.next().await {
-                let waits = match outcome {
-                    Ok(Reaped::NotAnOrphan) => false,
-                    Ok(Reaped::Done) => {
-                        retries.forget(&operation.volume_name);
-                        not_before.remove(&operation.volume_name);
-                        false
-                    }
-                    Err(error) => {
-                        let delay = retries.failure(operation.volume_name.clone());
-                        not_before.insert(operation.volume_name.clone(), Instant::now() + delay);
-                        report_failure(ctx, &operation, &error, delay)
-                    }
-                };
-                if waits {
-                    waiting_for_secret.insert(operation.volume_name);
-                } else {
-                    waiting_for_secret.remove(&operation.volume_name);
-                }
+                });
             }
-            not_before.retain(|name, _| ctx.journal.registry().contains(name));
-            waiting_for_secret.retain(|name| ctx.journal.registry().contains(name));
-            ctx.metrics
-                .set_orphans_waiting_for_secret(waiting_for_secret.len());
+            outcomes.forget_finished(ctx);
         }
+        while let Some((operation, outcome)) = reaping.next().await {
+            outcomes.record(ctx, operation, outcome);
+        }
+        ctx.metrics.set_orphans_waiting_for_secret(0);
+    }
+}
+
+/// What the reaper keeps of its reaps' outcomes: each failing orphan's backoff, and which
+/// orphans wait for their secret (the gauge counts them).
+struct Outcomes {
+    retries: Backoff<String>,
+    not_before: HashMap<String, Instant>,
+    waiting_for_secret: HashSet<String>,
+}
+
+impl Outcomes {
+    fn record(&mut self, ctx: &Context, operation: Operation, outcome: Result<Reaped, ReapError>) {
+        let waits = match outcome {
+            Ok(Reaped::NotAnOrphan) => false,
+            Ok(Reaped::Done) => {
+                self.retries.forget(&operation.volume_name);
+                self.not_before.remove(&operation.volume_name);
+                false
+            }
+            Err(error) => {
+                let delay = self.retries.failure(operation.volume_name.clone());
+                let due = Instant::now() + delay;
+                self.not_before.insert(operation.volume_name.clone(), due);
+                report_failure(ctx, &operation, &error, delay)
+            }
+        };
+        if waits {
+            self.waiting_for_secret.insert(operation.volume_name);
+        } else {
+            self.waiting_for_secret.remove(&operation.volume_name);
+        }
+        ctx.metrics
+            .set_orphans_waiting_for_secret(self.waiting_for_secret.len());
+    }
+
+    /// Forgets the operations that are over (the claim reconcile finished them, or a reap).
+    fn forget_finished(&mut self, ctx: &Context) {
+        let registry = ctx.journal.registry();
+        self.not_before.retain(|name, _| registry.contains(name));
+        self.waiting_for_secret
+            .retain(|name| registry.contains(name));
+        ctx.metrics
+            .set_orphans_waiting_for_secret(self.waiting_for_secret.len());
     }
 }
 

@@ -119,35 +119,9 @@ pub async fn run(
         settings.hostname.clone(),
         rate_limit,
     );
-    let (topology, topology_watches) = match (&settings.node, settings.caps.topology) {
-        (_, false) => (None, future::ready(()).boxed()),
-        // Node mode sees this node only, as NodeGetInfo describes it: nothing to watch.
-        (Some(node), true) => {
-            let view = TopologyView::Node(SingleNode {
-                name: node.name.clone(),
-                segment: node.segment.clone(),
-            });
-            (Some(view), future::ready(()).boxed())
-        }
-        (None, true) => {
-            let (cache, nodes, csinodes) = topology_cache::watch_topology(
-                &client,
-                initial_list,
-                &settings.config.driver_name,
-                capacity_changes.as_ref(),
-            );
-            let watches = future::join(drive(nodes), drive(csinodes)).map(|_| ());
-            (Some(TopologyView::Watched(cache)), watches.boxed())
-        }
-    };
-    // Not awaited before the controllers start, unlike upstream's (A6): only a claim with a
-    // data source in another namespace waits for it.
-    let (grants, grant_watch) = if settings.config.cross_namespace_data_sources {
-        let (cache, changes) = grants::watch_grants(&client, initial_list);
-        (Some(cache), drive(changes).boxed())
-    } else {
-        (None, future::ready(()).boxed())
-    };
+    let (topology, topology_watches) =
+        topology_view(&client, &settings, initial_list, capacity_changes.as_ref());
+    let (grants, grant_watch) = grant_cache(&client, &settings, initial_list);
     // The capacity client exists exactly with --enable-capacity, as the settings do.
     let capacity = match (&settings.capacity, capacity_changes, capacity_client) {
         (Some(capacity_settings), Some(changes), Some(capacity_client)) => {
@@ -232,6 +206,58 @@ pub async fn run(
         }
         .instrument(info_span!("audit")),
     );
+    finish(&ctx, handed_over).await
+}
+
+/// The topology claims are planned against (`None` without the driver's capability) and the
+/// watches that keep it; node mode sees its node only, as NodeGetInfo describes it, and
+/// watches nothing.
+fn topology_view(
+    client: &kube::Client,
+    settings: &Settings,
+    initial_list: cache::InitialList,
+    changes: Option<&Arc<tokio::sync::Notify>>,
+) -> (Option<TopologyView>, future::BoxFuture<'static, ()>) {
+    match (&settings.node, settings.caps.topology) {
+        (_, false) => (None, future::ready(()).boxed()),
+        (Some(node), true) => {
+            let view = TopologyView::Node(SingleNode {
+                name: node.name.clone(),
+                segment: node.segment.clone(),
+            });
+            (Some(view), future::ready(()).boxed())
+        }
+        (None, true) => {
+            let (cache, nodes, csinodes) = topology_cache::watch_topology(
+                client,
+                initial_list,
+                &settings.config.driver_name,
+                changes,
+            );
+            let watches = future::join(drive(nodes), drive(csinodes)).map(|_| ());
+            (Some(TopologyView::Watched(cache)), watches.boxed())
+        }
+    }
+}
+
+/// The ReferenceGrant cache and its watch, with `--cross-namespace-data-sources`. Not awaited
+/// before the controllers start, unlike upstream's (A6): only a claim with a data source in
+/// another namespace waits for it.
+fn grant_cache(
+    client: &kube::Client,
+    settings: &Settings,
+    initial_list: cache::InitialList,
+) -> (Option<grants::GrantCache>, future::BoxFuture<'static, ()>) {
+    if settings.config.cross_namespace_data_sources {
+        let (cache, changes) = grants::watch_grants(client, initial_list);
+        (Some(cache), drive(changes).boxed())
+    } else {
+        (None, future::ready(()).boxed())
+    }
+}
+
+/// Once every controller has ended: the journal's last changes stored, and how the run ended.
+async fn finish(ctx: &Context, handed_over: drain::HandedOver) -> Result<Ended, JournalError> {
     let flushed = ctx.journal.flush(ctx.settings.journal_timeout).await;
     // The reaper ends only at the drain signal, which is sent after the hand-over is.
     if !handed_over.happened() {

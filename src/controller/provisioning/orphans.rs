@@ -101,8 +101,8 @@ impl Reaper {
     }
 
     /// Runs until `drained` resolves. Once it has, no new reap starts; those already running
-    /// finish (cancelling one would be safe, as every step is idempotent, but finishing it
-    /// saves the next start a replay).
+    /// may finish within `--timeout` (cancelling one is safe, as every step is idempotent, but
+    /// finishing it saves the next start a replay).
     ///
     /// Reaps run side by side, up to `--worker-threads`, and a scan never waits for those under
     /// way: it starts the due orphans that are not being reaped yet. An orphan whose class
@@ -180,8 +180,20 @@ impl Reaper {
             }
             outcomes.forget_finished(ctx);
         }
-        while let Some((operation, outcome)) = reaping.next().await {
-            outcomes.record(ctx, operation, outcome);
+        // Stopped: no new reap starts. Those under way may finish within --timeout, by when a
+        // call in progress has ended; one still waiting for its class's slot would hold the
+        // exit up for as long, and is dropped (safe: every step is idempotent, and the record
+        // stays for the next leader).
+        let finish = async {
+            while let Some((operation, outcome)) = reaping.next().await {
+                outcomes.record(ctx, operation, outcome);
+            }
+        };
+        if tokio::time::timeout(ctx.settings.journal_timeout, finish)
+            .await
+            .is_err()
+        {
+            info!("orphans still being reaped at exit are left to the next leader");
         }
         ctx.metrics.set_orphans_waiting_for_secret(0);
     }

@@ -21,7 +21,7 @@ const IN_FLIGHT: usize = 10_000;
 const MAX_SHARD_BYTES: usize = 512 * 1024;
 /// Generous bound on each wait (creating and recording 10,000 claims on 2 cores); never an
 /// assertion on speed. The test command runs this binary while the other lane builds or runs
-/// the node: recording took about 700 s on a cold run with the e2e suite's Go build beside it
+/// the node: the whole test took 847 s on a cold run with the e2e suite's Go build beside it
 /// (216 s with nothing compiling), so the bound is well above that.
 const SCALE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1800);
 const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";

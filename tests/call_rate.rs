@@ -7,25 +7,14 @@ use csi_test_support as support;
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams};
 
-use support::cluster::{Cluster, wait_bound};
+use support::cluster::{CLASS_QUEUED_METRIC, Cluster, wait_bound};
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse_metrics};
 
-const RATE_ANNOTATION: &str = "provisioner.csi-rs.dev/calls-per-second";
 const RATE_METRIC: &str = "csi_provisioner_storage_class_calls_per_second";
-const QUEUED_METRIC: &str = "csi_provisioner_storage_class_queued_calls";
+const QUEUED_METRIC: &str = CLASS_QUEUED_METRIC;
 const FAST_RETRIES: [&str; 2] = ["--retry-interval-start=200ms", "--retry-interval-max=1s"];
-
-async fn set_rate(cluster: &Cluster, class: &str, rate: &str) {
-    let patch = serde_json::json!({"metadata": {"annotations": {RATE_ANNOTATION: rate}}});
-    Api::<StorageClass>::all(cluster.client.clone())
-        .patch(class, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap_or_else(|e| panic!("annotating StorageClass {class}: {e}"));
-}
 
 /// Calls per second between the first and the last arrival: (n - 1) gaps over the time they
 /// took. Printed only: how fast a loaded machine keeps up is a benchmark's figure, not a test's.
@@ -86,7 +75,7 @@ async fn calls_of_a_class_never_go_faster_than_its_rate() {
         },
     );
     let class = cluster.class("rate", &driver, "Delete", &[]).await;
-    set_rate(&cluster, &class, "4").await;
+    cluster.set_class_rate(&class, "4").await;
     let names = cluster.claims_named("held", &class, CLAIMS).await;
     for name in &names {
         wait_bound(&cluster.claims, name).await;
@@ -152,7 +141,7 @@ async fn an_overloaded_driver_slows_its_class_until_it_recovers() {
         },
     );
     let class = cluster.class("adaptive", &driver, "Delete", &[]).await;
-    set_rate(&cluster, &class, "8").await;
+    cluster.set_class_rate(&class, "8").await;
     // The backend says it is overloaded, call after call: the class's rate is cut in half at
     // most once a second, each time.
     driver.set_faults("fault CreateVolume=before:unavailable");

@@ -24,15 +24,13 @@ use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use nix::sys::signal::Signal;
 use prost::Message;
 
 use support::cluster::{
-    Cluster, driver_pvs, events_of, has_consistency_finalizer as has_finalizer, journal_operations,
-    pv_name, summarize, wait_bound,
+    CLASS_QUEUED_METRIC, Cluster, driver_pvs, events_of,
+    has_consistency_finalizer as has_finalizer, journal_operations, pv_name, summarize, wait_bound,
 };
 use support::csi_wire::channel;
 use support::peers::{Driver, Sidecar, SidecarOptions, TIMEOUT, metric_sum, parse_metrics};
@@ -466,8 +464,6 @@ async fn a_deleted_claim_with_the_finalizer_stays_until_its_orphan_is_deleted() 
 /// and `--drain`.
 #[tokio::test]
 async fn an_orphan_of_a_slow_class_holds_back_only_itself() {
-    const RATE_ANNOTATION: &str = "provisioner.csi-rs.dev/calls-per-second";
-    const QUEUED_METRIC: &str = "csi_provisioner_storage_class_queued_calls";
     let cluster = Cluster::new("journal-slow-class").await;
     let driver = Driver::start(&["--fault", "CreateVolume=after:deadline-exceeded"]).await;
     let mut sidecar = Sidecar::start_with(&driver, cluster.sidecar_options(&[], true));
@@ -482,11 +478,7 @@ async fn an_orphan_of_a_slow_class_holds_back_only_itself() {
         })
         .await;
     // From now on the class allows one call in 500 s: a replay of the orphan waits for it.
-    let rate = serde_json::json!({"metadata": {"annotations": {RATE_ANNOTATION: "0.002"}}});
-    Api::<StorageClass>::all(cluster.client.clone())
-        .patch(&slow, &PatchParams::default(), &Patch::Merge(&rate))
-        .await
-        .unwrap_or_else(|e| panic!("annotating StorageClass {slow}: {e}"));
+    cluster.set_class_rate(&slow, "0.002").await;
     support::eventually(
         "the slow orphan's replay to wait for its slot",
         TIMEOUT,
@@ -494,7 +486,7 @@ async fn an_orphan_of_a_slow_class_holds_back_only_itself() {
             let page = sidecar.metrics()?;
             let queued = metric_sum(
                 &parse_metrics(&page),
-                QUEUED_METRIC,
+                CLASS_QUEUED_METRIC,
                 &[("storage_class", slow.as_str())],
             );
             if queued >= 1.0 {

@@ -19,6 +19,11 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 
 use super::peers::{CsiEndpoint, TIMEOUT};
+
+/// Ours: a StorageClass's calls per second.
+pub const CLASS_RATE_ANNOTATION: &str = "provisioner.csi-rs.dev/calls-per-second";
+/// Ours: the calls of a class waiting for a slot of its rate.
+pub const CLASS_QUEUED_METRIC: &str = "csi_provisioner_storage_class_queued_calls";
 use super::{TestNamespace, eventually, test_namespace};
 
 /// A fresh namespace with an admin client, its claims and the (cluster-wide) PVs.
@@ -186,6 +191,15 @@ impl Cluster {
 
     pub async fn delete_attributes_class(&self, name: &str) {
         delete_attributes_class(&self.client, name).await;
+    }
+
+    /// Sets StorageClass `class`'s calls per second (ours: [`CLASS_RATE_ANNOTATION`]).
+    pub async fn set_class_rate(&self, class: &str, rate: &str) {
+        let patch = serde_json::json!({"metadata": {"annotations": {CLASS_RATE_ANNOTATION: rate}}});
+        Api::<StorageClass>::all(self.client.clone())
+            .patch(class, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("annotating StorageClass {class}: {e}"));
     }
 
     pub async fn create_secret(&self, name: &str, data: &[(&str, &str)]) {
